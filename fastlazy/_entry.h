@@ -1,0 +1,161 @@
+/* The patched entry point: a callable that asks one question first.
+ *
+ * An Entry wraps one original torch callable (torch.add, Tensor.add,
+ * Tensor.__add__, ...).  Its vectorcall scans the arguments for a LazyTensor
+ * (a pointer comparison per argument).  With none it forwards the very same
+ * argument vector to the original: no tuple, no dict, no re-parsing, so eager
+ * code pays one extra C call.  With one it hands the vector to the recorder
+ * that _core.pyx installs in fl_lazy_handler.
+ *
+ * Cython cannot write a vectorcall function that forwards its arguments
+ * untouched (a `def f(*args, **kwargs)` builds a tuple and a dict per call),
+ * which is why this small type is written in C.
+ */
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *orig;      /* the original torch callable */
+    PyObject *name;      /* qualified name, for repr and metrics */
+    PyObject *dict;      /* __dict__ so functools/inspect helpers work */
+    int op;              /* opcode in the op table */
+    int form;            /* FORM_* of _core.pyx: call, reflected, in-place */
+} FLEntry;
+
+typedef PyObject *(*fl_handler_t)(PyObject *entry, PyObject *const *args,
+                                  Py_ssize_t nargs, PyObject *kwnames);
+
+static PyTypeObject *fl_lazy_type = NULL;   /* LazyTensor */
+static fl_handler_t fl_lazy_handler = NULL;
+
+static PyObject *
+fl_entry_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                    PyObject *kwnames)
+{
+    FLEntry *e = (FLEntry *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = n + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    for (Py_ssize_t i = 0; i < total; i++) {
+        if (Py_TYPE(args[i]) == fl_lazy_type)
+            /* Cython code sees a missing kwnames as None, never NULL */
+            return fl_lazy_handler(self, args, n, kwnames ? kwnames : Py_None);
+    }
+    return PyObject_Vectorcall(e->orig, args, nargsf, kwnames);
+}
+
+/* Bind like a Python function, so `tensor.add` is a bound method; CPython's
+ * method-call fast path skips this binding because of
+ * Py_TPFLAGS_METHOD_DESCRIPTOR. */
+static PyObject *
+fl_entry_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static int
+fl_entry_traverse(FLEntry *e, visitproc visit, void *arg)
+{
+    Py_VISIT(e->orig);
+    Py_VISIT(e->name);
+    Py_VISIT(e->dict);
+    return 0;
+}
+
+static int
+fl_entry_clear(FLEntry *e)
+{
+    Py_CLEAR(e->orig);
+    Py_CLEAR(e->name);
+    Py_CLEAR(e->dict);
+    return 0;
+}
+
+static void
+fl_entry_dealloc(FLEntry *e)
+{
+    PyObject_GC_UnTrack(e);
+    fl_entry_clear(e);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *
+fl_entry_repr(FLEntry *e)
+{
+    return PyUnicode_FromFormat("<fastlazy entry %U>", e->name);
+}
+
+static PyMemberDef fl_entry_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(FLEntry, orig), READONLY,
+     "the original torch callable this entry falls through to"},
+    {"__name__", T_OBJECT, offsetof(FLEntry, name), READONLY, NULL},
+    {"op", T_INT, offsetof(FLEntry, op), READONLY, "opcode"},
+    {"form", T_INT, offsetof(FLEntry, form), READONLY, "entry form"},
+    {NULL}
+};
+
+static PyObject *
+fl_entry_get_doc(FLEntry *e, void *closure)
+{
+    return PyObject_GetAttrString(e->orig, "__doc__");
+}
+
+static PyGetSetDef fl_entry_getset[] = {
+    {"__doc__", (getter)fl_entry_get_doc, NULL, NULL, NULL},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL}
+};
+
+static PyTypeObject FLEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fastlazy.Entry",
+    .tp_basicsize = sizeof(FLEntry),
+    .tp_dealloc = (destructor)fl_entry_dealloc,
+    .tp_vectorcall_offset = offsetof(FLEntry, vectorcall),
+    .tp_repr = (reprfunc)fl_entry_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+                Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_traverse = (traverseproc)fl_entry_traverse,
+    .tp_clear = (inquiry)fl_entry_clear,
+    .tp_descr_get = fl_entry_descr_get,
+    .tp_members = fl_entry_members,
+    .tp_getset = fl_entry_getset,
+    .tp_dictoffset = offsetof(FLEntry, dict),
+};
+
+static PyObject *
+fl_entry_new(PyObject *orig, PyObject *name, int op, int form)
+{
+    FLEntry *e = PyObject_GC_New(FLEntry, &FLEntryType);
+    if (e == NULL)
+        return NULL;
+    e->vectorcall = fl_entry_vectorcall;
+    Py_INCREF(orig);
+    e->orig = orig;
+    Py_INCREF(name);
+    e->name = name;
+    e->dict = NULL;
+    e->op = op;
+    e->form = form;
+    PyObject_GC_Track(e);
+    return (PyObject *)e;
+}
+
+static int
+fl_entry_setup(PyTypeObject *lazy_type, fl_handler_t handler)
+{
+    fl_lazy_type = lazy_type;
+    fl_lazy_handler = handler;
+    return PyType_Ready(&FLEntryType);
+}
+
+static inline int fl_entry_op(PyObject *e) { return ((FLEntry *)e)->op; }
+static inline int fl_entry_form(PyObject *e) { return ((FLEntry *)e)->form; }
+static inline PyObject *fl_entry_orig(PyObject *e) { return ((FLEntry *)e)->orig; }
+static inline PyObject *fl_entry_name(PyObject *e) { return ((FLEntry *)e)->name; }

@@ -1,0 +1,32 @@
+"""Backends turn a GraphView into a Program: a callable taking the values of
+`program.slots` (in order) and returning the output tensors (in order)."""
+from __future__ import annotations
+
+import os
+
+from fastlazy.backends.base import Backend, Program
+from fastlazy.backends.eager import EagerBackend
+from fastlazy.backends.torchscript import TorchScriptBackend
+
+_REGISTRY = {"torchscript": TorchScriptBackend, "eager": EagerBackend}
+_instances: dict[str, Backend] = {}
+
+
+def names():
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> Backend:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown fastlazy backend {name!r}; choose one of "
+                         f"{', '.join(_REGISTRY)}")
+    if name not in _instances:
+        _instances[name] = _REGISTRY[name]()
+    return _instances[name]
+
+
+def default_name() -> str:
+    return os.environ.get("FASTLAZY_BACKEND", "torchscript")
+
+
+__all__ = ["Backend", "Program", "get", "names", "default_name"]

@@ -1,0 +1,35 @@
+"""The eager backend: replays the nodes one aten call at a time.  The
+reference the other backends are tested against, and a debugging aid."""
+from __future__ import annotations
+
+import torch
+
+from fastlazy.backends.base import Backend, Program, lower
+
+
+class EagerBackend(Backend):
+    name = "eager"
+
+    def compile(self, view) -> Program:
+        nodes = view.nodes
+        slots = [s.index for s in view.slots]
+        outputs = view.outputs
+
+        def run(inputs):
+            env = {("slot", k): v for k, v in zip(slots, inputs)}
+            for node in nodes:
+                value = lower(node.op.lower, node, env.__getitem__, _constant, _call)
+                if node.cast:
+                    value = value.to(node.dtype)
+                env[("node", node.index)] = value
+            return [env[("node", i)] for i in outputs]
+
+        return Program(slots, run, str(view))
+
+
+def _constant(value):
+    return value
+
+
+def _call(name, args, kwargs):
+    return getattr(torch.ops.aten, name)(*args, **dict(kwargs))

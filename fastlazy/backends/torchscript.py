@@ -1,0 +1,168 @@
+"""The TorchScript backend: the graph as TorchScript IR, run by the graph
+executor.
+
+With CUDA tensors (or a torch built with LLVM) the profiling executor runs it
+and NNC (TensorExpr) fuses the elementwise chains.  On CPU without LLVM (PyPI
+wheels) nothing can fuse, so the graph is made cheap to interpret instead:
+the legacy executor (no profiling or guard nodes) and in-place aten variants
+that reuse the storage of intermediates nobody else reads.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastlazy.backends.base import Backend, Program, lower
+
+# c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
+# tests/test_backends.py checks it against what the tracer emits.
+SCALAR_TYPE = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.complex32: 8,
+    torch.complex64: 9, torch.complex128: 10, torch.bool: 11, torch.bfloat16: 15,
+}
+
+# aten ops whose `<name>_` variant computes the same thing into its first
+# argument (same shape and dtype as the result, checked per node).
+INPLACE_VARIANTS = frozenset({
+    "add", "sub", "mul", "div", "pow", "clamp", "neg", "abs", "relu", "exp",
+    "log", "sqrt", "sigmoid", "tanh",
+})
+
+_TS_TYPES = {"tensor": "Tensor", "int": "int", "float": "float", "complex": "complex"}
+
+
+class _IR:
+    """Accumulates IR lines; hands out SSA names and shares constants."""
+
+    def __init__(self):
+        self.lines = []
+        self.consts = {}
+        self.n = 0
+
+    def fresh(self):
+        self.n += 1
+        return f"%t{self.n}"
+
+    def constant(self, value):
+        key = (type(value), value)
+        if key in self.consts:
+            return self.consts[key]
+        name = self.fresh()
+        if value is None:
+            self.lines.append(f"  {name} : NoneType = prim::Constant()")
+        elif type(value) is bool:
+            self.lines.append(f"  {name} : bool = prim::Constant[value={int(value)}]()")
+        elif type(value) is int:
+            self.lines.append(f"  {name} : int = prim::Constant[value={value}]()")
+        elif type(value) is float:
+            self.lines.append(f"  {name} : float = prim::Constant[value={value!r}]()")
+        elif type(value) is str:
+            self.lines.append(f'  {name} : str = prim::Constant[value="{value}"]()')
+        else:
+            raise TypeError(f"no TorchScript constant for {value!r}")
+        self.consts[key] = name
+        return name
+
+    def call(self, aten, args, out=None):
+        out = out or self.fresh()
+        self.lines.append(f"  {out} : Tensor = aten::{aten}({', '.join(args)})")
+        return out
+
+
+class TorchScriptBackend(Backend):
+    name = "torchscript"
+
+    def __init__(self):
+        self.llvm = torch._C._llvm_enabled()
+        if self.llvm:
+            torch._C._jit_override_can_fuse_on_cpu(True)
+
+    def compile(self, view) -> Program:
+        ir = _IR()
+        env = {}
+        params = []
+        slots = []
+        for s in view.slots:
+            if s.kind == "bool":
+                # TorchScript has no bool Scalar; a 0-dim bool tensor promotes
+                # exactly like a Python bool (bool is the lowest category).
+                env[("slot", s.index)] = ir.call("scalar_tensor", [
+                    ir.constant(int(s.value)), ir.constant(SCALAR_TYPE[torch.bool]),
+                    ir.constant(None), ir.constant(None), ir.constant(None)])
+            else:
+                name = f"%x{s.index}"
+                params.append(f"{name} : {_TS_TYPES[s.kind]}")
+                env[("slot", s.index)] = name
+                slots.append(s.index)
+        grad = any(s.kind == "tensor" and s.value.requires_grad for s in view.slots)
+        fuses = self._fuses(view)
+        reuse = not grad and not fuses
+        by_index = {n.index: n for n in view.nodes}
+        for node in view.nodes:
+            env[("node", node.index)] = _emit(ir, env, node, reuse and _reusable(node, by_index))
+        outs = [env[("node", i)] for i in view.outputs]
+        if len(outs) > 1:
+            # a function returns one value: several outputs travel as a tuple
+            types = ", ".join(["Tensor"] * len(outs))
+            ir.lines.append(f"  %outs : ({types}) = prim::TupleConstruct({', '.join(outs)})")
+            outs = ["%outs"]
+        text = "\n".join([f"graph({', '.join(params)}):", *ir.lines, f"  return ({outs[0]})"])
+        fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
+        single = len(view.outputs) == 1
+        started = False
+
+        def run(inputs):
+            nonlocal started
+            if not started:
+                started = True
+                out = _first_call(fn, inputs, legacy=not fuses)
+            else:
+                out = fn(*inputs)
+            return (out,) if single else out
+
+        return Program(slots, run, text)
+
+    def _fuses(self, view):
+        return self.llvm or any(s.kind == "tensor" and s.value.is_cuda for s in view.slots)
+
+
+def _reusable(node, by_index):
+    """May node compute into its first input's storage?  Only if that input
+    is an intermediate read by nobody else, of the result's shape and dtype."""
+    expr = node.op.lower
+    if node.cast or expr.name not in INPLACE_VARIANTS or not isinstance(expr.args[0], int):
+        return False
+    kind, index = node.operand(expr.args[0])
+    if kind != "node":
+        return False
+    producer = by_index[index]
+    return (producer.uses == 1 and not producer.is_output
+            and producer.shape == node.shape and producer.dtype == node.dtype)
+
+
+def _emit(ir, env, node, inplace):
+    expr = node.op.lower
+
+    def call(name, args, kwargs):
+        return ir.call(name, args + [v for _, v in kwargs])
+
+    args = [lower(a, node, env.__getitem__, ir.constant, call) for a in expr.args]
+    args += [lower(v, node, env.__getitem__, ir.constant, call) for _, v in expr.kwargs]
+    value = ir.call(expr.name + "_" if inplace else expr.name, args)
+    if node.cast:
+        value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
+                               ir.constant(False), ir.constant(False), ir.constant(None)])
+    return value
+
+
+def _first_call(fn, inputs, legacy):
+    # The graph executor is chosen when a function first runs: pick the legacy
+    # one where no fuser can act (it runs unfused graphs with less overhead).
+    # The switch is process-wide for the length of this one call.
+    if not legacy:
+        return fn(*inputs)
+    previous = torch._C._jit_set_profiling_executor(False)
+    try:
+        return fn(*inputs)
+    finally:
+        torch._C._jit_set_profiling_executor(previous)

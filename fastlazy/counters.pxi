@@ -1,0 +1,27 @@
+# The hot counters: C integers bumped on the recording and flush paths.
+# fastlazy.metrics turns them into a dict.
+
+cdef enum:
+    C_NODES = 0
+    C_FLUSHES
+    C_HITS
+    C_MISSES
+    C_MATERIALIZATIONS
+    C_FALLBACKS
+    C_EMPTY_FLUSHES
+    C_COUNT
+
+COUNTER_NAMES = ("nodes_recorded", "flushes", "cache_hits", "cache_misses",
+                 "materializations", "fallbacks", "empty_flushes")
+
+cdef enum:
+    REASON_VALUE = 0      # a value was read
+    REASON_MARK_STEP
+    REASON_THRESHOLD      # the segment reached flush_threshold nodes
+    REASON_OTHER_THREAD   # a tensor of a running segment was needed
+    REASON_COUNT
+
+REASON_NAMES = ("value", "mark_step", "threshold", "other_thread")
+
+cdef int64_t counters[C_COUNT]
+cdef int64_t flush_reasons[REASON_COUNT]

@@ -1,0 +1,278 @@
+# From an entry point's argument vector to a recorded node.
+#
+# fl_entry_vectorcall (_entry.h) calls lazy_call when some argument is a
+# LazyTensor.  lazy_call matches the arguments to the op's parameters, sorts
+# them into operands, applies the op's rule and records a node.  Anything it
+# does not take (an unknown keyword such as out=, an argument type the rule
+# does not cover, a call eager would reject) runs eagerly instead, so the
+# result -- or the exception -- is eager's.
+
+cdef extern from "_entry.h":
+    ctypedef object (*fl_handler_t)(object, PyObject**, Py_ssize_t, object)
+    int fl_entry_setup(type lazy_type, fl_handler_t handler) except -1
+    object fl_entry_new(object orig, object name, int op, int form)
+    int fl_entry_op(object e)
+    int fl_entry_form(object e)
+    object fl_entry_orig(object e)
+    object fl_entry_name(object e)
+
+cdef enum Form:
+    FORM_CALL = 0       # torch.X(input, ...), Tensor.X(self, ...), operators
+    FORM_INPLACE = 1    # Tensor.X_(self, ...), __iX__: rebinds self
+
+# Rules: what kind of shape/dtype logic an op needs.  Op-table rows name one.
+cdef enum Rule:
+    R_UNARY = 0         # same dtype as the input
+    R_UNARY_FLOAT = 1   # integral inputs compute in the default float dtype
+    R_ABS = 2           # complex inputs give their real dtype
+    R_BINARY = 3        # result_type of the operands (alpha checked)
+    R_TRUEDIV = 4       # result_type, integral -> default float
+    R_DIV = 5           # div with rounding_mode
+    R_COMPARE = 6       # bool result
+    R_POW = 7
+    R_CLAMP = 8
+    R_COUNT = 9
+
+# Op flags (op table `flags`).
+cdef enum OpFlags:
+    OPF_NO_BOOL = 1        # a bool operand makes eager raise (sub)
+    OPF_TENSORS_ONLY = 2   # every operand must be a tensor (maximum)
+    OPF_TENSOR_SELF = 4    # operand 0 must be a tensor (scalar self: eager)
+
+cdef enum:
+    MAX_OPS = 512
+    MAX_PARAMS = 4
+
+cdef int8_t op_rule[MAX_OPS]
+cdef int8_t op_cats[MAX_OPS]       # allowed categories (CAT_* mask)
+cdef int8_t op_flags[MAX_OPS]
+cdef int8_t op_nparams[MAX_OPS]
+cdef int8_t op_noperands[MAX_OPS]  # leading params that are operands
+cdef int8_t op_nrequired[MAX_OPS]
+cdef int8_t op_npos[MAX_OPS]       # params that may be given positionally
+cdef PyObject *op_params[MAX_OPS][MAX_PARAMS]
+cdef list _op_param_names = []     # keeps the op_params strings alive
+cdef int n_ops = 0
+cdef object _str_input = "input"
+cdef object _str_self = "self"
+
+
+def register_op(int op, int rule, int cats, int flags, tuple params,
+                int noperands, int nrequired, int npos):
+    """Declare opcode `op` to the recorder (called by fastlazy.optable)."""
+    global n_ops
+    if not 0 <= op < MAX_OPS or len(params) > MAX_PARAMS or not 0 <= rule < R_COUNT:
+        raise ValueError(f"op {op}: bad row")
+    op_rule[op] = rule
+    op_cats[op] = cats
+    op_flags[op] = flags
+    op_nparams[op] = len(params)
+    op_noperands[op] = noperands
+    op_nrequired[op] = nrequired
+    op_npos[op] = npos
+    for i, name in enumerate(params):
+        name = sys.intern(name)
+        _op_param_names.append(name)
+        op_params[op][i] = <PyObject*>name
+    n_ops = max(n_ops, op + 1)
+
+
+cdef int parse_args(int op, PyObject **args, Py_ssize_t nargs, object kwnames,
+                    PyObject **p) except -1:
+    cdef int n = op_nparams[op], i, j
+    cdef Py_ssize_t k
+    if nargs > op_npos[op]:
+        return 0
+    for i in range(n):
+        p[i] = args[i] if i < nargs else NULL
+    if kwnames is not None:
+        for k in range(len(<tuple>kwnames)):
+            name = (<tuple>kwnames)[k]
+            j = -1
+            for i in range(n):
+                if <PyObject*>name == op_params[op][i] or name == <object>op_params[op][i]:
+                    j = i
+                    break
+            if j < 0 and (name == _str_input or name == _str_self):
+                j = 0
+            if j < 0 or p[j] != NULL:
+                return 0
+            p[j] = args[nargs + k]
+    for i in range(op_nrequired[op]):
+        if p[i] == NULL:
+            return 0
+    return 1
+
+
+cdef inline bint cat_ok(int op, int dtype) noexcept:
+    return (op_cats[op] & category[dtype]) != 0
+
+
+cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
+                    int *attr) except -1:
+    """Fill out (and attr) for an accepted call; RULE_EAGER otherwise."""
+    cdef int rule = op_rule[op], flags = op_flags[op], i, d
+    if flags & OPF_TENSOR_SELF and not is_tensor(&ops[0]):
+        return RULE_EAGER
+    for i in range(nops):
+        if flags & OPF_TENSORS_ONLY and ops[i].kind == K_SCALAR:
+            return RULE_EAGER
+        if flags & OPF_NO_BOOL and (ops[i].kind == K_SCALAR and ops[i].scalar == SC_BOOL
+                                    or is_tensor(&ops[i]) and ops[i].m.dtype == 0):
+            return RULE_EAGER
+    attr[0] = 0
+
+    if rule == R_DIV:
+        # rounding_mode is the one non-operand parameter (p[2])
+        mode = None if p[2] == NULL else <object>p[2]
+        if mode is None:
+            rule = R_TRUEDIV
+        elif mode == "trunc":
+            attr[0] = 1
+        elif mode == "floor":
+            attr[0] = 2
+        else:
+            return RULE_EAGER
+
+    if not elementwise(out, ops, 2 if rule == R_BINARY else nops):
+        return RULE_EAGER
+    d = out.dtype
+
+    if rule == R_UNARY:
+        return RULE_OK if cat_ok(op, d) else RULE_EAGER
+    if rule == R_UNARY_FLOAT:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if is_integral(d):
+            out.dtype = default_float()
+        return RULE_OK
+    if rule == R_ABS:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if is_complex(d):
+            out.dtype = to_real[d]
+        return RULE_OK
+    if rule == R_BINARY:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if nops > 2 and ops[2].kind != K_ABSENT:
+            # alpha: eager's checks, in result-dtype terms
+            if ops[2].kind != K_SCALAR or ops[2].scalar == SC_BOOL:
+                return RULE_EAGER
+            if ops[2].scalar == SC_FLOAT and is_integral(d):
+                return RULE_EAGER
+            if ops[2].scalar == SC_COMPLEX and not is_complex(d):
+                return RULE_EAGER
+        return RULE_OK
+    if rule == R_TRUEDIV:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if is_integral(d):
+            out.dtype = default_float()
+        return RULE_OK
+    if rule == R_DIV:
+        return RULE_OK if is_float(d) or d != 0 and is_integral(d) else RULE_EAGER
+    if rule == R_COMPARE:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        out.dtype = 0
+        return RULE_OK
+    if rule == R_POW:
+        if not cat_ok(op, d) or d == 0:
+            return RULE_EAGER
+        # Integers to negative integer powers raise in eager.
+        if (is_integral(d) and ops[1].kind == K_SCALAR and ops[1].scalar == SC_INT
+                and <object>ops[1].obj < 0):
+            return RULE_EAGER
+        return RULE_OK
+    if rule == R_CLAMP:
+        if ops[1].kind == K_ABSENT and ops[2].kind == K_ABSENT:
+            return RULE_EAGER
+        # eager has clamp(Tensor, Scalar?, Scalar?) and clamp(Tensor,
+        # Tensor?, Tensor?): a scalar beside a tensor bound is not a call
+        # it accepts.
+        if (ops[1].kind == K_SCALAR and is_tensor(&ops[2])
+                or ops[2].kind == K_SCALAR and is_tensor(&ops[1])):
+            return RULE_EAGER
+        if not cat_ok(op, d) or d == 0:
+            return RULE_EAGER
+        return RULE_OK
+    return RULE_EAGER
+
+
+cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
+    cdef int op = fl_entry_op(entry)
+    cdef int form = fl_entry_form(entry)
+    cdef PyObject *p[MAX_PARAMS]
+    cdef Operand ops[MAX_PARAMS]
+    cdef Meta out
+    cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
+    cdef LazyTensor self_t = None
+
+    if not parse_args(op, args, nargs, kwnames, p):
+        return run_eager(entry, args, nargs, kwnames)
+    for i in range(nops):
+        if p[i] == NULL:
+            ops[i].kind = K_ABSENT
+        elif not classify(&ops[i], p[i]):
+            return run_eager(entry, args, nargs, kwnames)
+    if form == FORM_INPLACE:
+        # Only a LazyTensor self is rebound; an eager tensor mutated by a
+        # lazy argument keeps eager semantics (run_eager).
+        if ops[0].kind != K_LAZY:
+            return run_eager(entry, args, nargs, kwnames)
+        self_t = <LazyTensor>p[0]
+    if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
+        return run_eager(entry, args, nargs, kwnames)
+    if self_t is not None:
+        # eager refuses in-place abs on complex tensors
+        if not inplace_fits(&out, &self_t.meta) or op_rule[op] == R_ABS and is_complex(self_t.meta.dtype):
+            return run_eager(entry, args, nargs, kwnames)
+        if out.dtype != self_t.meta.dtype:
+            flags = NODE_CAST
+            out.dtype = self_t.meta.dtype
+    return record(op, ops, nops, &out, attr, flags, self_t)
+
+
+cdef bint inplace_fits(Meta *out, Meta *self_m) noexcept:
+    # The result must have self's shape and be castable to self's dtype.
+    if out.ndim != self_m.ndim or out.device != self_m.device:
+        return False
+    for i in range(out.ndim):
+        if out.shape[i] != self_m.shape[i]:
+            return False
+    return can_cast_table[out.dtype][self_m.dtype]
+
+
+cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
+    """Run the original torch callable on materialized arguments."""
+    pos = tuple([<object>args[i] for i in range(nargs)])
+    kw = {}
+    if kwnames is not None:
+        for k in range(len(<tuple>kwnames)):
+            kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
+    return _fallback.run_entry_eagerly(entry, fl_entry_form(entry) == FORM_INPLACE, pos, kw)
+
+
+def make_entry(object orig, str name, int op, int form):
+    """A patched entry point for opcode `op` wrapping `orig`."""
+    if not 0 <= op < n_ops:
+        raise ValueError(f"unregistered op {op}")
+    return fl_entry_new(orig, name, op, form)
+
+
+def set_dunder(str name, object entry):
+    """Make LazyTensor's operator `name` dispatch through `entry`."""
+    _dunder_entries[DUNDER_NAMES.index(name)] = entry
+
+
+def set_method(str name, object entry):
+    """Install `entry` as LazyTensor.<name> (the type's dict is not writable
+    from Python, so it is written here, once, at import)."""
+    cdef PyTypeObject *tp = <PyTypeObject*>LazyTensor
+    (<dict>tp.tp_dict)[name] = entry
+    PyType_Modified(tp)
+
+
+def set_torch_function(object orig, object entry):
+    _torch_function_table[orig] = entry

@@ -1,0 +1,104 @@
+"""Running a call eagerly on behalf of LazyTensors.
+
+Used for every call the recorder does not take: torch functions without a row
+in the op table, argument patterns a rule does not cover, and calls eager
+would reject (so the exception is eager's own).  Lazy arguments are
+materialized, the original torch callable runs, and tensor results come back
+as LazyTensors again: laziness is sticky.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastlazy import _core, stats
+from fastlazy._core import LazyTensor
+
+
+def _materialize(x):
+    if type(x) is LazyTensor:
+        return x.to_eager()
+    if type(x) in (list, tuple):
+        return type(x)(_materialize(v) for v in x)
+    if type(x) is dict:
+        return {k: _materialize(v) for k, v in x.items()}
+    return x
+
+
+def wrap_result(out):
+    """Eager results as LazyTensors (tensors inside tuples/lists too)."""
+    if isinstance(out, torch.Tensor):
+        return _core.lazy(out)
+    if isinstance(out, tuple):
+        items = [wrap_result(v) for v in out]
+        if hasattr(out, "_fields"):      # a namedtuple
+            return type(out)(*items)
+        return type(out)(items)          # tuple, torch.return_types.*
+    if type(out) is list:
+        return [wrap_result(v) for v in out]
+    return out
+
+
+def wrap_eager(value):
+    return _core.lazy(value)
+
+
+def _run(func, name, args, kwargs, inplace):
+    _core.count("fallbacks")
+    stats.count_fallback(name)
+    if inplace and args and type(args[0]) is LazyTensor:
+        # Mutate a copy and rebind the handle: a LazyTensor never writes into
+        # the tensor it was made from.
+        target = args[0]
+        clone = target.to_eager().clone()
+        func(clone, *_materialize(args[1:]), **_materialize(kwargs))
+        _core.rebind_value(target, clone)
+        return target
+    out = func(*_materialize(args), **_materialize(kwargs))
+    if inplace:
+        return out      # an eager tensor mutated in place stays eager
+    return wrap_result(out)
+
+
+def run_entry_eagerly(entry, inplace, args, kwargs):
+    """Called by the core when an entry point's call is not recorded."""
+    return _run(entry.__wrapped__, entry.__name__, args, kwargs, inplace)
+
+
+def _name_of(func):
+    name = getattr(func, "__name__", None) or repr(func)
+    return name
+
+
+def call_eager(func, args, kwargs):
+    """A torch function without an entry point, reached via __torch_function__."""
+    name = _name_of(func)
+    return _run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"))
+
+
+def bound_method(self, method, name):
+    """LazyTensor.<name> for a Tensor method without a row in the op table."""
+    inplace = name.endswith("_") and not name.endswith("__")
+
+    def call(*args, **kwargs):
+        return _run(method, name, (self,) + args, kwargs, inplace)
+
+    call.__name__ = name
+    call.__doc__ = method.__doc__
+    return call
+
+
+def lazy_to(self, args, kwargs):
+    """LazyTensor.to: "lazy" is itself; a device gives an eager tensor (as
+    torch._lazy's .to("cpu") does); a dtype alone stays lazy."""
+    if args and args[0] == "lazy" and len(args) == 1 and not kwargs:
+        return self
+    if kwargs.get("device") == "lazy":
+        kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+        if not args and not kwargs:
+            return self
+    stats.count_fallback("to")
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    out = self.to_eager().to(*args, **kwargs)
+    if device is not None:
+        return out
+    return _core.lazy(out)

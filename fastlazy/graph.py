@@ -1,0 +1,84 @@
+"""A read-only view of the part of a segment a flush computes.
+
+Backends lower from this view: the needed nodes in recording order (dead ones
+pruned), the external input slots they use, and the outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastlazy.optable import OPS, Op
+
+SLOT_TENSOR = 1 << 30
+SLOT_SCALAR = 2 << 30
+SCALAR_KINDS = ("bool", "int", "float", "complex")
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    op: Op
+    inputs: tuple        # ('node', i) | ('slot', k)
+    attr: int
+    cast: bool           # in-place op: cast the result to `dtype`
+    dtype: object
+    shape: tuple
+    uses: int            # consumers among the needed nodes
+    is_output: bool
+
+    def operand(self, position):
+        """The input for operand `position` of the op, or None if absent
+        (absent optional operands are not stored: attr bit 16+position)."""
+        if self.attr >> (16 + position) & 1:
+            return None
+        present = sum(1 for p in range(position) if not self.attr >> (16 + p) & 1)
+        return self.inputs[present]
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    kind: str            # 'tensor' or a scalar kind: 'bool', 'int', 'float', 'complex'
+    value: object        # the value at compile time (a bool slot is a constant)
+
+
+class GraphView:
+    def __init__(self, seg, outputs):
+        raw = [seg.node(i) for i in range(len(seg))]
+        needed = set(outputs)
+        for i in range(len(raw) - 1, -1, -1):
+            if i in needed:
+                needed.update(r for kind, r in raw[i][1] if kind == "node")
+        uses = dict.fromkeys(needed, 0)
+        for i in needed:
+            for kind, r in raw[i][1]:
+                if kind == "node":
+                    uses[r] += 1
+        outset = set(outputs)
+        self.nodes = [
+            Node(i, OPS[raw[i][0]], raw[i][1], raw[i][2], bool(raw[i][3] & 1),
+                 raw[i][4], raw[i][5], uses[i], i in outset)
+            for i in sorted(needed)
+        ]
+        self.outputs = list(outputs)
+        used = sorted({r for n in self.nodes for kind, r in n.inputs if kind == "slot"})
+        self.slots = [self._slot(seg, k) for k in used]
+        self.segment_sites = [seg.site(n.index) for n in self.nodes]
+
+    @staticmethod
+    def _slot(seg, k):
+        key, value = seg.slot(k)
+        if key & SLOT_SCALAR:
+            return Slot(k, SCALAR_KINDS[key & 3] if not key & 16 else "bool", value)
+        return Slot(k, "tensor", value)
+
+    def __str__(self):
+        lines = [f"slot {s.index}: {s.kind}" + (f" = {s.value}" if s.kind != "tensor" else
+                                                 f" {tuple(s.value.shape)} {s.value.dtype}")
+                 for s in self.slots]
+        for n in self.nodes:
+            ins = ", ".join(f"%{r}" if k == "node" else f"$slot{r}" for k, r in n.inputs)
+            mark = "  <- output" if n.is_output else ""
+            lines.append(f"%{n.index} = {n.op.name}({ins}) attr={n.attr & 0xFFFF} "
+                         f": {n.dtype} {list(n.shape)}{mark}")
+        return "\n".join(lines)

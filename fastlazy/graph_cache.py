@@ -1,0 +1,95 @@
+"""The compiled-graph cache: structural key -> Program, bounded LRU.
+
+The core computes the key (a 128-bit structural hash of the outputs) and
+calls `run`.  A hit costs one dict lookup; a miss builds a GraphView and asks
+the active backend to compile it.
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+from fastlazy import _core, backends, stats
+from fastlazy.graph import GraphView
+
+_backend = backends.get(backends.default_name())
+_cache: collections.OrderedDict = collections.OrderedDict()
+_capacity = 1024
+evictions = 0
+compile_failures = 0
+
+
+def set_backend(name: str) -> None:
+    global _backend
+    _backend = backends.get(name)
+
+
+def backend_name() -> str:
+    return _backend.name
+
+
+def set_capacity(n: int) -> None:
+    global _capacity
+    if n < 1:
+        raise ValueError("graph cache capacity must be at least 1")
+    _capacity = n
+    _trim()
+
+
+def clear() -> None:
+    _cache.clear()
+
+
+def size() -> int:
+    return len(_cache)
+
+
+def _trim():
+    global evictions
+    while len(_cache) > _capacity:
+        _cache.popitem(last=False)
+        evictions += 1
+
+
+def run(seg, key, outputs):
+    """Run the graph of `outputs` in `seg`; return their values in order."""
+    backend = _backend
+    full_key = (backend.name, key)
+    program = _cache.get(full_key)
+    if program is None:
+        _core.count("cache_misses")
+        program = _compile(backend, GraphView(seg, outputs))
+        _cache[full_key] = program
+        _trim()
+    else:
+        _core.count("cache_hits")
+        _cache.move_to_end(full_key)
+    inputs = seg.inputs
+    return program.run([inputs[k] for k in program.slots])
+
+
+def _compile(backend, view):
+    global compile_failures
+    start = time.perf_counter()
+    try:
+        program = backend.compile(view)
+    except Exception as exc:     # a backend bug must not lose the user's values
+        if backend.name == "eager":
+            raise
+        compile_failures += 1
+        stats.count_fallback(f"compile:{backend.name}:{type(exc).__name__}")
+        program = backends.get("eager").compile(view)
+    stats.add_compile_time(time.perf_counter() - start)
+    return program
+
+
+def recover(seg, index, error):
+    """The value of node `index` of a segment whose run failed, computed on
+    its own by the eager backend (it may not depend on what failed)."""
+    view = GraphView(seg, [index])
+    program = backends.get("eager").compile(view)
+    try:
+        return program.run([seg.inputs[k] for k in program.slots])[0]
+    except Exception as exc:
+        raise RuntimeError(
+            f"fastlazy: this LazyTensor's value could not be computed: {exc}") from error

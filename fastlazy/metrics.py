@@ -1,0 +1,45 @@
+"""Counters: what was recorded, flushed, compiled and run eagerly.
+
+`counters()` is a plain dict; `report()` a readable table; `reset()` zeroes
+everything.
+"""
+from __future__ import annotations
+
+from fastlazy import _core, graph_cache, stats
+
+
+def counters() -> dict:
+    """All counters as a plain dict.
+
+    Keys: nodes_recorded, flushes, cache_hits, cache_misses, materializations,
+    fallbacks, empty_flushes, flush_reason.<reason>, fallback.<op>,
+    compiles, compile_seconds, cache_size, cache_evictions, compile_failures.
+    """
+    d = _core.counter_values()
+    for name, n in sorted(stats.fallbacks_by_op.items()):
+        d["fallback." + name] = n
+    d["compiles"] = len(stats.compile_seconds)
+    d["compile_seconds"] = sum(stats.compile_seconds)
+    d["cache_size"] = graph_cache.size()
+    d["cache_evictions"] = graph_cache.evictions
+    d["compile_failures"] = graph_cache.compile_failures
+    return d
+
+
+def reset() -> None:
+    """Zero every counter (the graph cache itself is kept)."""
+    _core.reset_counters()
+    stats.reset()
+    graph_cache.evictions = 0
+    graph_cache.compile_failures = 0
+
+
+def report() -> str:
+    """The counters as a table, fallbacks by op last."""
+    d = counters()
+    width = max(len(k) for k in d)
+    lines = ["fastlazy metrics", "-" * (width + 14)]
+    for key, value in d.items():
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        lines.append(f"{key:<{width}}  {shown:>12}")
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""enable() / disable(): install the op table's entry points into torch.
+
+Each patch remembers the object it replaced and whether the owner held it in
+its own __dict__ (Tensor.__add__ is inherited from TensorBase), so disable()
+puts back the identical object -- or removes our attribute -- and leaves
+alone any attribute that someone else has patched since.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from fastlazy import _core
+from fastlazy.optable import OPS
+
+FORM_CALL, FORM_INPLACE = 0, 1
+_MISSING = object()
+_lock = threading.Lock()
+_installed: list = []     # (owner, attr, original, own_attr, entry)
+
+
+def entry_points():
+    """(owner, attribute, opcode, form) for every entry point in the table."""
+    for op in OPS:
+        for name in op.functions:
+            yield torch, name, op.opcode, FORM_CALL
+        for name in op.methods:
+            yield torch.Tensor, name, op.opcode, FORM_CALL
+        for name in op.inplace:
+            yield torch.Tensor, name, op.opcode, FORM_INPLACE
+
+
+def _qualname(owner, attr):
+    return f"{'torch' if owner is torch else 'Tensor'}.{attr}"
+
+
+def enabled() -> bool:
+    return bool(_installed)
+
+
+def enable() -> None:
+    with _lock:
+        if _installed:
+            return
+        for owner, attr, opcode, form in entry_points():
+            original = getattr(owner, attr)
+            entry = _core.make_entry(original, _qualname(owner, attr), opcode, form)
+            own = attr in vars(owner)
+            setattr(owner, attr, entry)
+            _installed.append((owner, attr, original, own, entry))
+        original_to = torch.Tensor.to
+        own = "to" in vars(torch.Tensor)
+        entry = _core.make_to_entry(original_to)
+        torch.Tensor.to = entry
+        _installed.append((torch.Tensor, "to", original_to, own, entry))
+
+
+def disable() -> None:
+    with _lock:
+        for owner, attr, original, own, entry in reversed(_installed):
+            if vars(owner).get(attr, _MISSING) is not entry:
+                continue            # patched again by someone else: theirs now
+            if own:
+                setattr(owner, attr, original)
+            else:
+                delattr(owner, attr)
+        _installed.clear()
+
+
+def _install_lazy_tensor_methods():
+    """LazyTensor's own methods and operators, from the same table; they work
+    whether or not enable() has patched torch."""
+    for owner, attr, opcode, form in entry_points():
+        original = getattr(owner, attr)
+        entry = _core.make_entry(original, _qualname(owner, attr), opcode, form)
+        _core.set_torch_function(original, entry)
+        if owner is torch.Tensor:
+            if attr in _core.DUNDER_NAMES:
+                _core.set_dunder(attr, entry)
+            else:
+                _core.set_method(attr, entry)
+
+
+_install_lazy_tensor_methods()

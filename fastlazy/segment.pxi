@@ -1,0 +1,240 @@
+# The node buffer: a segment of recorded nodes, typed C structs.
+#
+# Recording appends to the current segment.  A flush hands the segment off
+# (a fresh one becomes current at once) and only then runs it, so another
+# thread keeps recording while a graph runs, and an exception in a run leaves
+# the current segment untouched.
+
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memcpy
+
+cdef enum SegState:
+    SEG_RECORDING = 0
+    SEG_RUNNING = 1
+    SEG_DONE = 2
+    SEG_FAILED = 3
+
+cdef enum NodeFlags:
+    NODE_CAST = 1     # in-place op: cast the result to the self dtype
+
+# Slot type keys: what a graph needs to know of an external input.
+cdef enum:
+    SLOT_TENSOR = 1 << 30
+    SLOT_SCALAR = 2 << 30
+
+cdef uint64_t _next_epoch = 1
+cdef Segment _current = None
+cdef Py_ssize_t flush_threshold = 10000
+
+
+cdef inline uint64_t rotl(uint64_t x, int r) noexcept:
+    return (x << r) | (x >> (64 - r))
+
+cdef inline uint64_t mix(uint64_t h, uint64_t v) noexcept:
+    # One round of xxhash64's accumulator; two lanes with different seeds
+    # make the 128-bit structural hash.
+    h ^= rotl(v * 0xC2B2AE3D27D4EB4FULL, 31) * 0x9E3779B185EBCA87ULL
+    return rotl(h, 27) * 0x9E3779B185EBCA87ULL + 0x85EBCA77C2B2AE63ULL
+
+
+@cython.no_gc
+cdef class Segment:
+    def __cinit__(self):
+        global _next_epoch
+        self.cap = 64
+        self.nodes = <Node*>malloc(self.cap * sizeof(Node))
+        self.slot_cap = 16
+        self.slot_hash = <uint64_t*>malloc(self.slot_cap * sizeof(uint64_t))
+        if self.nodes == NULL or self.slot_hash == NULL:
+            raise MemoryError()
+        self.n = 0
+        self.nslots = 0
+        self.epoch = _next_epoch
+        _next_epoch += 1
+        self.inputs = []
+        self.input_keys = []
+        self.state = SEG_RECORDING
+
+    def __dealloc__(self):
+        free(self.nodes)
+        free(self.slot_hash)
+
+    def __len__(self):
+        return self.n
+
+    cdef Node *append(self) except NULL:
+        cdef Node *grown
+        if self.n == self.cap:
+            grown = <Node*>realloc(self.nodes, 2 * self.cap * sizeof(Node))
+            if grown == NULL:
+                raise MemoryError()
+            self.nodes = grown
+            self.cap *= 2
+        self.n += 1
+        return &self.nodes[self.n - 1]
+
+    cdef int32_t add_slot(self, object value, uint64_t key) except -1:
+        cdef uint64_t *grown
+        if self.nslots == self.slot_cap:
+            grown = <uint64_t*>realloc(self.slot_hash, 2 * self.slot_cap * sizeof(uint64_t))
+            if grown == NULL:
+                raise MemoryError()
+            self.slot_hash = grown
+            self.slot_cap *= 2
+        self.inputs.append(value)
+        self.input_keys.append(key)
+        self.slot_hash[self.nslots] = mix(key, self.nslots)
+        self.nslots += 1
+        return self.nslots - 1
+
+    cdef void drop_owner(self, int32_t idx) noexcept:
+        """The LazyTensor of node idx is gone.  A dead node at the end of
+        the buffer that nothing consumes is dropped at once, and so on down
+        its inputs: code that records and discards (a trace-only loop, a
+        result never read) keeps the buffer empty instead of filling it."""
+        cdef Node *nd = &self.nodes[idx]
+        cdef int32_t r
+        nd.owner = NULL
+        while self.n > 0:
+            nd = &self.nodes[self.n - 1]
+            if nd.owner != NULL or nd.uses != 0:
+                return
+            self.n -= 1
+            for k in range(nd.nin):
+                r = nd.inputs[k]
+                if r >= 0:
+                    self.nodes[r].uses -= 1
+        if self.sites is not None:
+            del self.sites[self.n:]
+
+    cdef void release(self) noexcept:
+        # After a run nothing may point into the nodes any more; drop the
+        # inputs so finished segments hold no tensors alive.
+        self.inputs = None
+        self.input_keys = None
+        self.sites = None
+        self.n = 0
+        self.nslots = 0
+
+    # -- read-only views for lowering and debugging (not on the hot path) --
+
+    def node(self, Py_ssize_t i):
+        """(op, inputs, attr, flags, dtype, shape, has_owner) of node i;
+        an input is ('node', j) or ('slot', k)."""
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        cdef Node *nd = &self.nodes[i]
+        ins = tuple([('node', nd.inputs[k]) if nd.inputs[k] >= 0 else ('slot', ~nd.inputs[k])
+                     for k in range(nd.nin)])
+        return (nd.op, ins, nd.attr, nd.flags, DTYPES[nd.meta.dtype],
+                tuple([nd.meta.shape[k] for k in range(nd.meta.ndim)]), nd.owner != NULL)
+
+    def slot(self, Py_ssize_t k):
+        """(key, value) of external input slot k."""
+        return self.input_keys[k], self.inputs[k]
+
+    def site(self, Py_ssize_t i):
+        return None if self.sites is None else self.sites[i]
+
+    @property
+    def state(self):
+        return ("recording", "running", "done", "failed")[self.state]
+
+
+cdef Segment current_segment():
+    global _current
+    if _current is None:
+        _current = Segment()
+    return _current
+
+
+cdef uint64_t slot_key(Operand *o):
+    if o.kind == K_SCALAR:
+        if o.scalar == SC_BOOL:
+            # bools are constants of the graph (TorchScript has no bool
+            # Scalar), so their value is part of the structure.
+            return SLOT_SCALAR | 16 | (<object>o.obj is True)
+        return SLOT_SCALAR | o.scalar
+    return (SLOT_TENSOR | <uint64_t>(o.m.dtype + 1) | (<uint64_t>o.m.ndim << 8)
+            | (<uint64_t>o.m.device << 16) | (<uint64_t>o.m.requires_grad << 24))
+
+
+cdef int32_t operand_ref(Segment seg, Operand *o) except? -2147483648:
+    """The node input for one operand: a node index, or ~slot for an
+    external value (eager tensor, materialized LazyTensor, scalar)."""
+    cdef LazyTensor t
+    if o.kind == K_LAZY:
+        t = <LazyTensor>o.obj
+        if t.seg is seg:
+            return t.idx
+        if t.seg is not None:
+            # pending in a segment that another thread is running, or whose
+            # run failed: its value is needed now.
+            materialize(t)
+        if t.slot_epoch == seg.epoch:
+            return ~t.slot
+        t.slot = seg.add_slot(t.value, slot_key(o))
+        t.slot_epoch = seg.epoch
+        return ~t.slot
+    return ~seg.add_slot(<object>o.obj, slot_key(o))
+
+
+cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
+                       int flags, LazyTensor rebind):
+    """Append one node; return its LazyTensor (a new one, or `rebind` for an
+    in-place op, which moves that handle to the new node)."""
+    cdef Segment seg = current_segment()
+    cdef int32_t refs[MAX_IN]
+    cdef int nin = 0, i
+    for i in range(nops):
+        if ops[i].kind != K_ABSENT:
+            refs[nin] = operand_ref(seg, &ops[i])
+            nin += 1
+        else:
+            # which optional operands are present is structure (lowering
+            # needs it): bits 16+ of attr
+            attr |= 1 << (16 + i)
+    cdef Node *nd = seg.append()
+    cdef int32_t idx = seg.n - 1
+    nd.op = op
+    nd.nin = nin
+    nd.attr = attr
+    nd.flags = flags
+    memcpy(&nd.meta, out, sizeof(Meta))
+    nd.owner = NULL
+    nd.uses = 0
+    cdef uint64_t h0 = mix(0x27D4EB2F165667C5ULL, op | (<uint64_t>attr << 16) | (<uint64_t>flags << 48))
+    cdef uint64_t h1 = mix(0x165667B19E3779F9ULL, op | (<uint64_t>out.dtype << 16) | (<uint64_t>attr << 24))
+    cdef int32_t r
+    for i in range(nin):
+        r = refs[i]
+        nd.inputs[i] = r
+        if r >= 0:
+            seg.nodes[r].uses += 1
+            h0 = mix(h0, seg.nodes[r].hash[0])
+            h1 = mix(h1, seg.nodes[r].hash[1])
+        else:
+            h0 = mix(h0, seg.slot_hash[~r])
+            h1 = mix(h1, seg.slot_hash[~r] ^ 0x5851F42D4C957F2DULL)
+    nd.hash[0] = h0
+    nd.hash[1] = h1
+
+    cdef LazyTensor t
+    if rebind is None:
+        t = LazyTensor.__new__(LazyTensor)
+    else:
+        # The new node owns the handle before the old node lets it go, so
+        # dropping the old one can never drop the new one.
+        t = rebind
+        nd.owner = <PyObject*>t
+        detach_handle(t)
+    nd.owner = <PyObject*>t
+    t.seg = seg
+    t.idx = idx
+    memcpy(&t.meta, out, sizeof(Meta))
+    if seg.sites is not None:
+        seg.sites.append(_site_of_call())
+    counters[C_NODES] += 1
+    if seg.n >= flush_threshold or seg.nslots >= flush_threshold:
+        flush(seg, REASON_THRESHOLD)
+    return t

@@ -1,0 +1,26 @@
+"""Counters kept in Python: per-op fallbacks, compile times, cache events.
+The hot counters (nodes recorded, flushes...) are C integers in the core."""
+from __future__ import annotations
+
+import collections
+import threading
+
+fallbacks_by_op: collections.Counter = collections.Counter()
+compile_seconds: list[float] = []
+_lock = threading.Lock()
+
+
+def count_fallback(name: str) -> None:
+    with _lock:
+        fallbacks_by_op[name] += 1
+
+
+def add_compile_time(seconds: float) -> None:
+    with _lock:
+        compile_seconds.append(seconds)
+
+
+def reset() -> None:
+    with _lock:
+        fallbacks_by_op.clear()
+        compile_seconds.clear()

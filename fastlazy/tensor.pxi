@@ -1,0 +1,261 @@
+# LazyTensor: a handle on a recorded node or on a materialized value.
+
+from cpython.list cimport PyList_GET_ITEM
+
+cdef object _torch = None
+cdef object _Size = None
+cdef object _device_type = None
+cdef object _fallback = None        # fastlazy.fallback module
+cdef dict _torch_function_table = {}  # original torch callable -> Entry
+
+# Python operators: LazyTensor's number and comparison slots dispatch through
+# the entries of the op-table rows that claim these names.
+cdef enum Dunder:
+    D_ADD, D_RADD, D_IADD, D_SUB, D_RSUB, D_ISUB, D_MUL, D_RMUL, D_IMUL,
+    D_TRUEDIV, D_RTRUEDIV, D_ITRUEDIV, D_POW, D_RPOW, D_IPOW,
+    D_NEG, D_ABS, D_EQ, D_NE, D_LT, D_LE, D_GT, D_GE, D_COUNT
+
+DUNDER_NAMES = ("__add__", "__radd__", "__iadd__", "__sub__", "__rsub__",
+                "__isub__", "__mul__", "__rmul__", "__imul__", "__truediv__",
+                "__rtruediv__", "__itruediv__", "__pow__", "__rpow__",
+                "__ipow__", "__neg__", "__abs__", "__eq__", "__ne__", "__lt__",
+                "__le__", "__gt__", "__ge__")
+cdef list _dunder_entries = [None] * D_COUNT
+
+
+cdef inline object call_dunder(int d, object a, object b):
+    cdef object e = <object>PyList_GET_ITEM(_dunder_entries, d)
+    if e is None:
+        return NotImplemented
+    cdef PyObject *argv[2]
+    argv[0] = <PyObject*>a
+    argv[1] = <PyObject*>b
+    return lazy_call(e, argv, 1 if b is None else 2, None)
+
+
+cdef void detach_handle(LazyTensor t) noexcept:
+    # The handle leaves its node (in-place rebind) or its node is done.
+    if (t.seg is not None and t.seg.state == SEG_RECORDING
+            and t.seg.nodes[t.idx].owner == <PyObject*>t):
+        t.seg.drop_owner(t.idx)
+    t.seg = None
+    t.value = None
+    t.slot_epoch = 0
+
+
+cdef object materialize(LazyTensor t):
+    if t.value is None:
+        counters[C_MATERIALIZATIONS] += 1
+        run_segment_for(t)
+    return t.value
+
+
+cdef LazyTensor wrap_value(object value):
+    """A materialized LazyTensor around an eager tensor (no copy)."""
+    cdef LazyTensor t = LazyTensor.__new__(LazyTensor)
+    if not meta_from_tensor(&t.meta, value):
+        raise TypeError(
+            f"fastlazy cannot hold a tensor of dtype {value.dtype}, "
+            f"{value.dim()} dims on {value.device}; keep it eager")
+    t.value = value
+    return t
+
+
+# no_gc: a LazyTensor references a Segment and a torch.Tensor, neither of
+# which can reach back to it, so it can never be part of a reference cycle;
+# leaving it untracked keeps the cyclic GC from scanning every recorded op.
+@cython.freelist(256)
+@cython.final
+@cython.no_gc
+cdef class LazyTensor:
+    """A tensor whose value is computed when it is needed.
+
+    Made by ``fastlazy.lazy(t)``, ``t.to("lazy")`` or by any recorded op on a
+    LazyTensor.  Shape, dtype and device are known at once; reading a value
+    (``to_eager()``, ``item()``, ``print``...) runs the pending graph once and
+    keeps the result.
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("LazyTensor is made by fastlazy.lazy(tensor) or "
+                        "tensor.to('lazy'), not constructed directly")
+
+    def __dealloc__(self):
+        if self.seg is not None and self.seg.state == SEG_RECORDING:
+            self.seg.drop_owner(self.idx)
+
+    # -- metadata, known without running anything --
+
+    @property
+    def shape(self):
+        return _Size([self.meta.shape[i] for i in range(self.meta.ndim)])
+
+    def size(self, dim=None):
+        if dim is None:
+            return self.shape
+        return self.meta.shape[self._wrap_dim(dim)]
+
+    cdef int _wrap_dim(self, dim) except -1:
+        cdef int d = dim, nd = self.meta.ndim
+        if nd == 0:
+            nd = 1
+        if d < -nd or d >= nd:
+            raise IndexError(f"Dimension out of range (expected to be in range of "
+                             f"[{-nd}, {nd - 1}], but got {d})")
+        return d + nd if d < 0 else d
+
+    @property
+    def dtype(self):
+        return DTYPES[self.meta.dtype]
+
+    @property
+    def device(self):
+        if self._device is None:
+            self._device = (_device_type("cpu") if self.meta.device == 0
+                            else _device_type("cuda", self.meta.device - 1))
+        return self._device
+
+    @property
+    def ndim(self):
+        return self.meta.ndim
+
+    def dim(self):
+        return self.meta.ndim
+
+    def numel(self):
+        cdef int64_t n = 1
+        for i in range(self.meta.ndim):
+            n *= self.meta.shape[i]
+        return n
+
+    nelement = numel
+
+    @property
+    def requires_grad(self):
+        if self.value is not None:
+            return self.value.requires_grad
+        return bool(self.meta.requires_grad)
+
+    @property
+    def is_lazy(self):
+        return True
+
+    @property
+    def is_cuda(self):
+        return self.meta.device > 0
+
+    @property
+    def is_materialized(self):
+        """True once the value has been computed (reading it is free)."""
+        return self.value is not None
+
+    def is_floating_point(self):
+        return is_float(self.meta.dtype)
+
+    def is_complex(self):
+        return is_complex(self.meta.dtype)
+
+    def element_size(self):
+        return self.dtype.itemsize
+
+    def __len__(self):
+        if self.meta.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.meta.shape[0]
+
+    # -- value reads: materialize once, keep the result --
+
+    def to_eager(self):
+        """The value as an ordinary torch.Tensor (computed once, then kept)."""
+        return materialize(self)
+
+    def cpu(self):
+        return materialize(self).cpu()
+
+    def numpy(self, *, force=False):
+        return materialize(self).numpy(force=force)
+
+    def item(self):
+        return materialize(self).item()
+
+    def tolist(self):
+        return materialize(self).tolist()
+
+    def __repr__(self):
+        text = repr(materialize(self))
+        return "LazyTensor" + text[len("tensor"):] if text.startswith("tensor") else text
+
+    def __format__(self, spec):
+        return materialize(self).__format__(spec)
+
+    def __bool__(self):
+        return bool(materialize(self))
+
+    def __float__(self):
+        return float(materialize(self))
+
+    def __int__(self):
+        return int(materialize(self))
+
+    def __index__(self):
+        return materialize(self).__index__()
+
+    def __complex__(self):
+        return complex(materialize(self))
+
+    def __iter__(self):
+        return iter([wrap_value(v) for v in materialize(self)])
+
+    def __array__(self, dtype=None, copy=None):
+        a = materialize(self).numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __hash__(self):
+        return id(self)
+
+    def __reduce_ex__(self, proto):
+        # Pickles as its value: the graph is not part of a tensor's state.
+        return (_fallback.wrap_eager, (materialize(self),))
+
+    def to(self, *args, **kwargs):
+        return _fallback.lazy_to(self, args, kwargs)
+
+    # -- Python operators: the op table's entries --
+
+    def __add__(self, other): return call_dunder(D_ADD, self, other)
+    def __radd__(self, other): return call_dunder(D_RADD, self, other)
+    def __iadd__(self, other): return call_dunder(D_IADD, self, other)
+    def __sub__(self, other): return call_dunder(D_SUB, self, other)
+    def __rsub__(self, other): return call_dunder(D_RSUB, self, other)
+    def __isub__(self, other): return call_dunder(D_ISUB, self, other)
+    def __mul__(self, other): return call_dunder(D_MUL, self, other)
+    def __rmul__(self, other): return call_dunder(D_RMUL, self, other)
+    def __imul__(self, other): return call_dunder(D_IMUL, self, other)
+    def __truediv__(self, other): return call_dunder(D_TRUEDIV, self, other)
+    def __rtruediv__(self, other): return call_dunder(D_RTRUEDIV, self, other)
+    def __itruediv__(self, other): return call_dunder(D_ITRUEDIV, self, other)
+    def __pow__(self, other, mod):
+        if mod is not None:
+            return NotImplemented
+        return call_dunder(D_POW, self, other)
+    def __rpow__(self, other, mod):
+        if mod is not None:
+            return NotImplemented
+        return call_dunder(D_RPOW, self, other)
+    def __ipow__(self, other): return call_dunder(D_IPOW, self, other)
+    def __neg__(self): return call_dunder(D_NEG, self, None)
+    def __abs__(self): return call_dunder(D_ABS, self, None)
+
+    def __richcmp__(self, other, int cmp):
+        return call_dunder((D_LT, D_LE, D_EQ, D_NE, D_GT, D_GE)[cmp], self, other)
+
+    # -- every other torch function --
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        entry = _torch_function_table.get(func)
+        if kwargs is None:
+            kwargs = {}
+        if entry is not None:
+            return entry(*args, **kwargs)
+        return _fallback.call_eager(func, args, kwargs)

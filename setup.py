@@ -1,0 +1,24 @@
+"""Build fastlazy's Cython core.  Set FASTLAZY_DEBUG=1 for an annotated build
+with line tracing and bounds checks (slow; for debugging only)."""
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+debug = os.environ.get("FASTLAZY_DEBUG") == "1"
+directives = {"language_level": 3, "embedsignature": True, "binding": True}
+if debug:
+    directives.update(boundscheck=True, wraparound=True, linetrace=True)
+
+extensions = [
+    Extension(
+        "fastlazy._core",
+        ["fastlazy/_core.pyx"],
+        include_dirs=["fastlazy"],
+        extra_compile_args=["-O3"] if not debug else ["-O0", "-g"],
+        define_macros=[("CYTHON_TRACE", "1")] if debug else [],
+    )
+]
+
+setup(ext_modules=cythonize(extensions, compiler_directives=directives,
+                            annotate=debug))
