@@ -209,6 +209,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
     cdef LazyTensor self_t = None
 
+    if op < 0:      # an entry with no row: always eager (LazyTensor.<method>)
+        return run_eager(entry, args, nargs, kwnames)
     if not parse_args(op, args, nargs, kwnames, p):
         return run_eager(entry, args, nargs, kwnames)
     for i in range(nops):
@@ -255,8 +257,9 @@ cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kw
 
 
 def make_entry(object orig, str name, int op, int form):
-    """A patched entry point for opcode `op` wrapping `orig`."""
-    if not 0 <= op < n_ops:
+    """A patched entry point for opcode `op` wrapping `orig`; op -1 makes an
+    entry that always runs eagerly (Tensor methods without a row)."""
+    if not -1 <= op < n_ops:
         raise ValueError(f"unregistered op {op}")
     return fl_entry_new(orig, name, op, form)
 

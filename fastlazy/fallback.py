@@ -75,16 +75,18 @@ def call_eager(func, args, kwargs):
     return _run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"))
 
 
-def bound_method(self, method, name):
-    """LazyTensor.<name> for a Tensor method without a row in the op table."""
-    inplace = name.endswith("_") and not name.endswith("__")
+def dunder(name, self, args, inplace=False):
+    """A LazyTensor operator without a row in the op table."""
+    return _run(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace)
 
-    def call(*args, **kwargs):
-        return _run(method, name, (self,) + args, kwargs, inplace)
 
-    call.__name__ = name
-    call.__doc__ = method.__doc__
-    return call
+def attribute(name):
+    """A property of LazyTensor reading Tensor attribute `name` of the value
+    (Tensor.T, .grad, .data, .layout...)."""
+    def get(self):
+        return wrap_result(getattr(self.to_eager(), name))
+    get.__name__ = name
+    return property(get, doc=f"Tensor.{name} of the materialized value.")
 
 
 def lazy_to(self, args, kwargs):

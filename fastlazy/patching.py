@@ -7,11 +7,13 @@ alone any attribute that someone else has patched since.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 
 import torch
 
 from fastlazy import _core
+from fastlazy._core import LazyTensor
 from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = 0, 1
@@ -82,4 +84,24 @@ def _install_lazy_tensor_methods():
                 _core.set_method(attr, entry)
 
 
+def _install_lazy_tensor_fallbacks():
+    """Every other public Tensor method and attribute, on LazyTensor too:
+    methods run eagerly through an always-eager entry (one C check, no
+    __getattr__ on the hot path), attributes read the materialized value."""
+    from fastlazy import fallback
+    for name in dir(torch.Tensor):
+        if name.startswith("_") or name in vars(LazyTensor):
+            continue
+        attr = inspect.getattr_static(torch.Tensor, name)
+        if isinstance(attr, (staticmethod, classmethod)):
+            continue
+        if callable(attr):
+            form = FORM_INPLACE if name.endswith("_") else FORM_CALL
+            _core.set_method(name, _core.make_entry(getattr(torch.Tensor, name),
+                                                    f"Tensor.{name}", -1, form))
+        else:
+            _core.set_method(name, fallback.attribute(name))
+
+
 _install_lazy_tensor_methods()
+_install_lazy_tensor_fallbacks()

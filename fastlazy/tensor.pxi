@@ -249,6 +249,29 @@ cdef class LazyTensor:
     def __richcmp__(self, other, int cmp):
         return call_dunder((D_LT, D_LE, D_EQ, D_NE, D_GT, D_GE)[cmp], self, other)
 
+    # -- operators without a row yet: eager on the value, result lazy again --
+
+    def __getitem__(self, idx): return _fallback.dunder("__getitem__", self, (idx,))
+    def __setitem__(self, idx, value):
+        _fallback.dunder("__setitem__", self, (idx, value), inplace=True)
+    def __matmul__(self, other): return _fallback.dunder("__matmul__", self, (other,))
+    def __rmatmul__(self, other): return _fallback.dunder("__rmatmul__", self, (other,))
+    def __floordiv__(self, other): return _fallback.dunder("__floordiv__", self, (other,))
+    def __rfloordiv__(self, other): return _fallback.dunder("__rfloordiv__", self, (other,))
+    def __mod__(self, other): return _fallback.dunder("__mod__", self, (other,))
+    def __rmod__(self, other): return _fallback.dunder("__rmod__", self, (other,))
+    def __and__(self, other): return _fallback.dunder("__and__", self, (other,))
+    def __rand__(self, other): return _fallback.dunder("__rand__", self, (other,))
+    def __or__(self, other): return _fallback.dunder("__or__", self, (other,))
+    def __ror__(self, other): return _fallback.dunder("__ror__", self, (other,))
+    def __xor__(self, other): return _fallback.dunder("__xor__", self, (other,))
+    def __rxor__(self, other): return _fallback.dunder("__rxor__", self, (other,))
+    def __lshift__(self, other): return _fallback.dunder("__lshift__", self, (other,))
+    def __rshift__(self, other): return _fallback.dunder("__rshift__", self, (other,))
+    def __invert__(self): return _fallback.dunder("__invert__", self, ())
+    def __pos__(self): return _fallback.dunder("__pos__", self, ())
+    def __contains__(self, item): return _fallback.dunder("__contains__", self, (item,))
+
     # -- every other torch function --
 
     @classmethod
