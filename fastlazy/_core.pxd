@@ -47,7 +47,7 @@ cdef class Segment:
     cdef object sites         # per node: recording site, when tracing is on
 
     cdef Node *append(self) except NULL
-    cdef int32_t add_slot(self, object value, uint64_t key) except -1
+    cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1
     cdef void release(self) noexcept
     cdef void drop_owner(self, int32_t idx) noexcept
 

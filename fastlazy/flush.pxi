@@ -7,7 +7,23 @@
 # dict lookup and the call of the compiled program; a miss asks the backend
 # (Python, fastlazy.graph_cache) to build one.
 
-cdef object _graph_cache = None    # fastlazy.graph_cache module: lookup / compile
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
+
+cdef object _graph_cache = None    # fastlazy.graph_cache module: compile on a miss
+cdef object _programs = None       # graph_cache's LRU (an OrderedDict): key -> Program
+cdef object _move_to_end = None
+cdef object _backend_tag = None    # the active backend's name, part of every key
+cdef bint _key_shapes = False      # the active backend specializes on shapes
+
+
+def set_backend(str name, bint specializes_shapes, programs):
+    """Called by fastlazy.graph_cache when the backend changes."""
+    global _backend_tag, _key_shapes, _programs, _move_to_end
+    _backend_tag = name
+    _key_shapes = specializes_shapes
+    _programs = programs
+    _move_to_end = programs.move_to_end
 
 
 cdef object _output_key(Segment seg, list owners, object outs):
@@ -20,7 +36,7 @@ cdef object _output_key(Segment seg, list owners, object outs):
         h0 = mix(h0, seg.nodes[i].hash[0])
         h1 = mix(h1, seg.nodes[i].hash[1])
     h0 = mix(h0, len(outs))
-    return (h0 << 64) | h1
+    return (_backend_tag, (<object>h0 << 64) | <object>h1)
 
 
 cdef int flush(Segment seg, int reason) except -1:
@@ -48,7 +64,7 @@ cdef int flush(Segment seg, int reason) except -1:
     seg.lock = _new_lock()
     seg.lock.acquire()
     try:
-        values = _graph_cache.run(seg, _output_key(seg, owners, outs), outs)
+        values = run_graph(seg, _output_key(seg, owners, outs), outs)
     except BaseException as exc:
         seg.state = SEG_FAILED
         seg.error = exc
@@ -65,6 +81,25 @@ cdef int flush(Segment seg, int reason) except -1:
     seg.state = SEG_DONE
     seg.release()
     return 0
+
+
+cdef object run_graph(Segment seg, object key, list outs):
+    """A cache hit runs here, in C; a miss goes to graph_cache.run."""
+    program = _programs.get(key)
+    if program is None:
+        return _graph_cache.run(seg, key, outs)
+    counters[C_HITS] += 1
+    _move_to_end(key)
+    cdef tuple slots = program.slots
+    cdef list inputs = seg.inputs
+    cdef Py_ssize_t k, n = len(slots)
+    cdef tuple args = PyTuple_New(n)
+    for k in range(n):
+        v = inputs[<Py_ssize_t>slots[k]]
+        Py_INCREF(v)
+        PyTuple_SET_ITEM(args, k, v)
+    out = program.call(*args)
+    return (out,) if program.single else out
 
 
 cdef int run_segment_for(LazyTensor t) except -1:

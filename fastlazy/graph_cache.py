@@ -12,8 +12,8 @@ import time
 from fastlazy import _core, backends, stats
 from fastlazy.graph import GraphView
 
-_backend = backends.get(backends.default_name())
 _cache: collections.OrderedDict = collections.OrderedDict()
+_backend = None
 _capacity = 1024
 evictions = 0
 compile_failures = 0
@@ -22,6 +22,7 @@ compile_failures = 0
 def set_backend(name: str) -> None:
     global _backend
     _backend = backends.get(name)
+    _core.set_backend(_backend.name, _backend.specializes_shapes, _cache)
 
 
 def backend_name() -> str:
@@ -52,18 +53,12 @@ def _trim():
 
 
 def run(seg, key, outputs):
-    """Run the graph of `outputs` in `seg`; return their values in order."""
-    backend = _backend
-    full_key = (backend.name, key)
-    program = _cache.get(full_key)
-    if program is None:
-        _core.count("cache_misses")
-        program = _compile(backend, GraphView(seg, outputs))
-        _cache[full_key] = program
-        _trim()
-    else:
-        _core.count("cache_hits")
-        _cache.move_to_end(full_key)
+    """Compile and run the graph of `outputs` in `seg` (the core calls this
+    on a cache miss; hits run in the core)."""
+    _core.count("cache_misses")
+    program = _compile(_backend, GraphView(seg, outputs))
+    _cache[key] = program
+    _trim()
     inputs = seg.inputs
     return program.run([inputs[k] for k in program.slots])
 
@@ -93,3 +88,6 @@ def recover(seg, index, error):
     except Exception as exc:
         raise RuntimeError(
             f"fastlazy: this LazyTensor's value could not be computed: {exc}") from error
+
+
+set_backend(backends.default_name())

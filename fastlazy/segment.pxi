@@ -73,8 +73,9 @@ cdef class Segment:
         self.n += 1
         return &self.nodes[self.n - 1]
 
-    cdef int32_t add_slot(self, object value, uint64_t key) except -1:
+    cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1:
         cdef uint64_t *grown
+        cdef uint64_t h
         if self.nslots == self.slot_cap:
             grown = <uint64_t*>realloc(self.slot_hash, 2 * self.slot_cap * sizeof(uint64_t))
             if grown == NULL:
@@ -83,7 +84,12 @@ cdef class Segment:
             self.slot_cap *= 2
         self.inputs.append(value)
         self.input_keys.append(key)
-        self.slot_hash[self.nslots] = mix(key, self.nslots)
+        h = mix(key, self.nslots)
+        if _key_shapes and m != NULL:
+            # the backend compiles per shape: the shape is structure too
+            for i in range(m.ndim):
+                h = mix(h, <uint64_t>m.shape[i])
+        self.slot_hash[self.nslots] = h
         self.nslots += 1
         return self.nslots - 1
 
@@ -173,10 +179,10 @@ cdef int32_t operand_ref(Segment seg, Operand *o) except? -2147483648:
             materialize(t)
         if t.slot_epoch == seg.epoch:
             return ~t.slot
-        t.slot = seg.add_slot(t.value, slot_key(o))
+        t.slot = seg.add_slot(t.value, slot_key(o), o.m)
         t.slot_epoch = seg.epoch
         return ~t.slot
-    return ~seg.add_slot(<object>o.obj, slot_key(o))
+    return ~seg.add_slot(<object>o.obj, slot_key(o), o.m if o.kind == K_TENSOR else NULL)
 
 
 cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,

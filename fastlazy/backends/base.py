@@ -8,16 +8,32 @@ from fastlazy.optable import Attr, Call, Opt
 
 
 class Program:
-    """A compiled graph: `run(inputs)` with inputs = values of `slots`."""
+    """A compiled graph.
 
-    def __init__(self, slots, run, source=""):
+    `call(*values)` takes the values of `slots` in order and returns the
+    output tensor (`single`) or a sequence of them.  The core calls `call`
+    directly on a cache hit; `run` is the Python-side entry that also
+    performs a backend's one-time `first_call` (e.g. choosing an executor).
+    """
+
+    def __init__(self, slots, call, single, source="", first_call=None):
         self.slots = tuple(slots)
-        self.run = run
+        self.call = call
+        self.single = single
         self.source = source       # IR or code text, for fastlazy.debug
+        self._first_call = first_call
+
+    def run(self, inputs):
+        first, self._first_call = self._first_call, None
+        out = (first or self.call)(*inputs)
+        return (out,) if self.single else tuple(out)
 
 
 class Backend:
     name = "base"
+    # True if a compiled program is only valid for the input shapes it was
+    # compiled with (the shapes then become part of the cache key).
+    specializes_shapes = False
 
     def compile(self, view) -> Program:
         raise NotImplementedError

@@ -15,7 +15,7 @@ class EagerBackend(Backend):
         slots = [s.index for s in view.slots]
         outputs = view.outputs
 
-        def run(inputs):
+        def run(*inputs):
             env = {("slot", k): v for k, v in zip(slots, inputs)}
             for node in nodes:
                 value = lower(node.op.lower, node, env.__getitem__, _constant, _call)
@@ -24,7 +24,7 @@ class EagerBackend(Backend):
                 env[("node", node.index)] = value
             return [env[("node", i)] for i in outputs]
 
-        return Program(slots, run, str(view))
+        return Program(slots, run, False, str(view))
 
 
 def _constant(value):

@@ -9,6 +9,8 @@ that reuse the storage of intermediates nobody else reads.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fastlazy.backends.base import Backend, Program, lower
@@ -108,19 +110,8 @@ class TorchScriptBackend(Backend):
             outs = ["%outs"]
         text = "\n".join([f"graph({', '.join(params)}):", *ir.lines, f"  return ({outs[0]})"])
         fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
-        single = len(view.outputs) == 1
-        started = False
-
-        def run(inputs):
-            nonlocal started
-            if not started:
-                started = True
-                out = _first_call(fn, inputs, legacy=not fuses)
-            else:
-                out = fn(*inputs)
-            return (out,) if single else out
-
-        return Program(slots, run, text)
+        first_call = None if fuses else functools.partial(_legacy_first_call, fn)
+        return Program(slots, fn, len(view.outputs) == 1, text, first_call)
 
     def _fuses(self, view):
         return self.llvm or any(s.kind == "tensor" and s.value.is_cuda for s in view.slots)
@@ -155,12 +146,10 @@ def _emit(ir, env, node, inplace):
     return value
 
 
-def _first_call(fn, inputs, legacy):
+def _legacy_first_call(fn, *inputs):
     # The graph executor is chosen when a function first runs: pick the legacy
     # one where no fuser can act (it runs unfused graphs with less overhead).
     # The switch is process-wide for the length of this one call.
-    if not legacy:
-        return fn(*inputs)
     previous = torch._C._jit_set_profiling_executor(False)
     try:
         return fn(*inputs)
