@@ -18,6 +18,8 @@ def counters() -> dict:
     d = _core.counter_values()
     for name, n in sorted(stats.fallbacks_by_op.items()):
         d["fallback." + name] = n
+    for reason, n in sorted(stats.recompile_reasons.items()):
+        d["recompile." + reason] = n
     d["compiles"] = len(stats.compile_seconds)
     d["compile_seconds"] = sum(stats.compile_seconds)
     d["cache_size"] = graph_cache.size()

@@ -7,6 +7,7 @@ import threading
 
 fallbacks_by_op: collections.Counter = collections.Counter()
 compile_seconds: list[float] = []
+recompile_reasons: collections.Counter = collections.Counter()
 _lock = threading.Lock()
 
 
@@ -20,7 +21,13 @@ def add_compile_time(seconds: float) -> None:
         compile_seconds.append(seconds)
 
 
+def count_recompile(reason: str) -> None:
+    with _lock:
+        recompile_reasons[reason] += 1
+
+
 def reset() -> None:
     with _lock:
         fallbacks_by_op.clear()
         compile_seconds.clear()
+        recompile_reasons.clear()

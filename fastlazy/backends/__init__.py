@@ -6,9 +6,11 @@ import os
 
 from fastlazy.backends.base import Backend, Program
 from fastlazy.backends.eager import EagerBackend
+from fastlazy.backends.inductor import InductorBackend
 from fastlazy.backends.torchscript import TorchScriptBackend
 
-_REGISTRY = {"torchscript": TorchScriptBackend, "eager": EagerBackend}
+_REGISTRY = {"torchscript": TorchScriptBackend, "inductor": InductorBackend,
+             "eager": EagerBackend}
 _instances: dict[str, Backend] = {}
 
 

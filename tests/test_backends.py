@@ -1,0 +1,135 @@
+"""Backends and the graph cache: same results everywhere, cache policy."""
+import pytest
+import torch
+
+import fastlazy
+from fastlazy import backends, graph_cache
+from fastlazy.backends import torchscript
+
+pytestmark = pytest.mark.usefixtures("lazy_on")
+
+
+def program(a, b, s):
+    r = (a * s + b).sub(a, alpha=2).div(b + 1.5)
+    r = torch.clamp(r, min=-1.0, max=s).relu() - torch.tanh(a) ** 2
+    return (r > 0.1) & (a <= b), torch.maximum(r, a).exp().sqrt(), -abs(r), 3 / (b + 1)
+
+
+def compare(lazy_out, eager_out, exact):
+    for got, want in zip(lazy_out, eager_out):
+        got = got.to_eager()
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if exact or want.dtype == torch.bool:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", ["torchscript", "eager", "inductor"])
+def test_backends_agree_with_eager(name):
+    fastlazy.set_backend(name)
+    try:
+        a, b = torch.randn(6, 5), torch.rand(5)
+        misses = []
+        for s in (0.75, 0.5, -2.0):       # a new scalar value: no new graph
+            got = program(fastlazy.lazy(a), fastlazy.lazy(b), s)
+            compare(got, program(a, b, s), exact=name != "inductor")
+            misses.append(fastlazy.metrics.counters()["cache_misses"])
+        assert misses[0] == misses[-1] > 0
+    finally:
+        fastlazy.set_backend("torchscript")
+
+
+def test_unknown_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown fastlazy backend"):
+        fastlazy.set_backend("tvm")
+
+
+def test_torchscript_scalar_type_numbers_match_the_tracer():
+    for dtype, number in torchscript.SCALAR_TYPE.items():
+        if dtype == torch.complex32:
+            continue
+        traced = torch.jit.trace(lambda x: x.to(dtype), torch.zeros(1))
+        consts = [n.output().toIValue() for n in traced.graph.nodes()
+                  if n.kind() == "prim::Constant" and n.output().type().kind() == "IntType"]
+        assert number in consts, dtype
+
+
+def test_torchscript_graphs_are_shape_generic():
+    for n in (3, 5, 8, 13):
+        x = fastlazy.lazy(torch.rand(n, 2))
+        assert torch.allclose((x * 2 + 1).to_eager(), x.to_eager() * 2 + 1)
+    assert fastlazy.metrics.counters()["cache_misses"] == 1
+
+
+def test_torchscript_reuses_dead_intermediates():
+    a, b = fastlazy.lazy(torch.rand(4)), fastlazy.lazy(torch.rand(4))
+    (a.add(b).mul(b).sub(a)).to_eager()
+    source = next(reversed(graph_cache._cache.values())).source
+    assert "aten::mul_(" in source and "aten::sub_(" in source
+    assert "aten::add(" in source       # the first op must not write into an input
+
+
+def test_alternating_graphs_stay_cached():
+    a = fastlazy.lazy(torch.rand(8))
+    for i in range(10):
+        r = (a + i).exp() if i % 2 else (a - i).tanh()
+        r.to_eager()
+    c = fastlazy.metrics.counters()
+    assert c["cache_misses"] == 2 and c["cache_hits"] == 8
+
+
+def test_lru_eviction():
+    graph_cache.clear()
+    graph_cache.set_capacity(2)
+    try:
+        a = fastlazy.lazy(torch.rand(8))
+        for make in (lambda: a + 1, lambda: a * 2, lambda: a - 3, lambda: a + 1):
+            make().to_eager()
+        c = fastlazy.metrics.counters()
+        assert c["cache_evictions"] == 2 and c["cache_size"] == 2
+        assert c["cache_misses"] == 4      # `a + 1` was evicted before its second use
+    finally:
+        graph_cache.set_capacity(1024)
+
+
+def test_compile_failure_falls_back_to_eager(monkeypatch):
+    def broken(view):
+        raise RuntimeError("backend bug")
+    monkeypatch.setattr(backends.get("torchscript"), "compile", broken)
+    a = fastlazy.lazy(torch.arange(4.0))
+    assert torch.equal((a * 3).to_eager(), torch.arange(4.0) * 3)
+    c = fastlazy.metrics.counters()
+    assert c["compile_failures"] == 1
+    assert c["fallback.compile:torchscript:RuntimeError"] == 1
+
+
+def test_inductor_switches_to_dynamic_shapes(monkeypatch):
+    backend = backends.get("inductor")
+    monkeypatch.setattr(backend, "dynamic_after", 2)
+    fastlazy.set_backend("inductor")
+    try:
+        for n in (4, 6, 9, 11, 17):
+            x = fastlazy.lazy(torch.rand(n))
+            torch.testing.assert_close((x * 2 - 1).to_eager(), x.to_eager() * 2 - 1)
+        c = fastlazy.metrics.counters()
+        assert c["recompile.inductor: new input shape"] == 1
+        assert c["recompile.inductor: dynamic shapes"] == 1
+        assert c["cache_misses"] == 1
+    finally:
+        fastlazy.set_backend("torchscript")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["torchscript", "inductor"])
+def test_cuda_backends(name):
+    fastlazy.set_backend(name)
+    try:
+        a = torch.randn(6, 5, device="cuda")
+        b = torch.rand(5, device="cuda")
+        for _ in range(3):
+            got = program(fastlazy.lazy(a), fastlazy.lazy(b), 0.75)
+            compare(got, program(a, b, 0.75), exact=False)
+        assert got[0].device.type == "cuda"
+    finally:
+        fastlazy.set_backend("torchscript")
