@@ -3,32 +3,44 @@
     import torch, fastlazy
     fastlazy.enable()
     a = torch.rand(100, 100).to("lazy")
-    r = (a + 1) * a            # recorded, ~tens of ns per op
+    r = (a + 1) * a            # recorded, ~100 ns per op
     print(r)                   # one compiled graph runs, result kept
+
+The torch._lazy functions have the same names here: mark_step,
+wait_device_ops, sync_multi, to_cpu, add_step_closure, metrics.counter_names,
+metrics.counter_value, metrics.metrics_report, debug.dump_ir,
+debug.render_ir_graph.
 """
 from __future__ import annotations
 
+import atexit as _atexit
 import contextlib as _contextlib
+import os as _os
 
 from fastlazy import _core
 from fastlazy import fallback as _fallback
 from fastlazy import graph_cache as _graph_cache
+from fastlazy import sites as _sites
 
-_core.init(_fallback, _graph_cache)
+_core.init(_fallback, _graph_cache, _sites.site_of_call)
 
-from fastlazy import metrics, optable, patching as _patching  # noqa: E402
+from fastlazy import closures as _closures  # noqa: E402
+from fastlazy import debug, metrics, optable  # noqa: E402
+from fastlazy import patching as _patching  # noqa: E402
 from fastlazy._core import LazyTensor, lazy  # noqa: E402
 
 __all__ = ["LazyTensor", "lazy", "enable", "disable", "enabled", "mark_step",
-           "metrics", "set_flush_threshold", "set_backend", "backend"]
+           "wait_device_ops", "sync_multi", "to_cpu", "add_step_closure",
+           "metrics", "debug", "set_flush_threshold", "set_backend", "backend"]
 
 
 def enable(backend: str | None = None) -> "_contextlib.AbstractContextManager":
     """Patch torch's entry points so that calls with a LazyTensor record.
 
-    Idempotent.  `backend` ("torchscript" or "eager") picks the backend
-    (default: $FASTLAZY_BACKEND or "torchscript").  Also usable as a context
-    manager: ``with fastlazy.enable(): ...`` disables again on exit.
+    Idempotent.  `backend` ("torchscript", "inductor" or "eager") picks the
+    backend (default: $FASTLAZY_BACKEND or "torchscript").  Also a context
+    manager: ``with fastlazy.enable(): ...`` disables again on exit if it
+    was not enabled before.
     """
     if backend is not None:
         _graph_cache.set_backend(backend)
@@ -53,12 +65,50 @@ def disable() -> None:
 
 
 def enabled() -> bool:
+    """True while torch's entry points are patched."""
     return _patching.enabled()
 
 
-def mark_step() -> None:
-    """Compute every live LazyTensor now (one graph)."""
+def mark_step(device: str = "", wait: bool = False) -> None:
+    """Compute every live LazyTensor now (one graph), then run the step
+    closures.  As torch._lazy.mark_step; `device` is accepted for
+    compatibility and ignored (fastlazy has one buffer for all devices);
+    `wait=True` also waits for queued CUDA work and asynchronous closures."""
     _core.mark_step()
+    _closures.run_step_closures()
+    if wait:
+        wait_device_ops()
+
+
+def wait_device_ops(devices=None) -> None:
+    """Wait for outstanding device work (CUDA) and asynchronous step closures."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    _closures.wait_async_closures()
+
+
+def sync_multi(tensors, devices=None) -> None:
+    """Compute the given LazyTensors (and every other live one: fastlazy
+    flushes whole segments, so a later read of those is free)."""
+    for t in tensors:
+        if type(t) is LazyTensor:
+            t.to_eager()
+
+
+def to_cpu(tensors, devices=None):
+    """A pytree with every LazyTensor replaced by its value on the CPU."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+    flat, spec = tree_flatten(tensors)
+    sync_multi(flat)
+    return tree_unflatten([t.to_eager().cpu() if type(t) is LazyTensor else t for t in flat],
+                          spec)
+
+
+def add_step_closure(closure, args=(), run_async: bool = False) -> None:
+    """Run `closure(*args)` after the next mark_step(), when every live
+    tensor is computed (see fastlazy.closures)."""
+    _closures.add_step_closure(closure, args, run_async)
 
 
 def set_flush_threshold(nodes: int) -> None:
@@ -72,4 +122,17 @@ def set_backend(name: str) -> None:
 
 
 def backend() -> str:
+    """The active backend's name."""
     return _graph_cache.backend_name()
+
+
+def _configure_from_environment():
+    if _os.environ.get("FASTLAZY_SYNC") == "1":
+        # every op runs at its call, node by node: bisect a wrong result
+        _graph_cache.set_backend("eager")
+        _core.set_flush_threshold(1)
+    if _os.environ.get("FASTLAZY_METRICS") == "1":
+        _atexit.register(lambda: print(metrics.report()))
+
+
+_configure_from_environment()

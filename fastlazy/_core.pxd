@@ -58,6 +58,7 @@ cdef class LazyTensor:
     cdef object value         # materialized torch.Tensor, or None
     cdef Meta meta
     cdef object _device       # torch.device, built on first request
+    cdef readonly object program  # the compiled Program that produced value
     cdef uint64_t slot_epoch  # segment epoch in which `slot` is valid
     cdef int32_t slot         # external slot of our value in that segment
     cdef object __weakref__

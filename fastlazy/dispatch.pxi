@@ -226,12 +226,16 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         self_t = <LazyTensor>p[0]
     if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
         return run_eager(entry, args, nargs, kwnames)
+    if not out.requires_grad:
+        for i in range(nops):
+            if is_tensor(&ops[i]) and ops[i].m.requires_grad:
+                flags = NODE_DETACH
     if self_t is not None:
         # eager refuses in-place abs on complex tensors
         if not inplace_fits(&out, &self_t.meta) or op_rule[op] == R_ABS and is_complex(self_t.meta.dtype):
             return run_eager(entry, args, nargs, kwnames)
         if out.dtype != self_t.meta.dtype:
-            flags = NODE_CAST
+            flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
     return record(op, ops, nops, &out, attr, flags, self_t)
 

@@ -51,10 +51,12 @@ cdef int flush(Segment seg, int reason) except -1:
     cdef list owners = []
     outs = []
     cdef int32_t i
+    cdef bint grad = False
     for i in range(seg.n):
         if seg.nodes[i].owner != NULL:
             owners.append(<object>seg.nodes[i].owner)
             outs.append(i)
+            grad |= seg.nodes[i].meta.requires_grad
     if not owners:
         counters[C_EMPTY_FLUSHES] += 1
         seg.state = SEG_DONE
@@ -63,8 +65,15 @@ cdef int flush(Segment seg, int reason) except -1:
     counters[C_FLUSHES] += 1
     seg.lock = _new_lock()
     seg.lock.acquire()
+    key = _output_key(seg, owners, outs)
     try:
-        values = run_graph(seg, _output_key(seg, owners, outs), outs)
+        if grad:
+            # recorded with grad enabled: the graph must build autograd
+            # history even if the value is read inside torch.no_grad()
+            with _enable_grad():
+                values = run_graph(seg, key, outs)
+        else:
+            values = run_graph(seg, key, outs)
     except BaseException as exc:
         seg.state = SEG_FAILED
         seg.error = exc
@@ -72,10 +81,12 @@ cdef int flush(Segment seg, int reason) except -1:
     finally:
         seg.lock.release()
     cdef LazyTensor t
+    program = _programs.get(key)
     for k in range(len(owners)):
         t = <LazyTensor>owners[k]
         if t.seg is seg:          # not rebound while the graph ran
             t.value = values[k]
+            t.program = program
             t.seg = None
             t.slot_epoch = 0
     seg.state = SEG_DONE
@@ -123,6 +134,19 @@ def mark_step():
     """Flush the current segment: compute every live LazyTensor."""
     if _current is not None:
         flush(_current, REASON_MARK_STEP)
+
+
+def live_outputs(Segment seg):
+    """Indices of the nodes of seg that a LazyTensor still holds."""
+    return [i for i in range(seg.n) if seg.nodes[i].owner != NULL]
+
+
+def set_record_sites(bint on):
+    """Remember the Python file and line of every recorded node (for
+    recompile diagnosis and graph dumps; costs about a microsecond per op).
+    Takes effect from the next segment."""
+    global _record_sites
+    _record_sites = on
 
 
 def set_flush_threshold(Py_ssize_t n):

@@ -21,6 +21,7 @@ class Node:
     inputs: tuple        # ('node', i) | ('slot', k)
     attr: int
     cast: bool           # in-place op: cast the result to `dtype`
+    detach: bool         # recorded under no_grad: read the inputs detached
     dtype: object
     shape: tuple
     uses: int            # consumers among the needed nodes
@@ -57,7 +58,7 @@ class GraphView:
         outset = set(outputs)
         self.nodes = [
             Node(i, OPS[raw[i][0]], raw[i][1], raw[i][2], bool(raw[i][3] & 1),
-                 raw[i][4], raw[i][5], uses[i], i in outset)
+                 bool(raw[i][3] & 2), raw[i][4], raw[i][5], uses[i], i in outset)
             for i in sorted(needed)
         ]
         self.outputs = list(outputs)

@@ -29,6 +29,10 @@ def backend_name() -> str:
     return _backend.name
 
 
+def active_backend():
+    return _backend
+
+
 def set_capacity(n: int) -> None:
     global _capacity
     if n < 1:

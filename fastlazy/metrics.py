@@ -45,3 +45,20 @@ def report() -> str:
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         lines.append(f"{key:<{width}}  {shown:>12}")
     return "\n".join(lines)
+
+
+# torch._lazy.metrics names
+
+def counter_names() -> list:
+    """Names of the counters that are non-zero (as torch._lazy's)."""
+    return [name for name, value in counters().items() if value]
+
+
+def counter_value(name: str):
+    """The value of one counter (None if unknown, as torch._lazy)."""
+    return counters().get(name)
+
+
+def metrics_report() -> str:
+    """The report as text (torch._lazy.metrics.metrics_report)."""
+    return report()

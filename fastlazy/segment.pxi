@@ -16,6 +16,8 @@ cdef enum SegState:
 
 cdef enum NodeFlags:
     NODE_CAST = 1     # in-place op: cast the result to the self dtype
+    NODE_DETACH = 2   # recorded under no_grad with inputs requiring grad:
+                      # the op reads detached inputs, so no gradient flows
 
 # Slot type keys: what a graph needs to know of an external input.
 cdef enum:
@@ -25,6 +27,7 @@ cdef enum:
 cdef uint64_t _next_epoch = 1
 cdef Segment _current = None
 cdef Py_ssize_t flush_threshold = 10000
+cdef bint _record_sites = False
 
 
 cdef inline uint64_t rotl(uint64_t x, int r) noexcept:
@@ -54,6 +57,7 @@ cdef class Segment:
         self.inputs = []
         self.input_keys = []
         self.state = SEG_RECORDING
+        self.sites = [] if _record_sites else None
 
     def __dealloc__(self):
         free(self.nodes)

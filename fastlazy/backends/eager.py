@@ -18,13 +18,23 @@ class EagerBackend(Backend):
         def run(*inputs):
             env = {("slot", k): v for k, v in zip(slots, inputs)}
             for node in nodes:
-                value = lower(node.op.lower, node, env.__getitem__, _constant, _call)
+                operand = env.__getitem__
+                if node.detach:
+                    operand = _detached(env)
+                value = lower(node.op.lower, node, operand, _constant, _call)
                 if node.cast:
                     value = value.to(node.dtype)
                 env[("node", node.index)] = value
             return [env[("node", i)] for i in outputs]
 
         return Program(slots, run, False, str(view))
+
+
+def _detached(env):
+    def operand(inp):
+        value = env[inp]
+        return value.detach() if isinstance(value, torch.Tensor) else value
+    return operand
 
 
 def _constant(value):

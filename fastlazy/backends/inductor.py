@@ -102,8 +102,10 @@ def _build_fx(view):
     for node in view.nodes:
         common = _common_dtype(node, meta)
 
-        def operand(inp, common=common):
+        def operand(inp, common=common, detach=node.detach):
             value = env[inp]
+            if meta[inp][2] is None and detach:
+                return graph.call_function(torch.ops.aten.detach.default, (value,))
             if meta[inp][2] is None or common is None:
                 return value
             key = (inp, common)

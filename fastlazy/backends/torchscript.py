@@ -84,6 +84,7 @@ class TorchScriptBackend(Backend):
         env = {}
         params = []
         slots = []
+        scalars = set()       # SSA names of scalar (non-tensor) inputs
         for s in view.slots:
             if s.kind == "bool":
                 # TorchScript has no bool Scalar; a 0-dim bool tensor promotes
@@ -94,6 +95,8 @@ class TorchScriptBackend(Backend):
             else:
                 name = f"%x{s.index}"
                 params.append(f"{name} : {_TS_TYPES[s.kind]}")
+                if s.kind != "tensor":
+                    scalars.add(name)
                 env[("slot", s.index)] = name
                 slots.append(s.index)
         grad = any(s.kind == "tensor" and s.value.requires_grad for s in view.slots)
@@ -101,7 +104,8 @@ class TorchScriptBackend(Backend):
         reuse = not grad and not fuses
         by_index = {n.index: n for n in view.nodes}
         for node in view.nodes:
-            env[("node", node.index)] = _emit(ir, env, node, reuse and _reusable(node, by_index))
+            env[("node", node.index)] = _emit(ir, env, node, reuse and _reusable(node, by_index),
+                                              scalars)
         outs = [env[("node", i)] for i in view.outputs]
         if len(outs) > 1:
             # a function returns one value: several outputs travel as a tuple
@@ -131,14 +135,19 @@ def _reusable(node, by_index):
             and producer.shape == node.shape and producer.dtype == node.dtype)
 
 
-def _emit(ir, env, node, inplace):
+def _emit(ir, env, node, inplace, scalars):
     expr = node.op.lower
 
     def call(name, args, kwargs):
         return ir.call(name, args + [v for _, v in kwargs])
 
-    args = [lower(a, node, env.__getitem__, ir.constant, call) for a in expr.args]
-    args += [lower(v, node, env.__getitem__, ir.constant, call) for _, v in expr.kwargs]
+    operand = env.__getitem__
+    if node.detach:
+        def operand(inp):
+            value = env[inp]
+            return value if value in scalars else ir.call("detach", [value])
+    args = [lower(a, node, operand, ir.constant, call) for a in expr.args]
+    args += [lower(v, node, operand, ir.constant, call) for _, v in expr.kwargs]
     value = ir.call(expr.name + "_" if inplace else expr.name, args)
     if node.cast:
         value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
