@@ -9,8 +9,9 @@ from __future__ import annotations
 import collections
 import time
 
-from fastlazy import _core, backends, stats
+from fastlazy import _core, backends, recompiles, stats
 from fastlazy.graph import GraphView
+from fastlazy.sites import site_of_call
 
 _cache: collections.OrderedDict = collections.OrderedDict()
 _backend = None
@@ -43,6 +44,7 @@ def set_capacity(n: int) -> None:
 
 def clear() -> None:
     _cache.clear()
+    recompiles.forget()
 
 
 def size() -> int:
@@ -60,7 +62,10 @@ def run(seg, key, outputs):
     """Compile and run the graph of `outputs` in `seg` (the core calls this
     on a cache miss; hits run in the core)."""
     _core.count("cache_misses")
-    program = _compile(_backend, GraphView(seg, outputs))
+    view = GraphView(seg, outputs)
+    recompiles.explain(view, _backend.specializes_shapes,
+                       site_of_call() if recompiles.warn_after else None)
+    program = _compile(_backend, view)
     _cache[key] = program
     _trim()
     inputs = seg.inputs

@@ -5,7 +5,7 @@ everything.
 """
 from __future__ import annotations
 
-from fastlazy import _core, graph_cache, stats
+from fastlazy import _core, graph_cache, recompiles, stats
 
 
 def counters() -> dict:
@@ -18,7 +18,7 @@ def counters() -> dict:
     d = _core.counter_values()
     for name, n in sorted(stats.fallbacks_by_op.items()):
         d["fallback." + name] = n
-    for reason, n in sorted(stats.recompile_reasons.items()):
+    for reason, n in sorted((recompiles.by_reason + stats.recompile_reasons).items()):
         d["recompile." + reason] = n
     d["compiles"] = len(stats.compile_seconds)
     d["compile_seconds"] = sum(stats.compile_seconds)
@@ -32,6 +32,7 @@ def reset() -> None:
     """Zero every counter (the graph cache itself is kept)."""
     _core.reset_counters()
     stats.reset()
+    recompiles.reset()
     graph_cache.evictions = 0
     graph_cache.compile_failures = 0
 
@@ -44,6 +45,10 @@ def report() -> str:
     for key, value in d.items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         lines.append(f"{key:<{width}}  {shown:>12}")
+    if recompiles.log:
+        lines += ["", "compiles, most recent last (reason: detail @ site)"]
+        for reason, detail, site in list(recompiles.log)[-20:]:
+            lines.append(f"  {reason}{': ' + detail if detail else ''} @ {site}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,141 @@
+"""Why did that compile?  Every cache miss is explained.
+
+For each compiled graph we keep its skeleton (ops, attributes and wiring)
+and the types of its inputs.  A miss is then one of:
+
+* ``first graph``        -- nothing was compiled before;
+* ``new graph structure``  -- no compiled graph has this skeleton; the
+  nearest one (longest common prefix) shows the first op where the new graph
+  diverges, with the file:line that recorded it when sites are recorded;
+* ``new input dtype`` / ``new scalar type`` / ``new input rank`` /
+  ``new input shape`` (shape-specializing backends) / ``new input device`` /
+  ``new requires_grad`` -- the same skeleton met with other input types.
+
+`FASTLAZY_WARN_RECOMPILES=N` warns once a call site has caused more than N
+compiles (and turns on site recording, about a microsecond per op).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import warnings
+
+from fastlazy import _core
+
+MAX_LOG = 200
+
+_lock = threading.Lock()
+_seen: dict = {}                      # skeleton -> list of input-type tuples
+log: collections.deque = collections.deque(maxlen=MAX_LOG)
+by_reason: collections.Counter = collections.Counter()
+by_site: collections.Counter = collections.Counter()
+_warned: set = set()
+warn_after = int(os.environ.get("FASTLAZY_WARN_RECOMPILES", "0") or 0)
+if warn_after:
+    _core.set_record_sites(True)
+
+
+class RecompileWarning(UserWarning):
+    """A call site keeps causing new compiles."""
+
+
+def skeleton(view):
+    """Ops, attributes and wiring of a view, independent of input types."""
+    position = {n.index: k for k, n in enumerate(view.nodes)}
+    slot_pos = {s.index: k for k, s in enumerate(view.slots)}
+    nodes = tuple(
+        (n.op.name, n.attr, n.cast, n.detach,
+         tuple((kind, position[r] if kind == "node" else slot_pos[r]) for kind, r in n.inputs))
+        for n in view.nodes)
+    return nodes, tuple(position[i] for i in view.outputs)
+
+
+def input_types(view, with_shapes):
+    types = []
+    for s in view.slots:
+        if s.kind == "tensor":
+            v = s.value
+            types.append(("tensor", v.dtype, v.dim(), v.device.type, v.requires_grad,
+                          tuple(v.shape) if with_shapes else None))
+        else:
+            types.append(("scalar", s.kind, s.value if s.kind == "bool" else None))
+    return tuple(types)
+
+
+def _type_difference(old, new):
+    for k, (a, b) in enumerate(zip(old, new)):
+        if a == b:
+            continue
+        if a[0] != b[0] or a[0] == "scalar":
+            return "new scalar type", f"input {k}: {a[1]} -> {b[1]}"
+        for field, name in ((1, "new input dtype"), (2, "new input rank"),
+                            (3, "new input device"), (4, "new requires_grad"),
+                            (5, "new input shape")):
+            if a[field] != b[field]:
+                return name, f"input {k}: {a[field]} -> {b[field]}"
+    return "new input types", ""
+
+
+def _nearest(nodes):
+    """The compiled skeleton sharing the longest prefix with `nodes`, and the
+    length of that prefix."""
+    best, best_len = None, -1
+    for (other, _), _types in _seen.items():
+        n = 0
+        for a, b in zip(nodes, other):
+            if a != b:
+                break
+            n += 1
+        if n > best_len:
+            best, best_len = other, n
+    return best, best_len
+
+
+def explain(view, with_shapes, flush_site=None):
+    """Record why `view` missed the cache; return (reason, detail, site)."""
+    skel = skeleton(view)
+    types = input_types(view, with_shapes)
+    with _lock:
+        if not _seen:
+            reason, detail, site = "first graph", "", None
+        elif skel in _seen:
+            reason, detail = _type_difference(_seen[skel][-1], types)
+            site = None
+        else:
+            nearest, k = _nearest(skel[0])
+            reason = "new graph structure"
+            if k < len(view.nodes):
+                node = view.nodes[k]
+                site = view.segment_sites[k]
+                detail = f"diverges at op {k} ({node.op.name})"
+            else:
+                site = None
+                detail = f"extends a compiled graph of {len(nearest)} ops"
+            if site:
+                detail += f" recorded at {site}"
+        _seen.setdefault(skel, []).append(types)
+        site = site or flush_site or "<unknown>"
+        by_reason[reason] += 1
+        by_site[site] += 1
+        log.append((reason, detail, site))
+        count = by_site[site]
+    if warn_after and count > warn_after and site not in _warned:
+        _warned.add(site)
+        warnings.warn(f"fastlazy: {site} has caused {count} compiles (last: {reason}"
+                      f"{': ' + detail if detail else ''})", RecompileWarning, stacklevel=2)
+    return reason, detail, site
+
+
+def reset():
+    with _lock:
+        by_reason.clear()
+        by_site.clear()
+        log.clear()
+        _warned.clear()
+
+
+def forget():
+    """Forget the compiled skeletons (when the graph cache is cleared)."""
+    with _lock:
+        _seen.clear()
