@@ -63,7 +63,7 @@ def run(seg, key, outputs):
     on a cache miss; hits run in the core)."""
     _core.count("cache_misses")
     view = GraphView(seg, outputs)
-    recompiles.explain(view, _backend.specializes_shapes,
+    recompiles.explain(view, _backend.name, _backend.specializes_shapes,
                        site_of_call() if recompiles.warn_after else None)
     program = _compile(_backend, view)
     _cache[key] = program

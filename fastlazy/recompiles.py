@@ -81,7 +81,7 @@ def _nearest(nodes):
     """The compiled skeleton sharing the longest prefix with `nodes`, and the
     length of that prefix."""
     best, best_len = None, -1
-    for (other, _), _types in _seen.items():
+    for (_backend, (other, _)), _types in _seen.items():
         n = 0
         for a, b in zip(nodes, other):
             if a != b:
@@ -92,9 +92,9 @@ def _nearest(nodes):
     return best, best_len
 
 
-def explain(view, with_shapes, flush_site=None):
+def explain(view, backend, with_shapes, flush_site=None):
     """Record why `view` missed the cache; return (reason, detail, site)."""
-    skel = skeleton(view)
+    skel = (backend, skeleton(view))
     types = input_types(view, with_shapes)
     with _lock:
         if not _seen:
@@ -102,8 +102,10 @@ def explain(view, with_shapes, flush_site=None):
         elif skel in _seen:
             reason, detail = _type_difference(_seen[skel][-1], types)
             site = None
+        elif any(other[1] == skel[1] for other in _seen):
+            reason, detail, site = "new backend", backend, None
         else:
-            nearest, k = _nearest(skel[0])
+            nearest, k = _nearest(skel[1][0])
             reason = "new graph structure"
             if k < len(view.nodes):
                 node = view.nodes[k]

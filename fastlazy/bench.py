@@ -1,0 +1,378 @@
+"""Run the benchmark suite and report it against ../shared/BENCHMARKS.md.
+
+    python -m fastlazy.bench [--quick] [--out results] [--stat min|median]
+
+The suite (`benchmarks/` beside the package) runs under pytest-benchmark in a
+subprocess; this report reads back the JSON that pytest-benchmark writes, so
+the two never disagree.  It prints one table (rows: workloads; columns:
+contenders; cells: time and speedup over eager, plus ns per recorded op for
+trace-only rows), the first-call times, and the targets P1-P8 with PASS or
+MISS.  Into the output folder go bench.json, table.md and speedup.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+MODE_ORDER = ("trace", "exec")
+W3_LABELS = {
+    "x+y": "W3 x + y, 1 element: enable() off | on",
+    "mlp": "W3 MLP 4x256 batch 1: enable() off | on",
+    "shape": "W3 add shape: meta tensor | rule",
+    "flush": "W3 cache-hit flush, 32 nodes",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row: one workload configuration."""
+    workload: str
+    mode: str = ""
+    n: int = 0
+    ops: int = 0
+    control_flow: bool = False
+    item: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.workload == "W3":
+            return W3_LABELS.get(self.item, f"W3 {self.item}")
+        cf = " cf" if self.control_flow else ""
+        return f"W1 {self.mode} n={self.n} {self.ops} ops{cf}"
+
+    def sort_key(self) -> tuple:
+        """W1 by mode, n, ops, variant; then W3 in W3_LABELS order."""
+        if self.workload == "W1":
+            return (0, MODE_ORDER.index(self.mode), self.n, self.ops, self.control_flow)
+        known = list(W3_LABELS)
+        return (1, known.index(self.item) if self.item in known else len(known), self.item)
+
+
+@dataclass
+class Results:
+    """Seconds per call, and pytest-benchmark's extra_info, by row and contender."""
+    seconds: dict = field(default_factory=dict)     # (Row, contender) -> s
+    info: dict = field(default_factory=dict)        # (Row, contender) -> extra_info
+
+    def get(self, row: Row, contender: str) -> float | None:
+        return self.seconds.get((row, contender))
+
+    def rows(self) -> list[Row]:
+        return sorted({row for row, _ in self.seconds}, key=Row.sort_key)
+
+    def contenders(self) -> list[str]:
+        """eager first, then the others, then fastlazy's, each in run order."""
+        names = list(dict.fromkeys(c for _, c in self.seconds))
+        return sorted(names, key=lambda c: (c != "eager", c.startswith("fastlazy"),
+                                            names.index(c)))
+
+
+def _row(info: dict) -> Row:
+    if info["workload"] == "W3":
+        return Row("W3", item=info["item"])
+    return Row("W1", info["mode"], info["n"], info["ops"], info["control_flow"])
+
+
+def load(path: Path, stat: str) -> Results:
+    """Read pytest-benchmark's JSON into Results, using statistic `stat`."""
+    results = Results()
+    for bench in json.loads(path.read_text())["benchmarks"]:
+        key = (_row(bench["extra_info"]), bench["extra_info"]["contender"])
+        results.seconds[key] = bench["stats"][stat]
+        results.info[key] = bench["extra_info"]
+    return results
+
+
+def fmt_time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def cell(results: Results, row: Row, contender: str) -> str:
+    """Time, speedup over the row's eager time, ns per op for trace rows."""
+    t = results.get(row, contender)
+    if t is None:
+        return "—"
+    text = fmt_time(t)
+    eager = results.get(row, "eager")
+    if eager is not None and contender != "eager":
+        text += f" ×{eager / t:.3g}"
+    if row.mode == "trace":
+        text += f" ({t / row.ops * 1e9:.0f} ns/op)"
+    return text
+
+
+def table(results: Results) -> list[list[str]]:
+    """The report as a header row and one row per workload configuration."""
+    columns = results.contenders()
+    return [["workload", *columns]] + [
+        [row.label, *(cell(results, row, c) for c in columns)] for row in results.rows()]
+
+
+def as_text(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def as_markdown(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(r) + " |" for r in rows]
+    lines.insert(1, "|" + "---|" * len(rows[0]))
+    return "\n".join(lines)
+
+
+LEGEND = ("Cells: time per call ({stat} over rounds) ×speedup over the row's eager "
+          "column (>1: faster). W3 rows: eager = the baseline named first in the "
+          "label, fastlazy = the second. Trace rows also give ns per recorded op.")
+
+
+# -- targets -----------------------------------------------------------------
+
+def _w1(mode, n, ops=32, control_flow=False) -> Row:
+    return Row("W1", mode, n, ops, control_flow)
+
+
+def _w3(item) -> Row:
+    return Row("W3", item=item)
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _missing(results: Results, row: Row, *contenders) -> str | None:
+    """Why a target cannot be measured, or None if it can."""
+    if not any(r == row for r, _ in results.seconds):
+        return f"not measured: no '{row.label}' row in this run"
+    for c in contenders:
+        if results.get(row, c) is None:
+            return f"not measured: no {c} in this run"
+    return None
+
+
+def p1(results):
+    row = _w1("trace", 100)
+    why = _missing(results, row, "fastlazy", "torch._lazy", "eager")
+    if why:
+        return why, "n/a"
+    t = results.get(row, "fastlazy")
+    ns = t / 32 * 1e9
+    vs_lazy = results.get(row, "torch._lazy") / t
+    vs_eager = results.get(row, "eager") / t
+    return (f"{ns:.0f} ns/op; {vs_lazy:.1f}× torch._lazy tracing; {vs_eager:.1f}× eager",
+            _verdict(ns <= 100 and vs_lazy >= 30 and vs_eager >= 20))
+
+
+def p2(results):
+    row = _w1("exec", 100)
+    why = _missing(results, row, "fastlazy[torchscript]", "torch._lazy", "eager")
+    if why:
+        return why, "n/a"
+    t = results.get(row, "fastlazy[torchscript]")
+    vs_eager, vs_lazy = results.get(row, "eager") / t, results.get(row, "torch._lazy") / t
+    return (f"{vs_eager:.2f}× eager; {vs_lazy:.2f}× torch._lazy",
+            _verdict(vs_eager >= 1.3 and vs_lazy >= 4))
+
+
+def p3(results):
+    row = _w1("exec", 1000)
+    why = _missing(results, row, "fastlazy[inductor]", "eager")
+    if why:
+        return why, "n/a"
+    speedup = results.get(row, "eager") / results.get(row, "fastlazy[inductor]")
+    compiled = results.get(row, "torch.compile")
+    also = "" if compiled is None else \
+        f" (torch.compile: {results.get(row, 'eager') / compiled:.1f}×)"
+    return f"{speedup:.1f}× eager{also}", _verdict(speedup >= 10)
+
+
+def p4(results):
+    parts, ok = [], True
+    for item in ("x+y", "mlp"):
+        row = _w3(item)
+        why = _missing(results, row, "eager", "fastlazy")
+        if why:
+            return why, "n/a"
+        slower = results.get(row, "fastlazy") / results.get(row, "eager") - 1
+        parts.append(f"{item}: {slower:+.1%}")
+        ok = ok and slower <= 0.03
+    return "; ".join(parts), _verdict(ok)
+
+
+def p5(results):
+    row = _w3("shape")
+    why = _missing(results, row, "eager", "fastlazy")
+    if why:
+        return why, "n/a"
+    ratio = results.get(row, "eager") / results.get(row, "fastlazy")
+    return f"{ratio:.0f}× (recorded add {fmt_time(results.get(row, 'fastlazy'))})", \
+        _verdict(ratio >= 1000)
+
+
+def p6(results):
+    row = _w3("flush")
+    why = _missing(results, row, "fastlazy")
+    if why:
+        return why, "n/a"
+    t = results.get(row, "fastlazy")
+    return fmt_time(t), _verdict(t <= 10e-6)
+
+
+def p7(results):
+    return "not measured: W2 (small models) is not in this suite yet", "n/a"
+
+
+def p8(results):
+    counts = {(row.n, c): results.info[(row, c)].get("recompiles")
+              for (row, c) in results.seconds
+              if row.control_flow and row.mode == "exec" and c.startswith("fastlazy")}
+    if not counts:
+        return "not measured: no fastlazy run of the control-flow variant", "n/a"
+    shown = ", ".join(f"{c} n={n}: {k}" for (n, c), k in sorted(counts.items()))
+    return f"recompiles after the first two calls: {shown}", \
+        _verdict(all(k == 0 for k in counts.values()))
+
+
+TARGETS = (
+    ("P1", "W1 trace, 32 ops, n=100: ns per recorded op",
+     "≤ 100 ns; ≥ 30× torch._lazy; ≥ 20× eager", p1),
+    ("P2", "W1 exec, 32 ops, n=100, torchscript", "≥ 1.3× eager; ≥ 4× torch._lazy", p2),
+    ("P3", "W1 exec, 32 ops, n=1000, inductor", "≥ 10× eager", p3),
+    ("P4", "W3 eager code under enable()", "≤ 3 % slower", p4),
+    ("P5", "W3 shape rule vs meta tensor, add", "≥ 1000×", p5),
+    ("P6", "W3 cache-hit flush overhead, 32 nodes", "≤ 10 µs", p6),
+    ("P7", "W2 MLP batch 1 inference", "faster than eager and torch._lazy", p7),
+    ("P8", "W1 control-flow variant", "no recompilation after 2 calls", p8),
+)
+
+
+def targets(results: Results) -> list[list[str]]:
+    rows = [["id", "measure", "target", "measured", "verdict"]]
+    for tid, measure, target, evaluate in TARGETS:
+        measured, verdict = evaluate(results)
+        rows.append([tid, measure, target, measured, verdict])
+    return rows
+
+
+def first_calls(results: Results) -> list[list[str]]:
+    """Time to the first result (compilation included), 32-op exec rows."""
+    rows = [["first call", *results.contenders()]]
+    for row in results.rows():
+        if row.workload == "W1" and row.mode == "exec" and row.ops == 32:
+            rows.append([row.label, *(
+                fmt_time(results.info[(row, c)]["first_call_s"])
+                if (row, c) in results.info else "—" for c in results.contenders())])
+    return rows
+
+
+# -- plot ----------------------------------------------------------------------
+
+def plot(results: Results, path: Path) -> None:
+    """Speedup over eager against op count, one panel per mode and n, one
+    line per contender (straight chains only)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chains = [r for r in results.rows() if r.workload == "W1" and not r.control_flow]
+    if not chains:
+        return
+    modes = [m for m in MODE_ORDER if any(r.mode == m for r in chains)]
+    ns = sorted({r.n for r in chains})
+    fig, axes = plt.subplots(len(modes), len(ns), squeeze=False,
+                             figsize=(4.5 * len(ns), 3.6 * len(modes)))
+    for ax, (mode, n) in zip(axes.flat, [(m, n) for m in modes for n in ns]):
+        rows = [r for r in chains if r.mode == mode and r.n == n]
+        for contender in [c for c in results.contenders() if c != "eager"]:
+            points = [(r.ops, results.get(r, "eager") / results.get(r, contender))
+                      for r in rows if results.get(r, contender) and results.get(r, "eager")]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=contender)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set(title=f"{mode}, n={n}", xlabel="ops", ylabel="speedup over eager",
+               yscale="log", xticks=sorted({r.ops for r in rows}))
+        ax.legend(fontsize=7)
+    fig.suptitle("fastlazy W1: speedup over eager (higher is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- running ------------------------------------------------------------------
+
+def pytest_command(args, json_path: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", str(BENCH_DIR), "-v", "-o", "addopts=",
+           "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning",
+           f"--benchmark-json={json_path}", "--benchmark-disable-gc",
+           "--benchmark-min-time=0.0001", "--benchmark-quiet"]
+    if args.quick:
+        cmd += ["--bench-quick", "--benchmark-max-time=0.5"]
+    if args.large:
+        cmd.append("--bench-large")
+    if args.no_compile:
+        cmd.append("--bench-no-compile")
+    return cmd
+
+
+def run_suite(args, json_path: Path) -> int:
+    """Run the suite, its progress on the terminal; inductor compiles from a
+    fresh cache, so first-call times are cold compiles."""
+    with tempfile.TemporaryDirectory(prefix="fastlazy-bench-inductor-") as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        return subprocess.call(pytest_command(args, json_path), env=env)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m fastlazy.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="n=100 and 32 ops only, no torch.compile (~1-2 min)")
+    parser.add_argument("--large", action="store_true", help="also n=10000 (slow, ~8 GB)")
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--out", type=Path, default=Path("results"),
+                        help="folder for bench.json, table.md, speedup.png")
+    parser.add_argument("--stat", choices=("min", "median"), default="min",
+                        help="statistic over rounds (default min: the least disturbed "
+                             "by a noisy machine)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not BENCH_DIR.is_dir():
+        sys.exit(f"no benchmark suite at {BENCH_DIR} (run from a source checkout)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "bench.json"
+    start = time.perf_counter()
+    rc = run_suite(args, json_path)
+    elapsed = time.perf_counter() - start
+    if not json_path.exists():
+        sys.exit(f"pytest exited with {rc} and wrote no {json_path}")
+    results = load(json_path, args.stat)
+    legend = LEGEND.format(stat=args.stat)
+    sections = [("Results", table(results)), ("First call (compilation included)",
+                                              first_calls(results)),
+                ("Targets (../shared/BENCHMARKS.md)", targets(results))]
+    for title, rows in sections:
+        print(f"\n{title}\n\n{as_text(rows)}")
+    print(f"\n{legend}\nSuite ran in {elapsed:.0f} s (pytest exit status {rc}).")
+    (args.out / "table.md").write_text("\n\n".join(
+        f"## {title}\n\n{as_markdown(rows)}" for title, rows in sections) + f"\n\n{legend}\n")
+    plot(results, args.out / "speedup.png")
+    print(f"Wrote {json_path}, {args.out / 'table.md'}, {args.out / 'speedup.png'}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
