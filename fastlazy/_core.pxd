@@ -45,6 +45,7 @@ cdef class Segment:
     cdef object lock          # held while another thread runs this segment
     cdef object error         # the exception a failed flush raised
     cdef object sites         # per node: recording site, when tracing is on
+    cdef object __weakref__
 
     cdef Node *append(self) except NULL
     cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 import fastlazy
 
@@ -28,3 +29,16 @@ def backend(request):
 
 def pytest_configure(config):
     torch.manual_seed(0)
+    # CI: a few hundred generated programs; --fuzz-long: tens of thousands
+    settings.register_profile("ci", max_examples=150, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("long", max_examples=20_000, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("long" if config.getoption("--fuzz-long") else "ci")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="run the 100,000-iteration long runs")
+    parser.addoption("--fuzz-long", action="store_true",
+                     help="run the long differential fuzzing profile")
