@@ -18,6 +18,7 @@ include "counters.pxi"
 include "rules.pxi"
 include "segment.pxi"
 include "tensor.pxi"
+include "shape_rules.pxi"
 include "dispatch.pxi"
 include "flush.pxi"
 

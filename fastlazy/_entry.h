@@ -93,7 +93,8 @@ fl_entry_repr(FLEntry *e)
 static PyMemberDef fl_entry_members[] = {
     {"__wrapped__", T_OBJECT, offsetof(FLEntry, orig), READONLY,
      "the original torch callable this entry falls through to"},
-    {"__name__", T_OBJECT, offsetof(FLEntry, name), READONLY, NULL},
+    {"qualname", T_OBJECT, offsetof(FLEntry, name), READONLY,
+     "where the entry is installed (torch.add, Tensor.add, F.relu), for metrics"},
     {"op", T_INT, offsetof(FLEntry, op), READONLY, "opcode"},
     {"form", T_INT, offsetof(FLEntry, form), READONLY, "entry form"},
     {NULL}
@@ -105,8 +106,25 @@ fl_entry_get_doc(FLEntry *e, void *closure)
     return PyObject_GetAttrString(e->orig, "__doc__");
 }
 
+/* __name__ and __qualname__ are the original's: code that names a kernel
+ * after the function it was handed (torch inductor's extern kernels) must
+ * keep producing the names torch's own functions have. */
+static PyObject *
+fl_entry_get_name(FLEntry *e, void *closure)
+{
+    return PyObject_GetAttrString(e->orig, "__name__");
+}
+
+static PyObject *
+fl_entry_get_qualname(FLEntry *e, void *closure)
+{
+    return PyObject_GetAttrString(e->orig, "__qualname__");
+}
+
 static PyGetSetDef fl_entry_getset[] = {
     {"__doc__", (getter)fl_entry_get_doc, NULL, NULL, NULL},
+    {"__name__", (getter)fl_entry_get_name, NULL, NULL, NULL},
+    {"__qualname__", (getter)fl_entry_get_qualname, NULL, NULL, NULL},
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL}
 };

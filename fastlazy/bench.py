@@ -1,6 +1,7 @@
 """Run the benchmark suite and report it against ../shared/BENCHMARKS.md.
 
-    python -m fastlazy.bench [--quick] [--out results] [--stat min|median]
+    python -m fastlazy.bench [--quick] [--large] [--no-compile] [--threads N]
+                             [--out results] [--stat min|median]
 
 The suite (`benchmarks/` beside the package) runs under pytest-benchmark in a
 subprocess; this report reads back the JSON that pytest-benchmark writes, so
@@ -98,17 +99,21 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e9:.3g} ns"
 
 
+def fmt_ratio(ratio: float) -> str:
+    return f"×{ratio:.0f}" if ratio >= 100 else f"×{ratio:.3g}"
+
+
 def cell(results: Results, row: Row, contender: str) -> str:
-    """Time, speedup over the row's eager time, ns per op for trace rows."""
+    """Time, speedup over the row's eager time, time per op for trace rows."""
     t = results.get(row, contender)
     if t is None:
         return "—"
     text = fmt_time(t)
     eager = results.get(row, "eager")
     if eager is not None and contender != "eager":
-        text += f" ×{eager / t:.3g}"
+        text += " " + fmt_ratio(eager / t)
     if row.mode == "trace":
-        text += f" ({t / row.ops * 1e9:.0f} ns/op)"
+        text += f" ({fmt_time(t / row.ops)}/op)"
     return text
 
 
@@ -134,7 +139,7 @@ def as_markdown(rows: list[list[str]]) -> str:
 
 LEGEND = ("Cells: time per call ({stat} over rounds) ×speedup over the row's eager "
           "column (>1: faster). W3 rows: eager = the baseline named first in the "
-          "label, fastlazy = the second. Trace rows also give ns per recorded op.")
+          "label, fastlazy = the second. Trace rows also give the time per op.")
 
 
 # -- targets -----------------------------------------------------------------
@@ -278,33 +283,45 @@ def first_calls(results: Results) -> list[list[str]]:
 
 # -- plot ----------------------------------------------------------------------
 
+def _speedups(results: Results, rows: list[Row], contender: str) -> list[tuple]:
+    """(ops, speedup over eager) for the rows where both were measured."""
+    return [(r.ops, results.get(r, "eager") / results.get(r, contender))
+            for r in rows if results.get(r, contender) and results.get(r, "eager")]
+
+
 def plot(results: Results, path: Path) -> None:
     """Speedup over eager against op count, one panel per mode and n, one
-    line per contender (straight chains only)."""
+    line per contender, same colour in every panel (straight chains only)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
     chains = [r for r in results.rows() if r.workload == "W1" and not r.control_flow]
     if not chains:
         return
     modes = [m for m in MODE_ORDER if any(r.mode == m for r in chains)]
     ns = sorted({r.n for r in chains})
+    others = [c for c in results.contenders() if c != "eager"]
+    colours = dict(zip(others, plt.get_cmap("tab10").colors))
     fig, axes = plt.subplots(len(modes), len(ns), squeeze=False,
-                             figsize=(4.5 * len(ns), 3.6 * len(modes)))
+                             figsize=(4 * len(ns) + 2, 3.4 * len(modes)))
     for ax, (mode, n) in zip(axes.flat, [(m, n) for m in modes for n in ns]):
         rows = [r for r in chains if r.mode == mode and r.n == n]
-        for contender in [c for c in results.contenders() if c != "eager"]:
-            points = [(r.ops, results.get(r, "eager") / results.get(r, contender))
-                      for r in rows if results.get(r, contender) and results.get(r, "eager")]
+        for contender in others:
+            points = _speedups(results, rows, contender)
             if points:
-                ax.plot(*zip(*points), marker="o", label=contender)
+                ax.plot(*zip(*points), marker="o", color=colours[contender], label=contender)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         ax.set(title=f"{mode}, n={n}", xlabel="ops", ylabel="speedup over eager",
                yscale="log", xticks=sorted({r.ops for r in rows}))
-        ax.legend(fontsize=7)
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    handles = [plt.Line2D([], [], marker="o", color=colours[c], label=c) for c in others]
+    fig.legend(handles=handles, loc="center right", fontsize=8)
     fig.suptitle("fastlazy W1: speedup over eager (higher is better)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -315,7 +332,8 @@ def pytest_command(args, json_path: Path) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", str(BENCH_DIR), "-v", "-o", "addopts=",
            "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning",
            f"--benchmark-json={json_path}", "--benchmark-disable-gc",
-           "--benchmark-min-time=0.0001", "--benchmark-quiet"]
+           "--benchmark-min-time=0.0001", "--benchmark-min-rounds=50",
+           "--benchmark-quiet"]
     if args.quick:
         cmd += ["--bench-quick", "--benchmark-max-time=0.5"]
     if args.large:
@@ -326,10 +344,13 @@ def pytest_command(args, json_path: Path) -> list[str]:
 
 
 def run_suite(args, json_path: Path) -> int:
-    """Run the suite, its progress on the terminal; inductor compiles from a
-    fresh cache, so first-call times are cold compiles."""
+    """Run the suite, its progress on the terminal.  Inductor compiles from a
+    fresh cache, so first-call times are cold compiles; `args.threads` fixes
+    the intra-op threads of torch, MKL and inductor's OpenMP kernels."""
     with tempfile.TemporaryDirectory(prefix="fastlazy-bench-inductor-") as cache:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        if args.threads:
+            env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
         return subprocess.call(pytest_command(args, json_path), env=env)
 
 
@@ -340,6 +361,10 @@ def parse_args(argv):
                         help="n=100 and 32 ops only, no torch.compile (~1-2 min)")
     parser.add_argument("--large", action="store_true", help="also n=10000 (slow, ~8 GB)")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads (default 1: on a small shared machine, "
+                             "OpenMP threads stall whenever another process runs; "
+                             "0: torch's default)")
     parser.add_argument("--out", type=Path, default=Path("results"),
                         help="folder for bench.json, table.md, speedup.png")
     parser.add_argument("--stat", choices=("min", "median"), default="min",
@@ -360,7 +385,8 @@ def main(argv=None) -> int:
     if not json_path.exists():
         sys.exit(f"pytest exited with {rc} and wrote no {json_path}")
     results = load(json_path, args.stat)
-    legend = LEGEND.format(stat=args.stat)
+    threads = args.threads or "torch's default"
+    legend = LEGEND.format(stat=args.stat) + f" Intra-op threads: {threads}."
     sections = [("Results", table(results)), ("First call (compilation included)",
                                               first_calls(results)),
                 ("Targets (../shared/BENCHMARKS.md)", targets(results))]

@@ -31,13 +31,21 @@ cdef enum Rule:
     R_COMPARE = 6       # bool result
     R_POW = 7
     R_CLAMP = 8
-    R_COUNT = 9
+    R_REDUCE = 9        # sum, mean, amax, amin: dim / keepdim / dtype
+    R_SOFTMAX = 10      # softmax, log_softmax: dim / dtype
+    R_MM = 11
+    R_BMM = 12
+    R_MATMUL = 13
+    R_LINEAR = 14
+    R_COUNT = 15
 
 # Op flags (op table `flags`).
 cdef enum OpFlags:
     OPF_NO_BOOL = 1        # a bool operand makes eager raise (sub)
     OPF_TENSORS_ONLY = 2   # every operand must be a tensor (maximum)
     OPF_TENSOR_SELF = 4    # operand 0 must be a tensor (scalar self: eager)
+    OPF_INT_TO_INT64 = 8   # reductions: integral inputs accumulate in int64
+    OPF_EMPTY_ERROR = 16   # reductions: eager raises on an empty reduction
 
 cdef enum:
     MAX_OPS = 512
@@ -50,6 +58,12 @@ cdef int8_t op_nparams[MAX_OPS]
 cdef int8_t op_noperands[MAX_OPS]  # leading params that are operands
 cdef int8_t op_nrequired[MAX_OPS]
 cdef int8_t op_npos[MAX_OPS]       # params that may be given positionally
+cdef int8_t op_inplace_param[MAX_OPS]  # index of an `inplace=` flag param, or -1
+cdef int8_t op_choice_param[MAX_OPS]   # index of a param with a fixed set of values, or -1
+cdef list _op_choices = [None] * MAX_OPS  # op -> tuple of the allowed values
+
+cdef enum:
+    ATTR_CHOICE_SHIFT = 24   # attr bits 24-27: index of the choice param's value
 cdef PyObject *op_params[MAX_OPS][MAX_PARAMS]
 cdef list _op_param_names = []     # keeps the op_params strings alive
 cdef int n_ops = 0
@@ -58,7 +72,8 @@ cdef object _str_self = "self"
 
 
 def register_op(int op, int rule, int cats, int flags, tuple params,
-                int noperands, int nrequired, int npos):
+                int noperands, int nrequired, int npos, int choice_param=-1,
+                tuple choices=None):
     """Declare opcode `op` to the recorder (called by fastlazy.optable)."""
     global n_ops
     if not 0 <= op < MAX_OPS or len(params) > MAX_PARAMS or not 0 <= rule < R_COUNT:
@@ -70,6 +85,9 @@ def register_op(int op, int rule, int cats, int flags, tuple params,
     op_noperands[op] = noperands
     op_nrequired[op] = nrequired
     op_npos[op] = npos
+    op_inplace_param[op] = params.index("inplace") if "inplace" in params else -1
+    op_choice_param[op] = choice_param
+    _op_choices[op] = choices
     for i, name in enumerate(params):
         name = sys.intern(name)
         _op_param_names.append(name)
@@ -108,6 +126,21 @@ cdef inline bint cat_ok(int op, int dtype) noexcept:
     return (op_cats[op] & category[dtype]) != 0
 
 
+cdef int choice_of(int op, PyObject **p) except -2:
+    """Index of the choice param's value among the row's choices; -1 if it
+    is not one of them (eager judges the call)."""
+    cdef PyObject *v = p[op_choice_param[op]]
+    if v == NULL:
+        return 0                   # not given: the row's first value is the default
+    value = <object>v
+    if value is not None and type(value) is not str:
+        return -1
+    try:
+        return (<tuple>_op_choices[op]).index(value)
+    except ValueError:
+        return -1
+
+
 cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
                     int *attr) except -1:
     """Fill out (and attr) for an accepted call; RULE_EAGER otherwise."""
@@ -121,20 +154,29 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
                                     or is_tensor(&ops[i]) and ops[i].m.dtype == 0):
             return RULE_EAGER
     attr[0] = 0
-
-    if rule == R_DIV:
-        # rounding_mode is the one non-operand parameter (p[2])
-        mode = None if p[2] == NULL else <object>p[2]
-        if mode is None:
-            rule = R_TRUEDIV
-        elif mode == "trunc":
-            attr[0] = 1
-        elif mode == "floor":
-            attr[0] = 2
-        else:
+    cdef int choice = 0
+    if op_choice_param[op] >= 0:
+        choice = choice_of(op, p)
+        if choice < 0:
             return RULE_EAGER
+        attr[0] = choice << ATTR_CHOICE_SHIFT
+    if rule == R_REDUCE:
+        return reduce_rule(op, ops, p, out, attr)
+    if rule == R_SOFTMAX:
+        return softmax_rule(op, ops, p, out, attr)
+    if rule >= R_MM:
+        return matmul_rule(op, rule, ops, out)
 
-    if not elementwise(out, ops, 2 if rule == R_BINARY else nops):
+    if rule == R_DIV and choice == 0:     # rounding_mode=None
+        rule = R_TRUEDIV
+    if rule <= R_ABS:
+        # extra operands of a unary op (leaky_relu's negative_slope) are
+        # Python numbers; they do not take part in the result dtype
+        for i in range(1, nops):
+            if ops[i].kind != K_SCALAR and ops[i].kind != K_ABSENT:
+                return RULE_EAGER
+
+    if not elementwise(out, ops, 2 if rule == R_BINARY else (1 if rule <= R_ABS else nops)):
         return RULE_EAGER
     d = out.dtype
 
@@ -210,22 +252,29 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef LazyTensor self_t = None
 
     if op < 0:      # an entry with no row: always eager (LazyTensor.<method>)
-        return run_eager(entry, args, nargs, kwnames)
+        return run_eager(entry, args, nargs, kwnames, form)
     if not parse_args(op, args, nargs, kwnames, p):
-        return run_eager(entry, args, nargs, kwnames)
+        return run_eager(entry, args, nargs, kwnames, form)
     for i in range(nops):
         if p[i] == NULL:
             ops[i].kind = K_ABSENT
         elif not classify(&ops[i], p[i]):
-            return run_eager(entry, args, nargs, kwnames)
+            return run_eager(entry, args, nargs, kwnames, form)
+    if op_inplace_param[op] >= 0 and p[op_inplace_param[op]] != NULL:
+        # torch.nn.functional's `inplace=True` is the in-place form
+        flag = <object>p[op_inplace_param[op]]
+        if type(flag) is not bool:
+            return run_eager(entry, args, nargs, kwnames, form)
+        if flag:
+            form = FORM_INPLACE
     if form == FORM_INPLACE:
         # Only a LazyTensor self is rebound; an eager tensor mutated by a
         # lazy argument keeps eager semantics (run_eager).
         if ops[0].kind != K_LAZY:
-            return run_eager(entry, args, nargs, kwnames)
+            return run_eager(entry, args, nargs, kwnames, form)
         self_t = <LazyTensor>p[0]
     if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
-        return run_eager(entry, args, nargs, kwnames)
+        return run_eager(entry, args, nargs, kwnames, form)
     if not out.requires_grad:
         for i in range(nops):
             if is_tensor(&ops[i]) and ops[i].m.requires_grad:
@@ -233,7 +282,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     if self_t is not None:
         # eager refuses in-place abs on complex tensors
         if not inplace_fits(&out, &self_t.meta) or op_rule[op] == R_ABS and is_complex(self_t.meta.dtype):
-            return run_eager(entry, args, nargs, kwnames)
+            return run_eager(entry, args, nargs, kwnames, form)
         if out.dtype != self_t.meta.dtype:
             flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
@@ -250,14 +299,15 @@ cdef bint inplace_fits(Meta *out, Meta *self_m) noexcept:
     return can_cast_table[out.dtype][self_m.dtype]
 
 
-cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
+cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                      int form):
     """Run the original torch callable on materialized arguments."""
     pos = tuple([<object>args[i] for i in range(nargs)])
     kw = {}
     if kwnames is not None:
         for k in range(len(<tuple>kwnames)):
             kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
-    return _fallback.run_entry_eagerly(entry, fl_entry_form(entry) == FORM_INPLACE, pos, kw)
+    return _fallback.run_entry_eagerly(entry, form == FORM_INPLACE, pos, kw)
 
 
 def make_entry(object orig, str name, int op, int form):

@@ -61,7 +61,7 @@ def _run(func, name, args, kwargs, inplace):
 
 def run_entry_eagerly(entry, inplace, args, kwargs):
     """Called by the core when an entry point's call is not recorded."""
-    return _run(entry.__wrapped__, entry.__name__, args, kwargs, inplace)
+    return _run(entry.__wrapped__, entry.qualname, args, kwargs, inplace)
 
 
 def _name_of(func):

@@ -20,10 +20,17 @@ NUMERIC = INT | FLOAT | COMPLEX
 
 # Rule ids, mirrored from the compiled core's `Rule` enum.
 (R_UNARY, R_UNARY_FLOAT, R_ABS, R_BINARY, R_TRUEDIV, R_DIV, R_COMPARE, R_POW,
- R_CLAMP) = range(9)
+ R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR) = range(15)
 
 # Op flags, mirrored from the core's `OpFlags` enum.
-NO_BOOL, TENSORS_ONLY, TENSOR_SELF = 1, 2, 4
+NO_BOOL, TENSORS_ONLY, TENSOR_SELF, INT_TO_INT64, EMPTY_ERROR = 1, 2, 4, 8, 16
+
+# Parameters that aten takes as a Python number (Scalar) rather than as an
+# operand of type promotion.
+SCALAR_ARGS = frozenset({"alpha", "negative_slope"})
+
+# attr layout, mirrored from the core (shape_rules.pxi, dispatch.pxi)
+_KEEPDIM, _DIM_GIVEN, _DTYPE_SHIFT, _CHOICE_SHIFT = 1 << 8, 1 << 9, 10, 24
 
 
 @dataclass(frozen=True)
@@ -33,10 +40,54 @@ class Opt:
     default: object = None
 
 
+class AttrValue:
+    """A structural argument, read back from the node's attr."""
+
+    def value(self, node):
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class Attr:
-    """A structural argument: the node's attr selects one of `values`."""
+class Attr(AttrValue):
+    """The row's choice parameter: one of `values` (the first is the default)."""
     values: tuple
+
+    def value(self, node):
+        return self.values[node.attr >> _CHOICE_SHIFT & 15]
+
+
+@dataclass(frozen=True)
+class ReduceDims(AttrValue):
+    """The reduced dims as a list; `all_dims` when the call gave no dim."""
+    all_dims: object = None
+
+    def value(self, node):
+        if not node.attr & _DIM_GIVEN:
+            return self.all_dims
+        return [k for k in range(8) if node.attr >> k & 1]
+
+
+@dataclass(frozen=True)
+class KeepDim(AttrValue):
+    def value(self, node):
+        return bool(node.attr & _KEEPDIM)
+
+
+@dataclass(frozen=True)
+class Dim(AttrValue):
+    """A single dim (softmax)."""
+
+    def value(self, node):
+        return node.attr & 15
+
+
+@dataclass(frozen=True)
+class DTypeArg(AttrValue):
+    """The dtype= argument, or None."""
+
+    def value(self, node):
+        code = node.attr >> _DTYPE_SHIFT & 31
+        return None if code == 0 else _core.dtype_of_code(code - 1)
 
 
 @dataclass(frozen=True)
@@ -66,6 +117,7 @@ class Op:
     functions: tuple = ()         # torch.<name>
     methods: tuple = ()           # Tensor.<name>, including operators
     inplace: tuple = ()           # Tensor.<name> that mutate self
+    nn_functions: tuple = ()      # torch.nn.functional.<name>
     opcode: int = field(default=-1, compare=False)
 
 
@@ -115,7 +167,46 @@ def _rows():
              functions=("relu",), methods=("relu",), inplace=("relu_",))
     for name in ("exp", "log", "sqrt", "sigmoid", "tanh"):
         yield Op(name, R_UNARY_FLOAT, c(name, 0), ("input",), functions=(name,),
-                 methods=(name,), inplace=(name + "_",))
+                 methods=(name,), inplace=(name + "_",),
+                 nn_functions=(name,) if name in ("sigmoid", "tanh") else ())
+    # torch.nn.functional's activations (their `inplace=True` is the in-place form)
+    yield Op("nn_relu", R_UNARY, c("relu", 0), ("input", "inplace"), cats=INT | FLOAT,
+             nn_functions=("relu",))
+    yield Op("silu", R_UNARY, c("silu", 0), ("input", "inplace"), cats=FLOAT,
+             nn_functions=("silu",))
+    yield Op("leaky_relu", R_UNARY, c("leaky_relu", 0, Opt(1, 0.01)),
+             ("input", "negative_slope", "inplace"), noperands=2, cats=FLOAT,
+             nn_functions=("leaky_relu",))
+    yield Op("gelu", R_UNARY, c("gelu", 0, approximate=Attr(("none", "tanh"))),
+             ("input", "approximate"), noperands=1, cats=FLOAT, nn_functions=("gelu",))
+    # reductions
+    reduce = ("input", "dim", "keepdim", "dtype")
+    yield Op("sum", R_REDUCE, c("sum", 0, ReduceDims(None), KeepDim(), dtype=DTypeArg()),
+             reduce, noperands=1, npos=3, flags=INT_TO_INT64, functions=("sum",),
+             methods=("sum",))
+    yield Op("mean", R_REDUCE, c("mean", 0, ReduceDims(None), KeepDim(), dtype=DTypeArg()),
+             reduce, noperands=1, npos=3, cats=FLOAT | COMPLEX, functions=("mean",),
+             methods=("mean",))
+    for name in ("amax", "amin"):
+        yield Op(name, R_REDUCE, c(name, 0, ReduceDims(()), KeepDim()),
+                 ("input", "dim", "keepdim"), noperands=1, cats=REAL, flags=EMPTY_ERROR,
+                 functions=(name,), methods=(name,))
+    # softmax: torch.softmax(input, dim, dtype) and F.softmax(input, dim, _stacklevel, dtype)
+    for name in ("softmax", "log_softmax"):
+        lowering = c(name, 0, Dim(), DTypeArg())
+        yield Op(name, R_SOFTMAX, lowering, ("input", "dim", "dtype"), noperands=1, npos=2,
+                 cats=FLOAT, functions=(name,), methods=(name,))
+        yield Op("nn_" + name, R_SOFTMAX, lowering, ("input", "dim", "_stacklevel", "dtype"),
+                 noperands=1, npos=3, cats=FLOAT, nn_functions=(name,))
+    # matrix products: no type promotion (eager refuses mixed dtypes)
+    yield Op("mm", R_MM, c("mm", 0, 1), ("input", "mat2"), nrequired=2, cats=FLOAT | COMPLEX,
+             functions=("mm",), methods=("mm",))
+    yield Op("bmm", R_BMM, c("bmm", 0, 1), ("input", "mat2"), nrequired=2,
+             cats=FLOAT | COMPLEX, functions=("bmm",), methods=("bmm",))
+    yield Op("matmul", R_MATMUL, c("matmul", 0, 1), ("input", "other"), nrequired=2,
+             cats=FLOAT | COMPLEX, functions=("matmul",), methods=("matmul", "__matmul__"))
+    yield Op("linear", R_LINEAR, c("linear", 0, 1, Opt(2)), ("input", "weight", "bias"),
+             nrequired=2, cats=FLOAT | COMPLEX, nn_functions=("linear",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),
@@ -126,18 +217,53 @@ def _rows():
                  inplace=tuple(a + "_" for a in aliases))
 
 
+def _choice(expr):
+    """(param name, Attr) of the row's choice parameter, if it has one: the
+    keyword argument of the lowering whose value is an Attr."""
+    if isinstance(expr, Call):
+        for name, value in expr.kwargs:
+            if isinstance(value, Attr):
+                return name, value
+        for arg in expr.args:
+            found = _choice(arg)
+            if found:
+                return found
+    return None
+
+
 def _build():
     ops = []
     for opcode, row in enumerate(_rows()):
         object.__setattr__(row, "opcode", opcode)
         nparams = len(row.params)
+        choice = _choice(row.lower)
         _core.register_op(
             opcode, row.rule, row.cats, row.flags, row.params,
             nparams if row.noperands is None else row.noperands,
-            row.nrequired, nparams if row.npos is None else row.npos)
+            row.nrequired, nparams if row.npos is None else row.npos,
+            -1 if choice is None else row.params.index(choice[0]),
+            None if choice is None else choice[1].values)
         ops.append(row)
     return tuple(ops)
 
 
 OPS: tuple[Op, ...] = _build()
 BY_NAME = {op.name: op for op in OPS}
+
+
+def markdown() -> str:
+    """The supported-ops table for the README."""
+    rule_names = {R_UNARY: "unary", R_UNARY_FLOAT: "unary, int->float", R_ABS: "abs",
+                  R_BINARY: "binary, promoting", R_TRUEDIV: "true division",
+                  R_DIV: "division", R_COMPARE: "comparison", R_POW: "power",
+                  R_CLAMP: "clamp", R_REDUCE: "reduction", R_SOFTMAX: "softmax",
+                  R_MM: "matrix product", R_BMM: "matrix product",
+                  R_MATMUL: "matrix product", R_LINEAR: "linear"}
+    lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
+    for op in OPS:
+        points = ([f"torch.{n}" for n in op.functions] + [f"Tensor.{n}" for n in op.methods]
+                  + [f"Tensor.{n}" for n in op.inplace]
+                  + [f"F.{n}" for n in op.nn_functions])
+        lines.append(f"| {op.name} | {rule_names[op.rule]} | aten::{op.lower.name} | "
+                     f"{', '.join('`' + p + '`' for p in points)} |")
+    return "\n".join(lines)

@@ -31,20 +31,32 @@ def entry_points():
             yield torch.Tensor, name, op.opcode, FORM_CALL
         for name in op.inplace:
             yield torch.Tensor, name, op.opcode, FORM_INPLACE
+        for name in op.nn_functions:
+            yield torch.nn.functional, name, op.opcode, FORM_CALL
 
 
 def _qualname(owner, attr):
-    return f"{'torch' if owner is torch else 'Tensor'}.{attr}"
+    prefix = {torch: "torch", torch.Tensor: "Tensor", torch.nn.functional: "F"}[owner]
+    return f"{prefix}.{attr}"
 
 
 def enabled() -> bool:
     return bool(_installed)
 
 
+def _prime_dynamo():
+    """torch._dynamo records the identity of every torch function when it is
+    first imported.  Importing it while our entry points are installed would
+    make torch.compile (and the inductor backend) see them instead of torch's
+    own functions, so it is imported first (about a second, once)."""
+    import torch._dynamo.trace_rules  # noqa: F401
+
+
 def enable() -> None:
     with _lock:
         if _installed:
             return
+        _prime_dynamo()
         for owner, attr, opcode, form in entry_points():
             original = getattr(owner, attr)
             entry = _core.make_entry(original, _qualname(owner, attr), opcode, form)

@@ -13,13 +13,13 @@ cdef dict _torch_function_table = {}  # original torch callable -> Entry
 cdef enum Dunder:
     D_ADD, D_RADD, D_IADD, D_SUB, D_RSUB, D_ISUB, D_MUL, D_RMUL, D_IMUL,
     D_TRUEDIV, D_RTRUEDIV, D_ITRUEDIV, D_POW, D_RPOW, D_IPOW,
-    D_NEG, D_ABS, D_EQ, D_NE, D_LT, D_LE, D_GT, D_GE, D_COUNT
+    D_NEG, D_ABS, D_EQ, D_NE, D_LT, D_LE, D_GT, D_GE, D_MATMUL, D_COUNT
 
 DUNDER_NAMES = ("__add__", "__radd__", "__iadd__", "__sub__", "__rsub__",
                 "__isub__", "__mul__", "__rmul__", "__imul__", "__truediv__",
                 "__rtruediv__", "__itruediv__", "__pow__", "__rpow__",
                 "__ipow__", "__neg__", "__abs__", "__eq__", "__ne__", "__lt__",
-                "__le__", "__gt__", "__ge__")
+                "__le__", "__gt__", "__ge__", "__matmul__")
 cdef list _dunder_entries = [None] * D_COUNT
 
 
@@ -243,6 +243,7 @@ cdef class LazyTensor:
             return NotImplemented
         return call_dunder(D_RPOW, self, other)
     def __ipow__(self, other): return call_dunder(D_IPOW, self, other)
+    def __matmul__(self, other): return call_dunder(D_MATMUL, self, other)
     def __neg__(self): return call_dunder(D_NEG, self, None)
     def __abs__(self): return call_dunder(D_ABS, self, None)
 
@@ -254,7 +255,6 @@ cdef class LazyTensor:
     def __getitem__(self, idx): return _fallback.dunder("__getitem__", self, (idx,))
     def __setitem__(self, idx, value):
         _fallback.dunder("__setitem__", self, (idx, value), inplace=True)
-    def __matmul__(self, other): return _fallback.dunder("__matmul__", self, (other,))
     def __rmatmul__(self, other): return _fallback.dunder("__rmatmul__", self, (other,))
     def __floordiv__(self, other): return _fallback.dunder("__floordiv__", self, (other,))
     def __rfloordiv__(self, other): return _fallback.dunder("__rfloordiv__", self, (other,))

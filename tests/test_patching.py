@@ -8,12 +8,13 @@ import torch
 import fastlazy
 from fastlazy import patching
 
-ATTRS = sorted({(owner is torch, attr) for owner, attr, _, _ in patching.entry_points()}
-               | {(False, "to")})
+OWNERS = {"torch": torch, "Tensor": torch.Tensor, "F": torch.nn.functional}
+ATTRS = sorted({(next(k for k, v in OWNERS.items() if v is owner), attr)
+                for owner, attr, _, _ in patching.entry_points()} | {("Tensor", "to")})
 
 
-def owner_of(is_torch):
-    return torch if is_torch else torch.Tensor
+def owner_of(name):
+    return OWNERS[name]
 
 
 def snapshot():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fastlazy.optable import Attr, Call, Opt
+from fastlazy.optable import AttrValue, Call, Opt
 
 
 class Program:
@@ -47,8 +47,8 @@ def lower(expr, node, operand: Callable, constant: Callable, call: Callable):
     if isinstance(expr, Opt):
         inp = node.operand(expr.index)
         return constant(expr.default) if inp is None else operand(inp)
-    if isinstance(expr, Attr):
-        return constant(expr.values[node.attr & 0xFFFF])
+    if isinstance(expr, AttrValue):
+        return constant(expr.value(node))
     if isinstance(expr, Call):
         args = [lower(a, node, operand, constant, call) for a in expr.args]
         kwargs = [(k, lower(v, node, operand, constant, call)) for k, v in expr.kwargs]

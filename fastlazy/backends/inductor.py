@@ -14,6 +14,7 @@ result dtypes of eager's scalar promotion.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -24,6 +25,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from fastlazy import stats
 from fastlazy.backends.base import Backend, Program, lower
+from fastlazy.optable import SCALAR_ARGS
 
 DEFAULT_PROMOTION = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 _SCALAR_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64,
@@ -37,24 +39,24 @@ class InductorBackend(Backend):
         self.dynamic_after = int(os.environ.get("FASTLAZY_DYNAMIC_AFTER", "3"))
 
     def compile(self, view) -> Program:
-        gm, scalar_kinds = _build_fx(view)
-        dispatch = _ShapeDispatch(gm, scalar_kinds, self)
+        gm, kinds = _build_fx(view)
+        dispatch = _ShapeDispatch(gm, kinds, self)
         return Program([s.index for s in view.slots], dispatch, False, gm.code)
 
 
 class _ShapeDispatch:
     """Compiled versions of one graph structure, by input shapes."""
 
-    def __init__(self, gm, scalar_kinds, backend):
+    def __init__(self, gm, kinds, backend):
         self.gm = gm
-        self.scalar_kinds = scalar_kinds      # per input: None (tensor) or a kind
+        self.kinds = kinds        # per input: None (a tensor) or a scalar kind
         self.backend = backend
         self.by_shape = {}
         self.dynamic = None
 
     def __call__(self, *inputs):
         args = [v if kind is None else torch.tensor(v, dtype=_SCALAR_DTYPES[kind])
-                for v, kind in zip(inputs, self.scalar_kinds)]
+                for v, kind in zip(inputs, self.kinds)]
         if self.dynamic is not None:
             return self.dynamic(*args)
         shapes = tuple(a.shape for a in args)
@@ -86,52 +88,125 @@ def _example(node_or_slot):
 
 
 def _build_fx(view):
+    """The FX graph of a view, and per input: None (a tensor) or the kind of
+    the Python scalar that travels as a 0-dim tensor."""
     graph = torch.fx.Graph()
     env = {}
     meta = {}                       # ('node'|'slot', i) -> (dtype, ndim, scalar)
-    scalar_kinds = []
+    kinds = []
     for s in view.slots:
         env[("slot", s.index)] = graph.placeholder(f"x{s.index}")
         if s.kind == "tensor":
             meta[("slot", s.index)] = (s.value.dtype, s.value.dim(), None)
-            scalar_kinds.append(None)
+            kinds.append(None)
         else:
             meta[("slot", s.index)] = (None, 0, s.value)
-            scalar_kinds.append(s.kind)
+            kinds.append(s.kind)
     casts = {}
+
+    def cast(inp, dtype):
+        key = (inp, dtype)
+        if key not in casts:
+            casts[key] = graph.call_function(_TO_COPY, (env[inp],), {"dtype": dtype})
+        return casts[key]
+
     for node in view.nodes:
         common = _common_dtype(node, meta)
+        scalar_args = _scalar_arg_slots(node)
 
-        def operand(inp, common=common, detach=node.detach):
-            value = env[inp]
-            if meta[inp][2] is None and detach:
-                return graph.call_function(torch.ops.aten.detach.default, (value,))
-            if meta[inp][2] is None or common is None:
+        def operand(inp, node=node, common=common, scalar_args=scalar_args):
+            if meta[inp][2] is None:          # a tensor
+                value = env[inp]
+                if node.detach:
+                    return graph.call_function(torch.ops.aten.detach.default, (value,))
                 return value
-            key = (inp, common)
-            if key not in casts:
-                casts[key] = graph.call_function(
-                    torch.ops.aten._to_copy.default, (value,), {"dtype": common})
-            return casts[key]
+            if inp in scalar_args:            # alpha, negative_slope
+                return cast(inp, node.dtype)
+            return env[inp] if common is None else cast(inp, common)
 
         def call(name, args, kwargs):
             kwargs = dict(kwargs)
-            alpha = kwargs.get("alpha")
-            if isinstance(alpha, torch.fx.Node):
-                # alpha must be a Python number in aten; as a graph input it
-                # becomes a multiply
-                del kwargs["alpha"]
-                args = [args[0], graph.call_function(torch.ops.aten.mul, (args[1], alpha))]
-            return graph.call_function(getattr(torch.ops.aten, name), tuple(args), kwargs)
+            if name in _DECOMPOSE and any(isinstance(kwargs.get(k), torch.fx.Node) or
+                                          k == "*" for k in _DECOMPOSE[name][0]):
+                return _DECOMPOSE[name][1](graph, args, kwargs)
+            return graph.call_function(_function(name), tuple(args), kwargs)
 
         value = lower(node.op.lower, node, operand, _constant, call)
         if node.cast:
-            value = graph.call_function(torch.ops.aten._to_copy.default, (value,),
-                                        {"dtype": node.dtype})
+            value = graph.call_function(_TO_COPY, (value,), {"dtype": node.dtype})
         env[("node", node.index)] = value
         meta[("node", node.index)] = (node.dtype, len(node.shape), None)
     graph.output(tuple(env[("node", i)] for i in view.outputs))
-    return torch.fx.GraphModule(torch.nn.Module(), graph), scalar_kinds
+    return torch.fx.GraphModule(torch.nn.Module(), graph), kinds
+
+
+def _scalar_arg_slots(node):
+    """The inputs of node passed as Python-number arguments (SCALAR_ARGS)."""
+    found = set()
+    for position, name in enumerate(node.op.params[: node.op.noperands or None]):
+        if name in SCALAR_ARGS:
+            inp = node.operand(position)
+            if inp is not None and inp[0] == "slot":
+                found.add(inp)
+    return found
+
+
+# aten takes these arguments as Python numbers; as graph inputs (0-dim
+# tensors, so a new value never recompiles) they are decomposed into tensor
+# arithmetic, which inductor fuses anyway.
+def _add_alpha(graph, args, kwargs):
+    scaled = graph.call_function(_function("mul"), (args[1], kwargs["alpha"]))
+    return graph.call_function(_function("add"), (args[0], scaled))
+
+
+def _sub_alpha(graph, args, kwargs):
+    scaled = graph.call_function(_function("mul"), (args[1], kwargs["alpha"]))
+    return graph.call_function(_function("sub"), (args[0], scaled))
+
+
+def _rsub_alpha(graph, args, kwargs):
+    scaled = graph.call_function(_function("mul"), (args[0], kwargs["alpha"]))
+    return graph.call_function(_function("sub"), (args[1], scaled))
+
+
+def _leaky_relu(graph, args, kwargs):
+    x, slope = args
+    if not isinstance(slope, torch.fx.Node):
+        return graph.call_function(_function("leaky_relu"), (x, slope))
+    positive = graph.call_function(_function("gt"), (x, 0))
+    return graph.call_function(_function("where"), (
+        positive, x, graph.call_function(_function("mul"), (x, slope))))
+
+
+_DECOMPOSE = {
+    "add": (("alpha",), _add_alpha),
+    "sub": (("alpha",), _sub_alpha),
+    "rsub": (("alpha",), _rsub_alpha),
+    "leaky_relu": (("*",), _leaky_relu),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _function(name):
+    """The FX target for an aten name: a small wrapper around the original
+    torch builtin.  A builtin itself would be written into the generated
+    code as `torch.<name>`, which resolves to fastlazy's entry point while
+    fastlazy is enabled; dynamo inlines the wrapper and sees the builtin."""
+    for namespace in (torch._C._VariableFunctions, torch._C._nn):
+        fn = getattr(namespace, name, None)
+        if fn is not None:
+            break
+    else:
+        fn = getattr(torch.ops.aten, name)
+
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"aten_{name}"
+    return call
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
 
 
 def _constant(value):
@@ -144,7 +219,7 @@ def _common_dtype(node, meta):
     operands = []
     has_scalar = False
     for position, name in enumerate(params[: node.op.noperands or len(params)]):
-        if name == "alpha":
+        if name in SCALAR_ARGS:
             continue
         inp = node.operand(position)
         if inp is None:

@@ -46,6 +46,12 @@ class _IR:
         return f"%t{self.n}"
 
     def constant(self, value):
+        if isinstance(value, list):
+            return self._int_list(value)
+        if isinstance(value, tuple):
+            return self._int_list(list(value))
+        if isinstance(value, torch.dtype):
+            value = SCALAR_TYPE[value]
         key = (type(value), value)
         if key in self.consts:
             return self.consts[key]
@@ -63,6 +69,12 @@ class _IR:
         else:
             raise TypeError(f"no TorchScript constant for {value!r}")
         self.consts[key] = name
+        return name
+
+    def _int_list(self, values):
+        items = [self.constant(v) for v in values]
+        name = self.fresh()
+        self.lines.append(f"  {name} : int[] = prim::ListConstruct({', '.join(items)})")
         return name
 
     def call(self, aten, args, out=None):
