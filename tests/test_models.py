@@ -1,0 +1,79 @@
+"""Unmodified nn modules with LazyTensor inputs: eager's outputs, losses and
+gradients, in eval and in training."""
+import pytest
+import torch
+from torch import nn
+
+import fastlazy
+
+pytestmark = pytest.mark.usefixtures("lazy_on")
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.SiLU(),
+                         nn.Linear(32, 32), nn.LeakyReLU(0.1), nn.Linear(32, 4),
+                         nn.LogSoftmax(dim=-1))
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.AvgPool2d(2),
+                         nn.Flatten(), nn.Linear(8, 4))
+
+
+def transformer():
+    return nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64,
+                                      dropout=0.0, batch_first=True)
+
+
+MODELS = {"mlp": (mlp, (8, 16)), "cnn": (cnn, (2, 3, 8, 8)),
+          "transformer": (transformer, (2, 5, 32))}
+
+
+def run(model, x, lazy, train):
+    model.train(train)
+    inp = x.to("lazy") if lazy else x
+    out = model(inp)
+    loss = out.float().pow(2).mean()
+    if train:
+        model.zero_grad()
+        loss.backward()
+    return (out.to_eager() if lazy else out), loss.item(), [p.grad.clone() for p in model.parameters()] if train else []
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_model_matches_eager(name, train):
+    make, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(*shape)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    want = run(model, x, lazy=False, train=train)
+    model.load_state_dict(state)            # batchnorm running stats
+    got = run(model, x, lazy=True, train=train)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    assert got[1] == pytest.approx(want[1], rel=1e-4)
+    for g, w in zip(got[2], want[2]):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_mlp_records_most_ops():
+    torch.manual_seed(0)
+    model = mlp().eval()
+    out = model(torch.randn(1, 16).to("lazy"))
+    out.to_eager()
+    c = fastlazy.metrics.counters()
+    assert c["fallbacks"] == 0 and c["nodes_recorded"] == 8 and c["flushes"] == 1
+
+
+def test_no_grad_and_inference_mode_are_honoured():
+    torch.manual_seed(0)
+    model = mlp()
+    with torch.no_grad():
+        out = model(torch.randn(2, 16).to("lazy"))
+        assert not out.requires_grad
+    assert not out.to_eager().requires_grad
+    with torch.inference_mode():
+        out = model(torch.randn(2, 16).to("lazy")).to_eager()
+    assert not out.requires_grad
