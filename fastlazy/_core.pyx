@@ -24,13 +24,14 @@ include "flush.pxi"
 
 cdef object _new_lock = threading.Lock
 cdef object _enable_grad = None
+cdef object _no_grad = None
 cdef object _site_of_call = None
 
 
 def init(fallback_module, graph_cache_module, site_of_call):
     """Bind torch and the Python-side helpers once (called by fastlazy)."""
     global _torch, _Size, _device_type, TensorType, _fallback, _graph_cache
-    global _is_grad_enabled, _site_of_call, _enable_grad
+    global _is_grad_enabled, _site_of_call, _enable_grad, _no_grad
     import torch
     _torch = torch
     _Size = torch.Size
@@ -38,6 +39,7 @@ def init(fallback_module, graph_cache_module, site_of_call):
     TensorType = torch.Tensor
     _is_grad_enabled = torch.is_grad_enabled
     _enable_grad = torch.enable_grad
+    _no_grad = torch.no_grad
     _fallback = fallback_module
     _graph_cache = graph_cache_module
     _site_of_call = site_of_call

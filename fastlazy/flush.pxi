@@ -51,8 +51,9 @@ cdef int flush(Segment seg, int reason) except -1:
     cdef list owners = []
     outs = []
     cdef int32_t i
-    cdef bint grad = False
+    cdef bint grad = False, detached = False
     for i in range(seg.n):
+        detached |= seg.nodes[i].flags & NODE_DETACH
         if seg.nodes[i].owner != NULL:
             owners.append(<object>seg.nodes[i].owner)
             outs.append(i)
@@ -71,6 +72,11 @@ cdef int flush(Segment seg, int reason) except -1:
             # recorded with grad enabled: the graph must build autograd
             # history even if the value is read inside torch.no_grad()
             with _enable_grad():
+                values = run_graph(seg, key, outs)
+        elif detached:
+            # recorded under no_grad from inputs that require grad: no output
+            # needs history, so the whole graph runs without it
+            with _no_grad():
                 values = run_graph(seg, key, outs)
         else:
             values = run_graph(seg, key, outs)

@@ -5,6 +5,7 @@ pruned), the external input slots they use, and the outputs.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fastlazy.optable import OPS, Op
@@ -26,6 +27,7 @@ class Node:
     shape: tuple
     uses: int            # consumers among the needed nodes
     is_output: bool
+    requires_grad: bool
 
     def operand(self, position):
         """The input for operand `position` of the op, or None if absent
@@ -58,9 +60,16 @@ class GraphView:
         outset = set(outputs)
         self.nodes = [
             Node(i, OPS[raw[i][0]], raw[i][1], raw[i][2], bool(raw[i][3] & 1),
-                 bool(raw[i][3] & 2), raw[i][4], raw[i][5], uses[i], i in outset)
+                 bool(raw[i][3] & 2), raw[i][4], raw[i][5], uses[i], i in outset,
+                 raw[i][7])
             for i in sorted(needed)
         ]
+        # Without an output that needs autograd history the graph runs under
+        # no_grad as a whole, so per-node detaching is moot.
+        self.grad = any(n.requires_grad for n in self.nodes if n.is_output)
+        if not self.grad:
+            self.nodes = [dataclasses.replace(n, detach=False) if n.detach else n
+                          for n in self.nodes]
         self.outputs = list(outputs)
         used = sorted({r for n in self.nodes for kind, r in n.inputs if kind == "slot"})
         self.slots = [self._slot(seg, k) for k in used]

@@ -170,9 +170,9 @@ def _rows():
                  methods=(name,), inplace=(name + "_",),
                  nn_functions=(name,) if name in ("sigmoid", "tanh") else ())
     # torch.nn.functional's activations (their `inplace=True` is the in-place form)
-    yield Op("nn_relu", R_UNARY, c("relu", 0), ("input", "inplace"), cats=INT | FLOAT,
-             nn_functions=("relu",))
-    yield Op("silu", R_UNARY, c("silu", 0), ("input", "inplace"), cats=FLOAT,
+    yield Op("nn_relu", R_UNARY, c("relu", 0), ("input", "inplace"), noperands=1,
+             cats=INT | FLOAT, nn_functions=("relu",))
+    yield Op("silu", R_UNARY, c("silu", 0), ("input", "inplace"), noperands=1, cats=FLOAT,
              nn_functions=("silu",))
     yield Op("leaky_relu", R_UNARY, c("leaky_relu", 0, Opt(1, 0.01)),
              ("input", "negative_slope", "inplace"), noperands=2, cats=FLOAT,

@@ -137,7 +137,8 @@ cdef class Segment:
         ins = tuple([('node', nd.inputs[k]) if nd.inputs[k] >= 0 else ('slot', ~nd.inputs[k])
                      for k in range(nd.nin)])
         return (nd.op, ins, nd.attr, nd.flags, DTYPES[nd.meta.dtype],
-                tuple([nd.meta.shape[k] for k in range(nd.meta.ndim)]), nd.owner != NULL)
+                tuple([nd.meta.shape[k] for k in range(nd.meta.ndim)]), nd.owner != NULL,
+                bool(nd.meta.requires_grad))
 
     def slot(self, Py_ssize_t k):
         """(key, value) of external input slot k."""

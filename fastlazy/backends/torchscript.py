@@ -111,9 +111,9 @@ class TorchScriptBackend(Backend):
                     scalars.add(name)
                 env[("slot", s.index)] = name
                 slots.append(s.index)
-        grad = any(s.kind == "tensor" and s.value.requires_grad for s in view.slots)
         fuses = self._fuses(view)
-        reuse = not grad and not fuses
+        # writing into intermediates is safe only where autograd keeps none
+        reuse = not view.grad and not fuses
         by_index = {n.index: n for n in view.nodes}
         for node in view.nodes:
             env[("node", node.index)] = _emit(ir, env, node, reuse and _reusable(node, by_index),
