@@ -46,10 +46,16 @@ def _run(func, name, args, kwargs, inplace):
     _core.count("fallbacks")
     stats.count_fallback(name)
     if inplace and args and type(args[0]) is LazyTensor:
-        # Mutate a copy and rebind the handle: a LazyTensor never writes into
-        # the tensor it was made from.
         target = args[0]
-        clone = target.to_eager().clone()
+        value = target.to_eager()
+        if value._is_view():
+            # The value views another tensor (x[0], x.view(-1) ran eagerly):
+            # write through, as eager does, so the base sees the change.
+            func(value, *_materialize(args[1:]), **_materialize(kwargs))
+            return target
+        # Otherwise mutate a copy and rebind the handle: a LazyTensor never
+        # writes into the tensor it was made from.
+        clone = value.clone()
         func(clone, *_materialize(args[1:]), **_materialize(kwargs))
         _core.rebind_value(target, clone)
         return target
