@@ -57,6 +57,19 @@ def lazy(value):
     return wrap_value(value)
 
 
+def lazy_or_eager(value):
+    """lazy(value), or value itself if a LazyTensor cannot hold it (a dtype
+    the rules do not cover, such as uint64 or float8, or more than MAX_NDIM
+    dims): such results of eager fallbacks stay eager."""
+    if type(value) is LazyTensor:
+        return value
+    cdef LazyTensor t = LazyTensor.__new__(LazyTensor)
+    if not meta_from_tensor(&t.meta, value):
+        return value
+    t.value = value
+    return t
+
+
 def rebind_value(LazyTensor t, value):
     """Point t at a new eager value (used by in-place ops run eagerly)."""
     detach_handle(t)

@@ -27,7 +27,7 @@ def _materialize(x):
 def wrap_result(out):
     """Eager results as LazyTensors (tensors inside tuples/lists too)."""
     if isinstance(out, torch.Tensor):
-        return _core.lazy(out)
+        return _core.lazy_or_eager(out)
     if isinstance(out, tuple):
         items = [wrap_result(v) for v in out]
         if hasattr(out, "_fields"):      # a namedtuple
@@ -105,8 +105,8 @@ def lazy_to(self, args, kwargs):
         if not args and not kwargs:
             return self
     stats.count_fallback("to")
-    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
     out = self.to_eager().to(*args, **kwargs)
-    if device is not None:
-        return out
-    return _core.lazy(out)
+    moves = ("device" in kwargs or "other" in kwargs
+             or any(isinstance(a, (str, torch.device, torch.Tensor))
+                    or type(a) is int for a in args))
+    return out if moves else wrap_result(out)

@@ -58,12 +58,10 @@ class Attr(AttrValue):
 
 @dataclass(frozen=True)
 class ReduceDims(AttrValue):
-    """The reduced dims as a list; `all_dims` when the call gave no dim."""
-    all_dims: object = None
+    """The reduced dims as an explicit list (all of them when the call gave
+    no dim: TorchScript's shape analysis rejects dim=None)."""
 
     def value(self, node):
-        if not node.attr & _DIM_GIVEN:
-            return self.all_dims
         return [k for k in range(8) if node.attr >> k & 1]
 
 
@@ -181,14 +179,14 @@ def _rows():
              ("input", "approximate"), noperands=1, cats=FLOAT, nn_functions=("gelu",))
     # reductions
     reduce = ("input", "dim", "keepdim", "dtype")
-    yield Op("sum", R_REDUCE, c("sum", 0, ReduceDims(None), KeepDim(), dtype=DTypeArg()),
+    yield Op("sum", R_REDUCE, c("sum", 0, ReduceDims(), KeepDim(), dtype=DTypeArg()),
              reduce, noperands=1, npos=3, flags=INT_TO_INT64, functions=("sum",),
              methods=("sum",))
-    yield Op("mean", R_REDUCE, c("mean", 0, ReduceDims(None), KeepDim(), dtype=DTypeArg()),
+    yield Op("mean", R_REDUCE, c("mean", 0, ReduceDims(), KeepDim(), dtype=DTypeArg()),
              reduce, noperands=1, npos=3, cats=FLOAT | COMPLEX, functions=("mean",),
              methods=("mean",))
     for name in ("amax", "amin"):
-        yield Op(name, R_REDUCE, c(name, 0, ReduceDims(()), KeepDim()),
+        yield Op(name, R_REDUCE, c(name, 0, ReduceDims(), KeepDim()),
                  ("input", "dim", "keepdim"), noperands=1, cats=REAL, flags=EMPTY_ERROR,
                  functions=(name,), methods=(name,))
     # softmax: torch.softmax(input, dim, dtype) and F.softmax(input, dim, _stacklevel, dtype)

@@ -50,8 +50,8 @@ cdef int reduce_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) e
             if k < 0 or mask & (1 << k):
                 return RULE_EAGER
             mask |= 1 << k
-        if op_flags[op] & OPF_EMPTY_ERROR and len(dims) == 0:
-            return RULE_EAGER          # amax(dim=()) means all dims: keep it eager
+        if len(dims) == 0:
+            return RULE_EAGER          # dim=() means "all" for some ops: eager judges
         attr[0] |= ATTR_DIM_GIVEN
     else:
         mask = (1 << nd) - 1
