@@ -253,7 +253,9 @@ def w1_cases(ns=NS, ops=OPS, with_compile=True) -> list[Case]:
 @dataclass
 class Prepared:
     """A contender ready to be timed: `step` makes one call (variants in
-    turn); `recompiles()` counts graphs compiled since the first calls."""
+    turn); `first_call_s` is the time to the first result of each variant
+    (setup and compilation included); `recompiles()` counts graphs compiled
+    since then."""
     step: Callable
     first_call_s: float
     recompiles: Callable[[], int | None]

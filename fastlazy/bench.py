@@ -272,7 +272,8 @@ def targets(results: Results) -> list[list[str]]:
 
 
 def first_calls(results: Results) -> list[list[str]]:
-    """Time to the first result (compilation included), 32-op exec rows."""
+    """Time to the first result of each variant (setup and compilation
+    included), 32-op exec rows."""
     rows = [["first call", *results.contenders()]]
     for row in results.rows():
         if row.workload == "W1" and row.mode == "exec" and row.ops == 32:
@@ -390,9 +391,12 @@ def main(argv=None) -> int:
     results = load(json_path, args.stat)
     threads = args.threads or "torch's default"
     legend = LEGEND.format(stat=args.stat) + f" Intra-op threads: {threads}."
-    sections = [("Results", table(results)), ("First call (compilation included)",
-                                              first_calls(results)),
-                ("Targets (../shared/BENCHMARKS.md)", targets(results))]
+    sections = [
+        ("Results", table(results)),
+        ("First calls (setup and compilation included; cf: both variants)",
+         first_calls(results)),
+        ("Targets (../shared/BENCHMARKS.md)", targets(results)),
+    ]
     for title, rows in sections:
         print(f"\n{title}\n\n{as_text(rows)}")
     print(f"\n{legend}\nSuite ran in {elapsed:.0f} s (pytest exit status {rc}).")
