@@ -25,9 +25,9 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 MODE_ORDER = ("trace", "exec")
 W3_LABELS = {
-    "x+y": "W3 x + y, 1 element: enable() off | on",
-    "mlp": "W3 MLP 4x256 batch 1: enable() off | on",
-    "shape": "W3 add shape: meta tensor | rule",
+    "x+y": "W3 x + y, 1 element: enable() off vs on",
+    "mlp": "W3 MLP 4x256 batch 1: enable() off vs on",
+    "shape": "W3 add shape: meta tensor vs rule",
     "flush": "W3 cache-hit flush, 32 nodes",
 }
 
