@@ -39,6 +39,7 @@ cdef class Segment:
     cdef readonly list inputs # external values: tensors and Python scalars
     cdef readonly list input_keys  # per slot: a small int describing its type
     cdef uint64_t *slot_hash  # per slot: hash of its type (C mirror of input_keys)
+    cdef int64_t *slot_version  # per slot: the tensor's _version when recorded, or -1
     cdef int32_t nslots
     cdef int32_t slot_cap
     cdef int state
@@ -51,6 +52,7 @@ cdef class Segment:
     cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1
     cdef void release(self) noexcept
     cdef void drop_owner(self, int32_t idx) noexcept
+    cdef int check_versions(self, tuple slots) except -1
 
 
 cdef class LazyTensor:

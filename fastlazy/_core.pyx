@@ -13,6 +13,18 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
 cdef extern from "Python.h":
     void PyType_Modified(PyTypeObject *)
 
+# The entry-point type, written in C (see _entry.h for why).
+cdef extern from "_entry.h":
+    ctypedef object (*fl_handler_t)(object, PyObject**, Py_ssize_t, object)
+    int fl_entry_setup(type lazy_type, fl_handler_t handler,
+                       int (*flush_pending)() except -1) except -1
+    int fl_pending
+    object fl_entry_new(object orig, object name, int op, int form)
+    int fl_entry_op(object e)
+    int fl_entry_form(object e)
+    object fl_entry_orig(object e)
+    object fl_entry_name(object e)
+
 include "dtypes.pxi"
 include "counters.pxi"
 include "rules.pxi"
@@ -44,7 +56,7 @@ def init(fallback_module, graph_cache_module, site_of_call):
     _graph_cache = graph_cache_module
     _site_of_call = site_of_call
     init_dtypes()
-    fl_entry_setup(LazyTensor, lazy_call)
+    fl_entry_setup(LazyTensor, lazy_call, flush_pending)
 
 
 def lazy(value):

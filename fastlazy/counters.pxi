@@ -19,9 +19,10 @@ cdef enum:
     REASON_MARK_STEP
     REASON_THRESHOLD      # the segment reached flush_threshold nodes
     REASON_OTHER_THREAD   # a tensor of a running segment was needed
+    REASON_EAGER_WRITE    # an in-place op was about to write an eager tensor
     REASON_COUNT
 
-REASON_NAMES = ("value", "mark_step", "threshold", "other_thread")
+REASON_NAMES = ("value", "mark_step", "threshold", "other_thread", "eager_write")
 
 cdef int64_t counters[C_COUNT]
 cdef int64_t flush_reasons[REASON_COUNT]

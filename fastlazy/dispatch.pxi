@@ -7,15 +7,6 @@
 # does not cover, a call eager would reject) runs eagerly instead, so the
 # result -- or the exception -- is eager's.
 
-cdef extern from "_entry.h":
-    ctypedef object (*fl_handler_t)(object, PyObject**, Py_ssize_t, object)
-    int fl_entry_setup(type lazy_type, fl_handler_t handler) except -1
-    object fl_entry_new(object orig, object name, int op, int form)
-    int fl_entry_op(object e)
-    int fl_entry_form(object e)
-    object fl_entry_orig(object e)
-    object fl_entry_name(object e)
-
 cdef enum Form:
     FORM_CALL = 0       # torch.X(input, ...), Tensor.X(self, ...), operators
     FORM_INPLACE = 1    # Tensor.X_(self, ...), __iX__: rebinds self

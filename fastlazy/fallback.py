@@ -45,6 +45,10 @@ def wrap_eager(value):
 def _run(func, name, args, kwargs, inplace):
     _core.count("fallbacks")
     stats.count_fallback(name)
+    if inplace:
+        # The op writes into a tensor that pending nodes may read: compute
+        # them first, with the contents they were recorded with.
+        _core.mark_step()
     if inplace and args and type(args[0]) is LazyTensor:
         target = args[0]
         value = target.to_eager()

@@ -108,6 +108,7 @@ cdef object run_graph(Segment seg, object key, list outs):
     counters[C_HITS] += 1
     _move_to_end(key)
     cdef tuple slots = program.slots
+    seg.check_versions(slots)
     cdef list inputs = seg.inputs
     cdef Py_ssize_t k, n = len(slots)
     cdef tuple args = PyTuple_New(n)
@@ -133,6 +134,15 @@ cdef int run_segment_for(LazyTensor t) except -1:
         # failing part, so compute it alone, node by node.
         t.value = _graph_cache.recover(seg, t.idx, seg.error)
         t.seg = None
+    return 0
+
+
+cdef int flush_pending() except -1:
+    """Called by an in-place entry point before it writes an eager tensor."""
+    global fl_pending
+    fl_pending = 0
+    if _current is not None and _current.n:
+        flush(_current, REASON_EAGER_WRITE)
     return 0
 
 

@@ -68,6 +68,7 @@ def run(seg, key, outputs):
     program = _compile(_backend, view)
     _cache[key] = program
     _trim()
+    seg._check_versions(program.slots)
     inputs = seg.inputs
     return program.run([inputs[k] for k in program.slots])
 

@@ -48,7 +48,8 @@ cdef class Segment:
         self.nodes = <Node*>malloc(self.cap * sizeof(Node))
         self.slot_cap = 16
         self.slot_hash = <uint64_t*>malloc(self.slot_cap * sizeof(uint64_t))
-        if self.nodes == NULL or self.slot_hash == NULL:
+        self.slot_version = <int64_t*>malloc(self.slot_cap * sizeof(int64_t))
+        if self.nodes == NULL or self.slot_hash == NULL or self.slot_version == NULL:
             raise MemoryError()
         self.n = 0
         self.nslots = 0
@@ -62,6 +63,7 @@ cdef class Segment:
     def __dealloc__(self):
         free(self.nodes)
         free(self.slot_hash)
+        free(self.slot_version)
 
     def __len__(self):
         return self.n
@@ -79,12 +81,18 @@ cdef class Segment:
 
     cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1:
         cdef uint64_t *grown
+        cdef int64_t *grown_versions
         cdef uint64_t h
         if self.nslots == self.slot_cap:
             grown = <uint64_t*>realloc(self.slot_hash, 2 * self.slot_cap * sizeof(uint64_t))
             if grown == NULL:
                 raise MemoryError()
             self.slot_hash = grown
+            grown_versions = <int64_t*>realloc(self.slot_version,
+                                               2 * self.slot_cap * sizeof(int64_t))
+            if grown_versions == NULL:
+                raise MemoryError()
+            self.slot_version = grown_versions
             self.slot_cap *= 2
         self.inputs.append(value)
         self.input_keys.append(key)
@@ -94,6 +102,9 @@ cdef class Segment:
             for i in range(m.ndim):
                 h = mix(h, <uint64_t>m.shape[i])
         self.slot_hash[self.nslots] = h
+        # An input mutated in place between recording and flushing would be
+        # read with its new contents; the version counter tells.
+        self.slot_version[self.nslots] = value._version if m != NULL else -1
         self.nslots += 1
         return self.nslots - 1
 
@@ -116,6 +127,24 @@ cdef class Segment:
                     self.nodes[r].uses -= 1
         if self.sites is not None:
             del self.sites[self.n:]
+
+    cdef int check_versions(self, tuple slots) except -1:
+        cdef Py_ssize_t k
+        cdef int32_t s
+        for k in range(len(slots)):
+            s = slots[k]
+            if self.slot_version[s] >= 0 and self.inputs[s]._version != self.slot_version[s]:
+                v = self.inputs[s]
+                raise RuntimeError(
+                    f"fastlazy: a tensor of shape {tuple(v.shape)} and dtype {v.dtype} was "
+                    f"modified in place after a lazy op used it, so the pending result "
+                    f"would read the new contents.  Call fastlazy.mark_step() (or read "
+                    f"the lazy result) before modifying tensors that lazy ops use.")
+        return 0
+
+    def _check_versions(self, slots):
+        """Python entry for the cache-miss path (graph_cache.run)."""
+        self.check_versions(tuple(slots))
 
     cdef void release(self) noexcept:
         # After a run nothing may point into the nodes any more; drop the
@@ -194,6 +223,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
                        int flags, LazyTensor rebind):
     """Append one node; return its LazyTensor (a new one, or `rebind` for an
     in-place op, which moves that handle to the new node)."""
+    global fl_pending
     cdef Segment seg = current_segment()
     cdef int32_t refs[MAX_IN]
     cdef int nin = 0, i
@@ -246,6 +276,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     if seg.sites is not None:
         seg.sites.append(_site_of_call())
     counters[C_NODES] += 1
+    fl_pending = 1
     if seg.n >= flush_threshold or seg.nslots >= flush_threshold:
         flush(seg, REASON_THRESHOLD)
     return t

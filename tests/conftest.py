@@ -30,10 +30,13 @@ def backend(request):
 def pytest_configure(config):
     torch.manual_seed(0)
     # CI: a few hundred generated programs; --fuzz-long: tens of thousands
+    # fixtures used with @given here only select a backend or enable
+    # fastlazy: nothing in them needs resetting between examples
+    quiet = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
     settings.register_profile("ci", max_examples=150, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
+                              suppress_health_check=quiet)
     settings.register_profile("long", max_examples=20_000, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
+                              suppress_health_check=quiet)
     settings.load_profile("long" if config.getoption("--fuzz-long") else "ci")
 
 

@@ -306,3 +306,19 @@ def test_cuda_values_and_device():
     for _ in range(3):     # the profiling executor fuses after a few runs
         out = ((a * 2 + 1).relu() - torch.tensor(0.5)).to_eager()
     assert torch.allclose(out, (e * 2 + 1).relu() - 0.5)
+
+
+def test_eager_input_written_in_place_after_use_is_computed_first():
+    b = torch.ones(3)
+    r = fastlazy.lazy(torch.zeros(3)) + b
+    b.add_(1)                        # patched in-place entry: flushes first
+    assert torch.equal(r.to_eager(), torch.ones(3))
+    assert counters()["flush_reason.eager_write"] == 1
+
+
+def test_input_mutated_behind_our_back_is_an_error_not_a_wrong_value():
+    b = torch.ones(3)
+    r = fastlazy.lazy(torch.zeros(3)) + b
+    torch.Tensor.add_.__wrapped__(b, 1)      # the original, unpatched method
+    with pytest.raises(RuntimeError, match="modified in place after a lazy op used it"):
+        r.to_eager()
