@@ -104,7 +104,12 @@ cdef class Segment:
         self.slot_hash[self.nslots] = h
         # An input mutated in place between recording and flushing would be
         # read with its new contents; the version counter tells.
-        self.slot_version[self.nslots] = value._version if m != NULL else -1
+        self.slot_version[self.nslots] = -1
+        if m != NULL:
+            try:
+                self.slot_version[self.nslots] = value._version
+            except RuntimeError:
+                pass        # inference tensors keep no version counter
         self.nslots += 1
         return self.nslots - 1
 
