@@ -8,6 +8,7 @@
 # (Python, fastlazy.graph_cache) to build one.
 
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.stdlib cimport malloc, free
 from cpython.ref cimport Py_INCREF
 
 cdef object _graph_cache = None    # fastlazy.graph_cache module: compile on a miss
@@ -26,17 +27,64 @@ def set_backend(str name, bint specializes_shapes, programs):
     _move_to_end = programs.move_to_end
 
 
-cdef object _output_key(Segment seg, list owners, object outs):
-    # Fold the outputs' node hashes; the count and order are part of the key.
+cdef tuple canonical_key(Segment seg, list outs):
+    """The cache key of the graph computing `outs`, and the segment's input
+    slots in the graph's parameter order.
+
+    Only the nodes the outputs need take part, numbered in recording order;
+    input slots are numbered by first use.  Two recordings of one program
+    thus get one key, whatever dead nodes and slots surround them.  Each
+    node contributes its recorded structural hash and its canonical wiring.
+    """
+    cdef int32_t n = seg.n, i, k, r, nslot = 0
     cdef uint64_t h0 = 0x9E3779B97F4A7C15ULL, h1 = 0xC2B2AE3D27D4EB4FULL
-    cdef Py_ssize_t k
-    cdef int32_t i
-    for k in range(len(outs)):
-        i = outs[k]
-        h0 = mix(h0, seg.nodes[i].hash[0])
-        h1 = mix(h1, seg.nodes[i].hash[1])
-    h0 = mix(h0, len(outs))
-    return (_backend_tag, (<object>h0 << 64) | <object>h1)
+    cdef int32_t *pos = <int32_t*>malloc((n + seg.nslots + 1) * sizeof(int32_t))
+    if pos == NULL:
+        raise MemoryError()
+    cdef int32_t *slot_pos = pos + n
+    cdef Node *nd
+    slot_order = []
+    try:
+        for i in range(n):
+            pos[i] = -1
+        for k in range(seg.nslots):
+            slot_pos[k] = -1
+        for k in range(len(outs)):
+            pos[<int32_t>outs[k]] = 0
+        for i in range(n - 1, -1, -1):          # mark what the outputs need
+            if pos[i] == 0:
+                nd = &seg.nodes[i]
+                for k in range(nd.nin):
+                    if nd.inputs[k] >= 0:
+                        pos[nd.inputs[k]] = 0
+        k = 0
+        for i in range(n):                      # number nodes and slots, hash
+            if pos[i] != 0:
+                continue
+            pos[i] = k
+            k += 1
+            nd = &seg.nodes[i]
+            h0 = mix(h0, nd.hash[0])
+            h1 = mix(h1, nd.hash[1])
+            for j in range(nd.nin):
+                r = nd.inputs[j]
+                if r >= 0:
+                    h0 = mix(h0, <uint64_t>pos[r])
+                    h1 = mix(h1, <uint64_t>pos[r] ^ 0xA5A5)
+                else:
+                    r = ~r
+                    if slot_pos[r] < 0:
+                        slot_pos[r] = nslot
+                        nslot += 1
+                        slot_order.append(r)
+                    h0 = mix(h0, <uint64_t>slot_pos[r] | (1ULL << 40))
+                    h1 = mix(h1, <uint64_t>slot_pos[r] | (3ULL << 40))
+        for k in range(len(outs)):
+            h0 = mix(h0, <uint64_t>pos[<int32_t>outs[k]] | (2ULL << 40))
+        h1 = mix(h1, len(outs))
+    finally:
+        free(pos)
+    return (_backend_tag, (<object>h0 << 64) | <object>h1), tuple(slot_order)
 
 
 cdef int flush(Segment seg, int reason) except -1:
@@ -66,20 +114,20 @@ cdef int flush(Segment seg, int reason) except -1:
     counters[C_FLUSHES] += 1
     seg.lock = _new_lock()
     seg.lock.acquire()
-    key = _output_key(seg, owners, outs)
     try:
+        key, slot_order = canonical_key(seg, outs)
         if grad:
             # recorded with grad enabled: the graph must build autograd
             # history even if the value is read inside torch.no_grad()
             with _enable_grad():
-                values = run_graph(seg, key, outs)
+                values = run_graph(seg, key, outs, slot_order)
         elif detached:
             # recorded under no_grad from inputs that require grad: no output
             # needs history, so the whole graph runs without it
             with _no_grad():
-                values = run_graph(seg, key, outs)
+                values = run_graph(seg, key, outs, slot_order)
         else:
-            values = run_graph(seg, key, outs)
+            values = run_graph(seg, key, outs, slot_order)
     except BaseException as exc:
         seg.state = SEG_FAILED
         seg.error = exc
@@ -100,22 +148,27 @@ cdef int flush(Segment seg, int reason) except -1:
     return 0
 
 
-cdef object run_graph(Segment seg, object key, list outs):
+cdef object run_graph(Segment seg, object key, list outs, tuple slot_order):
     """A cache hit runs here, in C; a miss goes to graph_cache.run."""
     program = _programs.get(key)
     if program is None:
-        return _graph_cache.run(seg, key, outs)
+        return _graph_cache.run(seg, key, outs, slot_order)
     counters[C_HITS] += 1
     _move_to_end(key)
-    cdef tuple slots = program.slots
-    seg.check_versions(slots)
+    # program.slots: positions in the canonical slot order
+    cdef tuple positions = program.slots
     cdef list inputs = seg.inputs
-    cdef Py_ssize_t k, n = len(slots)
+    cdef Py_ssize_t k, n = len(positions)
+    cdef tuple used = PyTuple_New(n)
     cdef tuple args = PyTuple_New(n)
     for k in range(n):
-        v = inputs[<Py_ssize_t>slots[k]]
+        s = slot_order[<Py_ssize_t>positions[k]]
+        Py_INCREF(s)
+        PyTuple_SET_ITEM(used, k, s)
+        v = inputs[<Py_ssize_t>s]
         Py_INCREF(v)
         PyTuple_SET_ITEM(args, k, v)
+    seg.check_versions(used)
     out = program.call(*args)
     return (out,) if program.single else out
 

@@ -40,7 +40,8 @@ class Node:
 
 @dataclass(frozen=True)
 class Slot:
-    index: int
+    index: int           # in the segment
+    position: int        # in the graph's parameter order (first use)
     kind: str            # 'tensor' or a scalar kind: 'bool', 'int', 'float', 'complex'
     value: object        # the value at compile time (a bool slot is a constant)
 
@@ -71,16 +72,23 @@ class GraphView:
             self.nodes = [dataclasses.replace(n, detach=False) if n.detach else n
                           for n in self.nodes]
         self.outputs = list(outputs)
-        used = sorted({r for n in self.nodes for kind, r in n.inputs if kind == "slot"})
-        self.slots = [self._slot(seg, k) for k in used]
+        # slots in order of first use: the same canonical order as the core's
+        # cache key (flush.pxi canonical_key), so a program compiled for one
+        # recording takes its inputs in the right order for every other
+        used = list(dict.fromkeys(r for n in self.nodes for kind, r in n.inputs
+                                  if kind == "slot"))
+        self.slots = [self._slot(seg, k, p) for p, k in enumerate(used)]
         self.segment_sites = [seg.site(n.index) for n in self.nodes]
 
     @staticmethod
-    def _slot(seg, k):
+    def _slot(seg, k, position):
         key, value = seg.slot(k)
         if key & SLOT_SCALAR:
-            return Slot(k, SCALAR_KINDS[key & 3] if not key & 16 else "bool", value)
-        return Slot(k, "tensor", value)
+            return Slot(k, position, SCALAR_KINDS[key & 3] if not key & 16 else "bool", value)
+        return Slot(k, position, "tensor", value)
+
+    def slot_order(self):
+        return tuple(s.index for s in self.slots)
 
     def __str__(self):
         lines = [f"slot {s.index}: {s.kind}" + (f" = {s.value}" if s.kind != "tensor" else

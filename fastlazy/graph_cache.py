@@ -58,19 +58,23 @@ def _trim():
         evictions += 1
 
 
-def run(seg, key, outputs):
+def run(seg, key, outputs, slot_order):
     """Compile and run the graph of `outputs` in `seg` (the core calls this
     on a cache miss; hits run in the core)."""
     _core.count("cache_misses")
     view = GraphView(seg, outputs)
+    if view.slot_order() != slot_order:
+        raise AssertionError(f"fastlazy internal error: slot order {view.slot_order()} "
+                             f"differs from the core's {slot_order}")
     recompiles.explain(view, _backend.name, _backend.specializes_shapes,
                        site_of_call() if recompiles.warn_after else None)
     program = _compile(_backend, view)
     _cache[key] = program
     _trim()
-    seg._check_versions(program.slots)
+    used = [slot_order[p] for p in program.slots]
+    seg._check_versions(used)
     inputs = seg.inputs
-    return program.run([inputs[k] for k in program.slots])
+    return program.run([inputs[k] for k in used])
 
 
 def _compile(backend, view):
@@ -93,8 +97,9 @@ def recover(seg, index, error):
     its own by the eager backend (it may not depend on what failed)."""
     view = GraphView(seg, [index])
     program = backends.get("eager").compile(view)
+    order = view.slot_order()
     try:
-        return program.run([seg.inputs[k] for k in program.slots])[0]
+        return program.run([seg.inputs[order[p]] for p in program.slots])[0]
     except Exception as exc:
         raise RuntimeError(
             f"fastlazy: this LazyTensor's value could not be computed: {exc}") from error

@@ -96,7 +96,10 @@ cdef class Segment:
             self.slot_cap *= 2
         self.inputs.append(value)
         self.input_keys.append(key)
-        h = mix(key, self.nslots)
+        # The slot's type, not its index: which slot feeds which node is
+        # numbered canonically at flush (flush.pxi), so slots that dead
+        # nodes left behind never change a graph's key.
+        h = mix(key, 0x51)
         if _key_shapes and m != NULL:
             # the backend compiles per shape: the shape is structure too
             for i in range(m.ndim):

@@ -322,3 +322,25 @@ def test_input_mutated_behind_our_back_is_an_error_not_a_wrong_value():
     torch.Tensor.add_.__wrapped__(b, 1)      # the original, unpatched method
     with pytest.raises(RuntimeError, match="modified in place after a lazy op used it"):
         r.to_eager()
+
+
+def test_dead_nodes_and_their_inputs_do_not_change_the_key():
+    b, c = fastlazy.lazy(torch.rand(3)), fastlazy.lazy(torch.rand(3))
+    e = torch.rand(3)
+
+    def f():
+        return (b * c + c).to_eager()
+
+    f()
+    b + 1                             # dropped at the tail
+    z = fastlazy.lazy(e) * e          # a dead node that stays, with its own slots
+    keep = z + 1
+    del z
+    fastlazy.mark_step()
+    z = c * e
+    r = b * c + c                     # recorded after a dead node and new slots
+    del z
+    assert torch.equal(r.to_eager(), f())
+    c_ = counters()
+    assert c_["cache_misses"] == 2 and c_["cache_hits"] == 2     # keep's graph + f
+    del keep

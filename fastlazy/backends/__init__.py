@@ -1,5 +1,5 @@
-"""Backends turn a GraphView into a Program: a callable taking the values of
-`program.slots` (in order) and returning the output tensors (in order)."""
+"""Backends turn a GraphView into a Program: a callable taking the graph's
+inputs at the positions `program.slots` and returning the output tensors."""
 from __future__ import annotations
 
 import os

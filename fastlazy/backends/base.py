@@ -10,8 +10,9 @@ from fastlazy.optable import AttrValue, Call, Opt
 class Program:
     """A compiled graph.
 
-    `call(*values)` takes the values of `slots` in order and returns the
-    output tensor (`single`) or a sequence of them.  The core calls `call`
+    `slots` are positions in the graph's canonical input order (the order of
+    GraphView.slots: first use); `call(*values)` takes the values at those
+    positions and returns the output tensor (`single`) or a sequence of them.  The core calls `call`
     directly on a cache hit; `run` is the Python-side entry that also
     performs a backend's one-time `first_call` (e.g. choosing an executor).
     """

@@ -12,11 +12,11 @@ class EagerBackend(Backend):
 
     def compile(self, view) -> Program:
         nodes = view.nodes
-        slots = [s.index for s in view.slots]
+        keys = [("slot", s.index) for s in view.slots]
         outputs = view.outputs
 
         def run(*inputs):
-            env = {("slot", k): v for k, v in zip(slots, inputs)}
+            env = dict(zip(keys, inputs))
             for node in nodes:
                 operand = env.__getitem__
                 if node.detach:
@@ -27,7 +27,7 @@ class EagerBackend(Backend):
                 env[("node", node.index)] = value
             return [env[("node", i)] for i in outputs]
 
-        return Program(slots, run, False, str(view))
+        return Program([s.position for s in view.slots], run, False, str(view))
 
 
 def _detached(env):

@@ -41,7 +41,7 @@ class InductorBackend(Backend):
     def compile(self, view) -> Program:
         gm, kinds = _build_fx(view)
         dispatch = _ShapeDispatch(gm, kinds, self)
-        return Program([s.index for s in view.slots], dispatch, False, gm.code)
+        return Program([s.position for s in view.slots], dispatch, False, gm.code)
 
 
 class _ShapeDispatch:

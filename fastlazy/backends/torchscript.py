@@ -110,7 +110,7 @@ class TorchScriptBackend(Backend):
                 if s.kind != "tensor":
                     scalars.add(name)
                 env[("slot", s.index)] = name
-                slots.append(s.index)
+                slots.append(s.position)
         fuses = self._fuses(view)
         # writing into intermediates is safe only where autograd keeps none
         reuse = not view.grad and not fuses
