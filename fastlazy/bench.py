@@ -7,8 +7,9 @@ The suite (`benchmarks/` beside the package) runs under pytest-benchmark in a
 subprocess; this report reads back the JSON that pytest-benchmark writes, so
 the two never disagree.  It prints one table (rows: workloads; columns:
 contenders; cells: time and speedup over eager, plus ns per recorded op for
-trace-only rows), the first-call times, and the targets P1-P8 with PASS or
-MISS.  Into the output folder go bench.json, table.md and speedup.png.
+trace-only rows; W1, then W2, then W3), the first-call times, and the
+targets P1-P8 with PASS or MISS.  Into the output folder go bench.json,
+table.md and speedup.png.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 MODE_ORDER = ("trace", "exec")
+W2_MODELS = {"mlp": "MLP 8x256", "transformer": "TransformerEncoderLayer 256/4 seq 32"}
+W2_MODES = {"infer": "inference", "train": "training step"}
 W3_LABELS = {
     "x+y": "W3 x + y, 1 element: enable() off vs on",
     "mlp": "W3 MLP 4x256 batch 1: enable() off vs on",
@@ -46,15 +49,26 @@ class Row:
     def label(self) -> str:
         if self.workload == "W3":
             return W3_LABELS.get(self.item, f"W3 {self.item}")
+        if self.workload == "W2":
+            return (f"W2 {W2_MODELS.get(self.item, self.item)} batch {self.n} "
+                    f"{W2_MODES.get(self.mode, self.mode)}")
         cf = " cf" if self.control_flow else ""
         return f"W1 {self.mode} n={self.n} {self.ops} ops{cf}"
 
     def sort_key(self) -> tuple:
-        """W1 by mode, n, ops, variant; then W3 in W3_LABELS order."""
+        """W1 by mode, n, ops, variant; W2 by model, mode, batch; then W3 in
+        W3_LABELS order."""
         if self.workload == "W1":
             return (0, MODE_ORDER.index(self.mode), self.n, self.ops, self.control_flow)
-        known = list(W3_LABELS)
-        return (1, known.index(self.item) if self.item in known else len(known), self.item)
+        if self.workload == "W2":
+            return (1, _order(W2_MODELS, self.item), _order(W2_MODES, self.mode), self.n)
+        return (2, _order(W3_LABELS, self.item))
+
+
+def _order(known, value) -> tuple:
+    """Position of value among the keys of known (unknown ones last, by name)."""
+    known = list(known)
+    return (known.index(value) if value in known else len(known), value)
 
 
 @dataclass
@@ -79,6 +93,8 @@ class Results:
 def _row(info: dict) -> Row:
     if info["workload"] == "W3":
         return Row("W3", item=info["item"])
+    if info["workload"] == "W2":
+        return Row("W2", info["mode"], info["batch"], item=info["model"])
     return Row("W1", info["mode"], info["n"], info["ops"], info["control_flow"])
 
 
@@ -138,7 +154,9 @@ def as_markdown(rows: list[list[str]]) -> str:
 
 
 LEGEND = ("Cells: time per call ({stat} over rounds) ×speedup over the row's eager "
-          "column (>1: faster). W3 rows: eager = the baseline named first in the "
+          "column (>1: faster). W2 rows: one inference (no_grad) or one training "
+          "step (forward, MSE loss, backward, SGD step) with the result read. "
+          "W3 rows: eager = the baseline named first in the "
           "label, fastlazy = the second. Trace rows also give the time per op.")
 
 
@@ -234,8 +252,24 @@ def p6(results):
     return fmt_time(t), _verdict(t <= 10e-6)
 
 
+P7_BACKEND = "torchscript"     # fastlazy's default backend: the one P7 judges
+
+
 def p7(results):
-    return "not measured: W2 (small models) is not in this suite yet", "n/a"
+    row = Row("W2", "infer", 1, item="mlp")
+    judged = f"fastlazy[{P7_BACKEND}]"
+    why = _missing(results, row, judged, "eager", "torch._lazy")
+    if why:
+        return why, "n/a"
+    eager, lazy = results.get(row, "eager"), results.get(row, "torch._lazy")
+    t = results.get(row, judged)
+    others = [f"{c[len('fastlazy['):-1]}: {eager / results.get(row, c):.2f}× eager, "
+              f"{lazy / results.get(row, c):.2f}× torch._lazy"
+              for c in results.contenders()
+              if c.startswith("fastlazy[") and c != judged and results.get(row, c)]
+    also = f" (other backends: {'; '.join(others)})" if others else ""
+    return (f"{P7_BACKEND}: {eager / t:.2f}× eager, {lazy / t:.2f}× torch._lazy{also}",
+            _verdict(t < eager and t < lazy))
 
 
 def p8(results):
@@ -258,7 +292,8 @@ TARGETS = (
     ("P4", "W3 eager code under enable()", "≤ 3 % slower", p4),
     ("P5", "W3 shape rule vs meta tensor, add", "≥ 1000×", p5),
     ("P6", "W3 cache-hit flush overhead, 32 nodes", "≤ 10 µs", p6),
-    ("P7", "W2 MLP batch 1 inference", "faster than eager and torch._lazy", p7),
+    ("P7", "W2 MLP 8x256 batch 1 inference, torchscript",
+     "faster than eager and torch._lazy", p7),
     ("P8", "W1 control-flow variant", "no recompilation after 2 calls", p8),
 )
 
@@ -273,10 +308,11 @@ def targets(results: Results) -> list[list[str]]:
 
 def first_calls(results: Results) -> list[list[str]]:
     """Time to the first result of each variant (setup and compilation
-    included), 32-op exec rows."""
+    included), W1 32-op exec rows and W2 rows."""
     rows = [["first call", *results.contenders()]]
     for row in results.rows():
-        if row.workload == "W1" and row.mode == "exec" and row.ops == 32:
+        if row.workload == "W2" or (row.workload == "W1" and row.mode == "exec"
+                                    and row.ops == 32):
             rows.append([row.label, *(
                 fmt_time(results.info[(row, c)]["first_call_s"])
                 if (row, c) in results.info else "—" for c in results.contenders())])
@@ -362,7 +398,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m fastlazy.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="n=100 and 32 ops only, no torch.compile (~1-2 min)")
+                        help="W1 at n=100 and 32 ops only, W2 MLP batch 1 inference "
+                             "only, no torch.compile (~1-2 min)")
     parser.add_argument("--large", action="store_true", help="also n=10000 (slow, ~8 GB)")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--threads", type=int, default=1,

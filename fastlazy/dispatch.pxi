@@ -244,6 +244,10 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
 
     if op < 0:      # an entry with no row: always eager (LazyTensor.<method>)
         return run_eager(entry, args, nargs, kwnames, form)
+    if nargs == 2 and kwnames is None and form == FORM_CALL:
+        fast = same_meta_binary(op, args, &out)
+        if fast is not None:
+            return fast
     if not parse_args(op, args, nargs, kwnames, p):
         return run_eager(entry, args, nargs, kwnames, form)
     for i in range(nops):
@@ -282,6 +286,42 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
     return record(op, ops, nops, &out, attr, flags, self_t)
+
+
+cdef object same_meta_binary(int op, PyObject **args, Meta *out):
+    """The commonest call, `a op b` on two LazyTensors of one shape, dtype and
+    device without autograd, skips argument matching and the general rules:
+    broadcasting and promotion are the identity there.  None: take the
+    general path."""
+    if type(<object>args[0]) is not LazyTensor or type(<object>args[1]) is not LazyTensor:
+        return None
+    cdef int rule = op_rule[op], i
+    if rule != R_BINARY and rule != R_TRUEDIV and rule != R_COMPARE:
+        return None
+    cdef Meta *a = &(<LazyTensor>args[0]).meta
+    cdef Meta *b = &(<LazyTensor>args[1]).meta
+    if (a.dtype != b.dtype or a.ndim != b.ndim or a.device != b.device
+            or a.requires_grad or b.requires_grad or not cat_ok(op, a.dtype)
+            or memcmp(a.shape, b.shape, a.ndim * sizeof(int64_t)) != 0
+            or op_flags[op] & OPF_NO_BOOL and a.dtype == 0):
+        return None
+    if rule == R_TRUEDIV and is_integral(a.dtype):
+        return None
+    memcpy(out, a, sizeof(Meta))
+    if rule == R_COMPARE:
+        out.dtype = 0
+    # the same operands the general path would record (alpha absent), so
+    # both paths give one node and one structural hash
+    cdef Operand ops[MAX_PARAMS]
+    ops[0].kind = K_LAZY
+    ops[0].obj = args[0]
+    ops[0].m = a
+    ops[1].kind = K_LAZY
+    ops[1].obj = args[1]
+    ops[1].m = b
+    for i in range(2, op_noperands[op]):
+        ops[i].kind = K_ABSENT
+    return record(op, ops, op_noperands[op], out, 0, 0, None)
 
 
 cdef bint inplace_fits(Meta *out, Meta *self_m) noexcept:

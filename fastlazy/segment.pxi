@@ -6,7 +6,7 @@
 # the current segment untouched.
 
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memcmp
 
 cdef enum SegState:
     SEG_RECORDING = 0

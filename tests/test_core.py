@@ -344,3 +344,19 @@ def test_dead_nodes_and_their_inputs_do_not_change_the_key():
     c_ = counters()
     assert c_["cache_misses"] == 2 and c_["cache_hits"] == 2     # keep's graph + f
     del keep
+
+
+def test_fast_path_and_general_path_record_the_same_node():
+    a, b = fastlazy.lazy(torch.rand(3, 2)), fastlazy.lazy(torch.rand(3, 2))
+    # positional same-meta calls take the fast path; keyword calls do not
+    pairs = [(lambda: a.add(b), lambda: torch.add(input=a, other=b)),
+             (lambda: a - b, lambda: torch.sub(a, other=b)),
+             (lambda: a / b, lambda: torch.div(a, other=b)),
+             (lambda: a < b, lambda: torch.lt(a, other=b))]
+    for fast, general in pairs:
+        want = general().to_eager()
+        misses = counters()["cache_misses"]
+        got = fast()
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.to_eager(), want)
+        assert counters()["cache_misses"] == misses     # one graph for both
