@@ -133,3 +133,22 @@ def test_cuda_backends(name):
         assert got[0].device.type == "cuda"
     finally:
         fastlazy.set_backend("torchscript")
+
+
+def test_inductor_async_compile_replays_until_ready(monkeypatch):
+    backend = backends.get("inductor")
+    monkeypatch.setattr(backend, "async_compile", True)
+    fastlazy.set_backend("inductor")
+    try:
+        x = fastlazy.lazy(torch.rand(7, 3))
+        first = (x.sigmoid() * 3 - 1).to_eager()       # compile starts, replayed now
+        torch.testing.assert_close(first, x.to_eager().sigmoid() * 3 - 1)
+        assert fastlazy.metrics.counters()["fallback.inductor: replayed while compiling"] == 1
+        future = next(iter(graph_cache._cache[next(reversed(graph_cache._cache))]
+                           .call.by_shape.values()))
+        future.result(timeout=300)                      # wait for the kernels
+        again = (x.sigmoid() * 3 - 1).to_eager()
+        torch.testing.assert_close(again, first)
+        assert fastlazy.metrics.counters()["fallback.inductor: replayed while compiling"] == 1
+    finally:
+        fastlazy.set_backend("torchscript")

@@ -14,6 +14,7 @@ result dtypes of eager's scalar promotion.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
 import time
@@ -26,6 +27,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from fastlazy import stats
 from fastlazy.backends.base import Backend, Program, lower
+from fastlazy.backends.eager import EagerBackend
 from fastlazy.optable import SCALAR_ARGS
 
 DEFAULT_PROMOTION = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -34,25 +36,41 @@ _SCALAR_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64
 
 
 class InductorBackend(Backend):
+    """`dynamic_after` (FASTLAZY_DYNAMIC_AFTER, default 3): distinct shapes
+    before a graph is compiled with dynamic shapes.  `async_compile`
+    (FASTLAZY_ASYNC_COMPILE=1): compile static-shape graphs on a background
+    thread and replay them node by node (eager backend) until the kernels are
+    ready, so a first call never waits seconds for inductor."""
     name = "inductor"
 
     def __init__(self):
         self.dynamic_after = int(os.environ.get("FASTLAZY_DYNAMIC_AFTER", "3"))
+        self.async_compile = os.environ.get("FASTLAZY_ASYNC_COMPILE") == "1"
+        self._pool = None
 
     def compile(self, view) -> Program:
         gm, kinds = _build_fx(view)
-        dispatch = _ShapeDispatch(gm, kinds, self)
+        replay = EagerBackend().compile(view).call if self.async_compile else None
+        dispatch = _ShapeDispatch(gm, kinds, self, replay)
         return Program([s.position for s in view.slots], dispatch, False, gm.code)
+
+    def submit(self, fn, *args):
+        """Run fn(*args) on the one background compile thread."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="fastlazy-inductor")
+        return self._pool.submit(fn, *args)
 
 
 class _ShapeDispatch:
     """Compiled versions of one graph structure, by input shapes."""
 
-    def __init__(self, gm, kinds, backend):
+    def __init__(self, gm, kinds, backend, replay):
         self.gm = gm
         self.kinds = kinds        # per input: None (a tensor) or a scalar kind
         self.backend = backend
-        self.by_shape = {}
+        self.replay = replay      # eager replay while an async compile runs
+        self.by_shape = {}        # shapes -> compiled callable or pending Future
         self.dynamic = None
 
     def __call__(self, *inputs):
@@ -69,8 +87,20 @@ class _ShapeDispatch:
                 return self.dynamic(*args)
             if self.by_shape:
                 stats.count_recompile("inductor: new input shape")
+            if self.replay is not None:
+                examples = [a.detach().clone() for a in args]
+                self.by_shape[shapes] = self.backend.submit(self._compile, examples, False)
+                return self._replayed(inputs)
             fn = self.by_shape[shapes] = self._compile(args, dynamic=False)
+        elif isinstance(fn, concurrent.futures.Future):
+            if not fn.done():
+                return self._replayed(inputs)
+            fn = self.by_shape[shapes] = fn.result()
         return fn(*args)
+
+    def _replayed(self, inputs):
+        stats.count_fallback("inductor: replayed while compiling")
+        return self.replay(*inputs)
 
     def _compile(self, args, dynamic):
         start = time.perf_counter()
