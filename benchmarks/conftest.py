@@ -7,6 +7,7 @@ def pytest_addoption(parser):
     group.addoption("--bench-large", action="store_true",
                     help="also run W1 at n=10000 (nine 400 MB inputs)")
     group.addoption("--bench-quick", action="store_true",
-                    help="W1 at n=100 and 32 ops only, without torch.compile")
+                    help="W1 at n=100 and 32 ops only, W2 MLP batch 1 inference "
+                         "only, without torch.compile")
     group.addoption("--bench-no-compile", action="store_true",
                     help="leave torch.compile out (its first compile takes ~20 s)")

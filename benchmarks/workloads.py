@@ -1,8 +1,14 @@
-"""The W1 workload of ../shared/BENCHMARKS.md and the contenders that run it.
+"""The W1 and W2 workloads of ../shared/BENCHMARKS.md and the contenders
+that run them.
 
 W1 is Torchy's fusible-chain microbenchmark: nine `torch.rand(n, n)` inputs
 and 8, 16 or 32 add/sub/mul/div calls, plus a 32-op control-flow variant
 whose int argument picks one of two middle blocks (alternated call by call).
+
+W2 is small models, where per-op overhead dominates: an MLP of 8
+Linear(256, 256)+ReLU layers at batch 1 and 64, inference and one training
+step, and an nn.TransformerEncoderLayer (d_model 256, 4 heads, seq 32,
+batch 1) in eval (see the W2 section below).
 
 A contender is one way of running a workload (eager, torch.jit, torch._lazy,
 torch.compile, fastlazy with each backend).  It turns a workload into one
@@ -22,6 +28,8 @@ from typing import Callable
 import torch
 import torch._lazy
 import torch._lazy.metrics
+import torch.nn.functional as F       # F.mse_loss looked up per call: fastlazy patches it
+from torch import nn
 
 import fastlazy
 import fastlazy.backends
@@ -132,6 +140,16 @@ class Contender:
         """Graphs compiled so far (None: not counted for this contender)."""
         return None
 
+    # W2 (small models)
+    w2_tolerance = dict(rtol=1e-4, atol=1e-5)   # for the check against eager
+    skips_on_error = False    # an exception in a W2 first call: a failure, not a skip
+
+    def w2_step(self, model: nn.Module, x, y, mode: str):
+        """A W2 step as a zero-argument call (inference: the output as an
+        eager tensor; training: the loss as a float), and a function giving
+        the model's parameters as eager tensors (for the check)."""
+        return _w2_step(model, model, x, y, mode), functools.partial(_eager_params, model)
+
 
 class Jit(Contender):
     """torch.jit.trace of the chain; torch.jit.script for the control-flow
@@ -169,9 +187,26 @@ class TorchLazy(Contender):
     def compiles(self):
         return torch._lazy.metrics.counter_value("UncachedCompile") or 0
 
+    skips_on_error = True
+
+    def w2_step(self, model, x, y, mode):
+        """The model and both inputs moved to the lazy device once; each step
+        ends with `mark_step()`, then reads the output with `.cpu()` or the
+        loss with `.item()`."""
+        device = _torch_lazy_device()
+        model.to(device)
+        step = _w2_step(model, model, x.to(device), y.to(device), mode,
+                        read=_mark_step_and_cpu, after_step=torch._lazy.mark_step)
+        return step, lambda: [p.detach().cpu() for p in model.parameters()]
+
 
 def _mark_step_and_read(call):
     r = call()
+    torch._lazy.mark_step()
+    return r.cpu()
+
+
+def _mark_step_and_cpu(r):
     torch._lazy.mark_step()
     return r.cpu()
 
@@ -189,6 +224,15 @@ class Compile(Contender):
 
     def calls(self, workload, tensors, mode):
         return _bind(torch.compile(workload.fn, dynamic=False), tensors, workload)
+
+    w2_tolerance = dict(rtol=1e-3, atol=1e-4)
+    skips_on_error = True
+
+    def w2_step(self, model, x, y, mode):
+        """The model's forward compiled (training: AOTAutograd compiles its
+        backward too); loss, backward and the SGD step as in eager."""
+        forward = torch.compile(model, dynamic=False)
+        return _w2_step(model, forward, x, y, mode), functools.partial(_eager_params, model)
 
 
 class FastLazy(Contender):
@@ -214,6 +258,18 @@ class FastLazy(Contender):
 
     def compiles(self):
         return fastlazy.metrics.counters()["cache_misses"]
+
+    @property
+    def w2_tolerance(self):
+        return Compile.w2_tolerance if self.backend == "inductor" else Contender.w2_tolerance
+
+    def w2_step(self, model, x, y, mode):
+        """The model stays eager; the inputs are made lazy once
+        (`fastlazy.lazy`); inference reads the output with `.to_eager()`,
+        training the loss with `.item()` after `opt.step()`."""
+        step = _w2_step(model, model, fastlazy.lazy(x), fastlazy.lazy(y), mode,
+                        read=fastlazy.LazyTensor.to_eager)
+        return step, functools.partial(_eager_params, model)
 
 
 def _to_eager(call):
@@ -296,3 +352,156 @@ def _alternate(calls: list[Callable]) -> Callable:
         return calls[0]
     turn = itertools.cycle(calls)
     return lambda: next(turn)()
+
+
+# -- W2: small models -----------------------------------------------------------
+
+INFER, TRAIN = "infer", "train"
+W2_MODES = (INFER, TRAIN)
+W2_WIDTH, W2_LAYERS, W2_HEADS, W2_SEQ = 256, 8, 4, 32
+W2_LR = 0.01
+
+
+def mlp() -> nn.Module:
+    """W2's MLP: 8 x (Linear(256, 256), ReLU), seeded."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(W2_LAYERS):
+        layers += [nn.Linear(W2_WIDTH, W2_WIDTH), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def transformer_layer() -> nn.Module:
+    """W2's nn.TransformerEncoderLayer (d_model 256, 4 heads), seeded."""
+    torch.manual_seed(0)
+    return nn.TransformerEncoderLayer(d_model=W2_WIDTH, nhead=W2_HEADS, batch_first=True,
+                                      dropout=0.0)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A W2 model: how to build it, one sample's shape (input and training
+    target alike), the batch sizes and modes it runs at."""
+    name: str
+    build: Callable[[], nn.Module]
+    sample_shape: tuple
+    batches: tuple
+    modes: tuple
+
+
+W2 = (Model("mlp", mlp, (W2_WIDTH,), (1, 64), (INFER, TRAIN)),
+      Model("transformer", transformer_layer, (W2_SEQ, W2_WIDTH), (1,), (INFER,)))
+
+
+class Unsupported(Exception):
+    """A contender cannot run a W2 case (the benchmark skips it)."""
+
+
+def _w2_step(model, forward, x, y, mode, read=lambda r: r, after_step=lambda: None):
+    """Inference: `read(forward(x))` under no_grad.  Training: zero_grad,
+    forward, MSE loss against y, backward, SGD step, `after_step()`, then
+    the loss as a float."""
+    if mode == INFER:
+        def infer():
+            with torch.no_grad():
+                return read(forward(x))
+        return infer
+    opt = torch.optim.SGD(model.parameters(), lr=W2_LR)
+
+    def train():
+        opt.zero_grad()
+        loss = F.mse_loss(forward(x), y)
+        loss.backward()
+        opt.step()
+        after_step()
+        return loss.item()
+    return train
+
+
+def _eager_params(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@dataclass(frozen=True)
+class W2Case:
+    """One W2 benchmark: a contender running a model at a batch size."""
+    model: Model
+    batch: int
+    mode: str
+    contender: Contender
+
+    @property
+    def id(self) -> str:
+        return f"{self.mode}-b{self.batch}-{self.model.name}-{self.contender.name}"
+
+    @property
+    def label(self) -> str:
+        return f"W2 {self.model.name} {self.mode} batch={self.batch}"
+
+
+def w2_contenders(with_compile: bool = True) -> list[Contender]:
+    """eager, torch._lazy, torch.compile, fastlazy with each backend."""
+    found = [Contender(), TorchLazy()]
+    if with_compile:
+        found.append(Compile())
+    return found + [FastLazy(name) for name in fastlazy.backends.names()]
+
+
+def w2_cases(quick: bool = False, with_compile: bool = True) -> list[W2Case]:
+    """All W2 cases; quick: the MLP at batch 1, inference (target P7) only."""
+    return [W2Case(m, b, mode, c)
+            for m in W2 if not quick or m.name == "mlp"
+            for mode in m.modes if not quick or mode == INFER
+            for b in m.batches if not quick or b == 1
+            for c in w2_contenders(with_compile)]
+
+
+def w2_inputs(model: Model, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input and the training target, seeded."""
+    torch.manual_seed(1)
+    shape = (batch, *model.sample_shape)
+    return torch.rand(shape), torch.rand(shape)
+
+
+def _w2_first_step(case: W2Case, contender: Contender, x, y):
+    """A fresh model in the case's mode, the contender's step and parameter
+    reader, and the result of the first step."""
+    module = case.model.build().train(case.mode == TRAIN)
+    step, params = contender.w2_step(module, x, y, case.mode)
+    return step, params, step()
+
+
+@contextlib.contextmanager
+def prepared_w2(case: W2Case):
+    """Set up a W2 case as `prepared` does a W1 one: the first step (timed:
+    setup and compilation included), a check against eager (the output; or
+    the loss and every parameter after the first SGD step), a warm-up.
+    Raises Unsupported when torch._lazy or torch.compile fails in the first
+    step."""
+    x, y = w2_inputs(case.model, case.batch)
+    with fastlazy_state(False):
+        _, want_params, want = _w2_first_step(case, Contender(), x, y)
+        want_params = want_params()
+    contender = case.contender
+    with contender.session():
+        start = time.perf_counter()
+        try:
+            step, params, got = _w2_first_step(case, contender, x, y)
+        except Exception as error:
+            if not contender.skips_on_error:
+                raise
+            raise Unsupported(f"{contender.name} cannot run {case.label}: "
+                              f"{type(error).__name__}: {error}") from error
+        first_call_s = time.perf_counter() - start
+        tolerance = contender.w2_tolerance
+        if case.mode == INFER:
+            torch.testing.assert_close(got, want, **tolerance)
+        else:
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **tolerance)
+            for p, q in zip(params(), want_params, strict=True):
+                torch.testing.assert_close(p, q, **tolerance)
+        compiled = contender.compiles()
+        for _ in range(WARMUP_CALLS):
+            step()
+        yield Prepared(step, first_call_s,
+                       lambda: None if compiled is None else contender.compiles() - compiled)
