@@ -20,17 +20,13 @@ import os
 import time
 
 import torch
-import torch._inductor
 import torch.fx
-
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from fastlazy import stats
 from fastlazy.backends.base import Backend, Program, lower
 from fastlazy.backends.eager import EagerBackend
 from fastlazy.optable import SCALAR_ARGS
 
-DEFAULT_PROMOTION = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 _SCALAR_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64,
                   "complex": torch.complex128}
 
@@ -109,7 +105,10 @@ class _ShapeDispatch:
             compiled(*args)         # compile now, so the time is attributed here
         else:
             # Shapes are this dispatcher's key already: inductor straight on
-            # the FX graph, without dynamo's guards on every call.
+            # the FX graph, without dynamo's guards on every call.  (Imported
+            # here: importing inductor changes torch, and importing fastlazy
+            # must not.)
+            import torch._inductor
             compiled = torch._inductor.compile(self.gm, list(args))
         stats.add_compile_time(time.perf_counter() - start)
         return compiled
@@ -265,4 +264,6 @@ def _common_dtype(node, meta):
     if not has_scalar:
         return None
     # N operands, Python scalars included, with eager's category rules
-    return elementwise_dtypes(*operands, type_promotion_kind=DEFAULT_PROMOTION)[1]
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+    return elementwise_dtypes(*operands,
+                              type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
