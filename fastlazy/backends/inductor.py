@@ -108,8 +108,8 @@ class _ShapeDispatch:
             # the FX graph, without dynamo's guards on every call.  (Imported
             # here: importing inductor changes torch, and importing fastlazy
             # must not.)
-            import torch._inductor
-            compiled = torch._inductor.compile(self.gm, list(args))
+            from torch._inductor import compile as inductor_compile
+            compiled = inductor_compile(self.gm, list(args))
         stats.add_compile_time(time.perf_counter() - start)
         return compiled
 
