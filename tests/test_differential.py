@@ -1,0 +1,1158 @@
+"""Differential tests: every recorded op, through every entry point, against
+eager PyTorch (the oracle), on both backends.
+
+The cases are generated from the op table (fastlazy.optable.OPS): a row's
+entry points (functions, methods -- operators included --, inplace,
+nn_functions) give the forms, and its rule, params, nrequired, npos and
+noperands give the arguments: operands of every dtype, broadcasting shapes,
+0-dim and empty tensors, Python scalars, eager tensors beside lazy ones,
+keyword arguments and the values of each extra parameter (its domain is
+looked up by parameter name in PARAM_KINDS).  The case generators name no
+op (only the known-bug predicates do): adding a row adds its cases, and
+test_every_row_and_entry_point_is_covered / test_every_parameter_has_a_domain
+fail if a row, an entry point or a parameter gets none.
+
+Cases are grouped into one test item per (row, entry point, group, backend)
+to keep the suite fast.  Cases that hit a known core bug are split out into
+their own items, marked xfail(strict=True) with the bug's description
+(KNOWN_BUGS); such an item must fail, and only in the way the bug describes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import zlib
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+import fastlazy
+from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_COMPARE, R_DIV, R_LINEAR,
+                              R_MATMUL, R_MM, R_REDUCE, R_SOFTMAX, TENSOR_SELF, TENSORS_ONLY,
+                              Attr, Call)
+
+from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
+from helpers import (BACKENDS, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
+                     T, assert_same, check, forms_of, make_value, returns_self, seed, show)
+
+CORE_DTYPES = (F32, F64, I64, BOOL)
+EXTRA_DTYPES = (F16, BF16, I32, U8, C64)
+ALL_DTYPES = CORE_DTYPES + EXTRA_DTYPES
+
+# What each parameter name of the table is, so its values can be generated.
+PARAM_KINDS = {
+    "input": "operand", "other": "operand", "exponent": "operand", "mat2": "operand",
+    "weight": "operand", "bias": "operand",
+    "alpha": "number", "negative_slope": "number",
+    "min": "bound", "max": "bound",
+    "rounding_mode": "choice", "approximate": "choice",
+    "inplace": "flag", "keepdim": "flag",
+    "dim": "dim", "dtype": "dtype", "_stacklevel": "stacklevel",
+}
+ELEMENTWISE_RULES_MAX = R_CLAMP          # rules 0..R_CLAMP are elementwise
+MATMUL_RULES = (R_MM, R_BMM, R_MATMUL, R_LINEAR)
+
+
+# --------------------------------------------------------------------------
+# cases
+
+
+@dataclasses.dataclass
+class Case:
+    row: object
+    form: object
+    group: str
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    lazy: frozenset | None = None     # None: every tensor argument is lazy
+    pending: bool = False
+
+    def __post_init__(self):
+        # an operator cannot take keywords (Form would have to drop them)
+        assert not (self.form.is_operator and self.kwargs), self.id
+
+    @property
+    def id(self):
+        parts = [show(a) for a in self.args]
+        parts += [f"{k}={show(v)}" for k, v in self.kwargs.items()]
+        s = f"{self.row.name}|{self.form}|{self.group}|" + ",".join(parts)
+        if self.lazy is not None:
+            s += "|lazy=" + ",".join(str(k) for k in sorted(self.lazy, key=str))
+        if self.pending:
+            s += "|pending"
+        return s
+
+    def build(self):
+        seed(self.id)
+        return ([make_value(a) for a in self.args],
+                {k: make_value(v) for k, v in self.kwargs.items()})
+
+    def run(self):
+        args, kwargs = self.build()
+        return check(self.form, *args, lazy=self.lazy, pending=self.pending,
+                     returns_self=returns_self(self.row, self.form, args, kwargs), **kwargs)
+
+
+SCALARS = (True, False, 3, -2, 0, 2.5, -0.5, 1.5 - 2j)
+FEW_SCALARS = (True, 3, -0.5, 1.5 - 2j)       # beside the less common dtypes
+# scalars at the edge of what a dtype holds (eager checks some at the call)
+RANGE_SCALARS = (300, -1, 2 ** 63, 2 ** 64, -2 ** 63 - 1, 1e10, math.inf, math.nan)
+RANGE_DTYPES = (U8, I32, I64, F16, BF16, BOOL)
+SHAPE_PAIRS = (((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 1), (1, 4)), ((), (3, 4)),
+               ((3, 4), ()), ((), ()), ((0, 3), (3,)), ((0, 3), (1, 3)), ((2, 1, 3), (4, 1)),
+               ((2, 3), (4,)), ((3,), (3, 1)))
+UNARY_SHAPES = ((3, 4), (), (0, 3), (2, 1, 3), (1,))
+# a dim tensor beside a 0-dim tensor of another dtype: result_type corner cases
+ZERODIM_PAIRS = ((I64, F64), (F32, F64), (F16, F32), (BOOL, I64), (U8, I64), (I32, C64),
+                 (F32, C128), (BF16, F16), (U8, I8), (BOOL, F16))
+BASE_DTYPE_PAIRS = ((F32, F32), (I64, I64), (BOOL, BOOL), (U8, U8), (F16, F32), (C64, C64),
+                    (I64, F32))
+NUMBER_VALUES = (2, -1, 0, 0.5, True, False, 1j, 300, 1e10, None, "bad",
+                 T((4,), F32), T((), I64))
+FLAG_VALUES = (False, True, 1, None)
+DTYPE_VALUES = (None, F64, F32, F16, I64, I32, BOOL, C64, "bad")
+
+
+def _dtype_pairs():
+    pairs = [(a, b) for a in CORE_DTYPES for b in CORE_DTYPES]
+    for d in EXTRA_DTYPES:
+        pairs += [(d, d), (d, F32), (I64, d)]
+    pairs += [(F16, BF16), (U8, I32), (C64, F64), (BOOL, U8)]
+    return pairs
+
+
+DTYPE_PAIRS = tuple(_dtype_pairs())
+
+
+def _choice_values(row, name):
+    """Values of a choice parameter, read from the row's lowering."""
+    def walk(expr):
+        if isinstance(expr, Call):
+            for k, v in expr.kwargs:
+                if k == name and isinstance(v, Attr):
+                    return v.values
+            for a in list(expr.args) + [v for _, v in expr.kwargs]:
+                found = walk(a)
+                if found is not None:
+                    return found
+        return None
+    return walk(row.lower)
+
+
+def param_values(row, name):
+    """The values an extra (non-operand) parameter is tried with."""
+    kind = PARAM_KINDS[name]
+    if kind == "choice":
+        return tuple(_choice_values(row, name) or ()) + ("bad", 1)
+    if kind == "number":
+        return NUMBER_VALUES
+    if kind == "flag":
+        return FLAG_VALUES
+    if kind == "dtype":
+        return DTYPE_VALUES
+    if kind == "stacklevel":
+        return (3, 5)
+    raise LookupError(f"no values for parameter {name!r} of {row.name}")
+
+
+def _npos(row):
+    return len(row.params) if row.npos is None else row.npos
+
+
+def _divisor(row, index):
+    # only the divisor of a rounding division must avoid 0 (integer floor or
+    # trunc division by zero raises at the call eagerly, at the read lazily:
+    # test_integer_division_by_zero_raises_when_read)
+    return row.rule == R_DIV and index == 1
+
+
+def _tensor(row, index, shape, dtype, special=False):
+    return T(tuple(shape), dtype, nonzero=_divisor(row, index), special=special)
+
+
+def extra_param_cases(row, form, bases):
+    """Each parameter after the required ones, alone: by keyword, and
+    positionally where npos allows (earlier optional ones as None)."""
+    nreq = row.nrequired
+    for j in range(nreq, len(row.params)):
+        name = row.params[j]
+        if PARAM_KINDS[name] == "bound":
+            continue                       # clamp-like: clamp_like_cases
+        for v in param_values(row, name):
+            for base in bases:
+                yield Case(row, form, "params", base, {name: v})
+            if j < _npos(row) and v is not None:
+                yield Case(row, form, "params", bases[0] + (None,) * (j - nreq) + (v,))
+
+
+def unary_cases(row, form):
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (T((3, 4), d),))
+    for shape in UNARY_SHAPES:
+        for d in (F32, I64):
+            yield Case(row, form, "shapes", (T(shape, d),))
+    for d in (F32, F64, F16, BF16):
+        yield Case(row, form, "special", (T((8,), d, special=True),))
+    for d in (F32, I64, BOOL, C64):
+        yield Case(row, form, "pending", (T((2, 3), d),), pending=True)
+    if form.takes_kwargs:
+        yield Case(row, form, "keywords", (), {"input": T((2, 3), F32)})
+        yield Case(row, form, "keywords", (T((2, 3), F32),), {"bogus": 1})
+    if "inplace" in row.params and form.takes_kwargs:
+        for d in ALL_DTYPES:
+            yield Case(row, form, "inplace", (T((3, 4), d),), {"inplace": True})
+        for shape in UNARY_SHAPES:
+            yield Case(row, form, "inplace", (T(shape, F32),), {"inplace": True}, pending=True)
+    if form.takes_kwargs:
+        yield from extra_param_cases(row, form, [(T((3, 4), d),) for d in
+                                                 (F32, I64, BOOL, U8, F16, C64, F64)])
+
+
+def binary_cases(row, form):
+    for da, db in DTYPE_PAIRS:
+        yield Case(row, form, "dtypes", (T((3, 4), da), _tensor(row, 1, (4,), db)))
+    for sa, sb in SHAPE_PAIRS:
+        for d in (F32, I64):
+            yield Case(row, form, "shapes", (T(sa, d), _tensor(row, 1, sb, d)))
+    for da, db in ZERODIM_PAIRS:
+        yield Case(row, form, "zerodim", (T((2, 3), da), _tensor(row, 1, (), db)))
+        yield Case(row, form, "zerodim", (T((), db), _tensor(row, 1, (2, 3), da)))
+    for d in ALL_DTYPES:
+        for s in SCALARS if d in CORE_DTYPES else FEW_SCALARS:
+            if not (_divisor(row, 1) and s == 0):
+                yield Case(row, form, "scalars", (T((3, 4), d), s))
+        yield Case(row, form, "scalars", (T((), d), 2))
+    for d in RANGE_DTYPES:
+        for s in RANGE_SCALARS:
+            yield Case(row, form, "range", (T((3,), d), s))
+    for d in (F32, I64):
+        yield Case(row, form, "none", (T((3,), d), None))
+    if form.scalar_self_ok:
+        # a Python scalar as `input`, the LazyTensor as `other`
+        for d in (F32, I64, BOOL, C64):
+            for s in (True, 3, -1.5, 2j):
+                yield Case(row, form, "scalar_self", (s, _tensor(row, 1, (2, 3), d)))
+    for lazy in (frozenset({0}), frozenset({1})):
+        for (da, db), (sa, sb) in (((F32, F32), ((3, 4), (4,))), ((I64, F32), ((3, 1), (1, 4))),
+                                   ((F64, I32), ((2, 3), ())), ((I64, F64), ((), (2, 3))),
+                                   ((F32, F32), ((2, 3), (3, 3)))):
+            yield Case(row, form, "mixed", (T(sa, da), _tensor(row, 1, sb, db)), lazy=lazy)
+    for d in (F32, F64, F16, C64):
+        yield Case(row, form, "special", (T((8,), d, special=True),
+                                          _tensor(row, 1, (8,), d, special=True)))
+    for da, db in ((F32, F32), (I64, BOOL), (BOOL, BOOL), (C64, F32)):
+        yield Case(row, form, "pending", (T((2, 3), da), _tensor(row, 1, (3,), db)),
+                   pending=True)
+    if form.takes_kwargs:
+        yield from keyword_cases(row, form, T((2, 3), F32), _tensor(row, 1, (3,), I64), 2)
+        yield from extra_param_cases(row, form, [
+            (T((3, 4), da), _tensor(row, 1, (4,), db)) for da, db in BASE_DTYPE_PAIRS])
+
+
+def keyword_cases(row, form, x, y, scalar=None):
+    """Operands given by keyword, as row.params names them."""
+    names = row.params
+    if form.kind in ("function", "nn_function"):
+        yield Case(row, form, "keywords", (), {names[0]: x, names[1]: y})
+        yield Case(row, form, "keywords", (x,), {names[1]: y})
+        if scalar is not None:
+            yield Case(row, form, "keywords", (x,), {names[1]: scalar})
+        if form.kind == "function":
+            # an empty out= is resized by eager without a warning
+            yield Case(row, form, "keywords", (x, y), {"out": T((0,), F32)},
+                       lazy=frozenset({0, 1}))
+    else:
+        yield Case(row, form, "keywords", (x,), {names[1]: y})
+        if scalar is not None:
+            yield Case(row, form, "keywords", (x,), {names[1]: scalar})
+    yield Case(row, form, "keywords", (x, y), {"bogus": 1})
+
+
+def clamp_like_cases(row, form):
+    """nrequired == 1 with optional operands (clamp): bounds as scalars,
+    tensors, None, mixed; keyword and positional."""
+    names = [n for n in row.params[1:] if PARAM_KINDS[n] == "bound"]
+    npos = _npos(row)
+
+    def call(x, *bounds, group, kw=True, lazy=None, pending=False):
+        if kw and form.takes_kwargs:
+            return Case(row, form, group, (x,), {n: b for n, b in zip(names, bounds)
+                                                 if b is not None}, lazy=lazy, pending=pending)
+        return Case(row, form, group, (x,) + bounds[:npos - 1], lazy=lazy, pending=pending)
+
+    for d in ALL_DTYPES:
+        x = T((3, 4), d)
+        yield call(x, -1, None, group="dtypes")
+        yield call(x, None, 1.5, group="dtypes")
+        yield call(x, 0, 2, group="dtypes", kw=False)
+        yield call(x, T((4,), d), None, group="dtypes")
+    for shape in UNARY_SHAPES:
+        for d in (F32, I64):
+            yield call(T(shape, d), -1, 1, group="shapes", kw=False)
+            yield call(T(shape, d), T((4,), d), T((1,), d), group="shapes")
+            yield call(T(shape, d), None, T((), d), group="shapes")
+    for d in ALL_DTYPES:
+        for s in SCALARS if d in CORE_DTYPES else FEW_SCALARS:
+            yield call(T((3, 4), d), s, None, group="scalars")
+            yield call(T((3, 4), d), None, s, group="scalars", kw=False)
+        yield call(T((3, 4), d), 3, -2, group="scalars")   # min > max
+    for d in RANGE_DTYPES:
+        for s in RANGE_SCALARS:
+            yield call(T((3,), d), s, None, group="range")
+            yield call(T((3,), d), None, s, group="range")
+    for lo, hi in ((None, None), (1, T((), F32)), (T((4,), F32), 2.0), (T((4,), I64), None),
+                   (T((3, 1), F64), T((4,), F32)), ("bad", None), (None, [1, 2])):
+        for d in (F32, I64):
+            yield call(T((3, 4), d), lo, hi, group="bounds")
+            yield call(T((3, 4), d), lo, hi, group="bounds", kw=False)
+    for lazy in (frozenset({0}), frozenset({1, 2, names[0], names[1]}),
+                 frozenset({0, names[0]})):
+        yield call(T((3, 4), F32), T((4,), F32), T((3, 1), F64), group="mixed", lazy=lazy)
+        yield call(T((3, 4), F32), T((4,), F32), T((3, 1), F64), group="mixed", lazy=lazy,
+                   kw=False)
+    for d in (F32, F64, F16):
+        yield call(T((8,), d, special=True), T((8,), d, special=True), 1.0, group="special")
+    for d in (F32, I64):
+        yield call(T((2, 3), d), 0, T((3,), d), group="pending", pending=True)
+        yield call(T((2, 3), d), 1, None, group="pending", pending=True, kw=False)
+
+
+DIM_VALUES = (0, -1, 2, 3, -4, (0, 2), [1, 2], (0, 0), (), None, "bad", 1.5, (0, "a"))
+REDUCE_SHAPES = ((), (0, 3), (3, 0), (2, 1, 3), (5,), (2, 3, 4))
+
+
+def reduce_cases(row, form):
+    """input, dim, keepdim[, dtype]: dims of every kind, keepdim, dtype=."""
+    p = row.params
+    has_dtype = "dtype" in p
+
+    def kw(**k):
+        return {p[{"dim": 1, "keepdim": 2, "dtype": 3}[n]]: v for n, v in k.items()}
+
+    for d in ALL_DTYPES:
+        x = T((3, 4), d)
+        yield Case(row, form, "dtypes", (x,))
+        yield Case(row, form, "dtypes", (x,), kw(dim=1))
+        yield Case(row, form, "dtypes", (x, (0, 1), True) if _npos(row) >= 3 else (x,),
+                   {} if _npos(row) >= 3 else kw(dim=(0, 1), keepdim=True))
+        if has_dtype:
+            yield Case(row, form, "dtypes", (x,), kw(dtype=F64))
+    for shape in REDUCE_SHAPES:
+        for d in (F32, I64):
+            x = T(shape, d)
+            yield Case(row, form, "shapes", (x,))
+            yield Case(row, form, "shapes", (x,), kw(dim=0))
+            yield Case(row, form, "shapes", (x,), kw(dim=-1, keepdim=True))
+            if len(shape) >= 2:
+                yield Case(row, form, "shapes", (x,), kw(dim=(0, -1)))
+    x = T((2, 3, 4), F32)
+    for dim in DIM_VALUES:
+        yield Case(row, form, "dims", (x,), kw(dim=dim))
+        yield Case(row, form, "dims", (x,), kw(dim=dim, keepdim=True))
+        if dim is not None:
+            yield Case(row, form, "dims", (x, dim))
+    for keep in FLAG_VALUES + ("x",):
+        yield Case(row, form, "keepdim", (x,), kw(dim=1, keepdim=keep))
+        yield Case(row, form, "keepdim", (x, 1, keep))
+    if has_dtype:
+        for dt in DTYPE_VALUES:
+            for d in (F32, I64, BOOL, C64, F16):
+                yield Case(row, form, "dtype", (T((3, 4), d),), kw(dtype=dt))
+                yield Case(row, form, "dtype", (T((3, 4), d),), kw(dim=0, dtype=dt))
+        yield Case(row, form, "dtype", (x, 1, True, F64))      # dtype is keyword-only
+    for d in (F32, F64, F16):
+        yield Case(row, form, "special", (T((8,), d, special=True),))
+        yield Case(row, form, "special", (T((2, 8), d, special=True),), kw(dim=1))
+    for d in (F32, I64, BOOL):
+        yield Case(row, form, "pending", (T((2, 3), d),), pending=True)
+        yield Case(row, form, "pending", (T((2, 3), d),), kw(dim=1), pending=True)
+    if form.takes_kwargs:
+        yield Case(row, form, "keywords", (), {"input": T((2, 3), F32), p[1]: 1})
+        yield Case(row, form, "keywords", (T((2, 3), F32),), {"bogus": 1})
+        if form.kind == "function":
+            yield Case(row, form, "keywords", (T((2, 3), F32), 1), {"out": T((0,), F32)},
+                       lazy=frozenset({0}))
+
+
+def softmax_cases(row, form):
+    """input, dim[, _stacklevel], dtype."""
+    p = row.params
+    x = T((3, 4), F32)
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (T((3, 4), d), 1))
+        yield Case(row, form, "dtypes", (T((3, 4), d),), {"dim": -1, "dtype": F64})
+    for shape in ((), (0, 3), (3, 0), (5,), (2, 3, 4), (1, 1)):
+        for d in (F32, F64):
+            yield Case(row, form, "shapes", (T(shape, d), 0))
+            yield Case(row, form, "shapes", (T(shape, d), -1))
+    for dim in (0, -1, 1, 2, -3, None, "bad", 1.5, (0,)):
+        yield Case(row, form, "dims", (x, dim))
+        yield Case(row, form, "dims", (x,), {"dim": dim})
+    yield Case(row, form, "dims", (x,))
+    for dt in DTYPE_VALUES:
+        for d in (F32, F16, I64, BOOL, C64):
+            yield Case(row, form, "dtype", (T((3, 4), d), 1), {"dtype": dt})
+    for j, name in enumerate(p):
+        if PARAM_KINDS[name] == "stacklevel":
+            for v in param_values(row, name):
+                yield Case(row, form, "params", (x, 1), {name: v})
+                if j < _npos(row):
+                    yield Case(row, form, "params", (x, 1) + (None,) * (j - 2) + (v,))
+    for d in (F32, F64, F16, BF16):
+        yield Case(row, form, "special", (T((2, 8), d, special=True), 1))
+    for d in (F32, F64):
+        yield Case(row, form, "pending", (T((2, 3), d), 0), pending=True)
+    if form.takes_kwargs:
+        yield Case(row, form, "keywords", (), {"input": x, "dim": 0})
+        yield Case(row, form, "keywords", (x, 0), {"bogus": 1})
+
+
+MATMUL_SHAPES = {
+    R_MM: (((3, 4), (4, 5)), ((0, 4), (4, 5)), ((3, 0), (0, 5)), ((1, 1), (1, 1)),
+           ((3, 4), (5, 4)), ((3,), (3, 4)), ((2, 3, 4), (4, 5))),
+    R_BMM: (((2, 3, 4), (2, 4, 5)), ((0, 3, 4), (0, 4, 5)), ((1, 3, 4), (1, 4, 2)),
+            ((2, 3, 4), (3, 4, 5)), ((2, 3, 4), (2, 5, 4)), ((3, 4), (4, 5))),
+    R_MATMUL: (((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((2, 3), (3, 4)),
+               ((2, 1, 3, 4), (5, 4, 2)), ((5, 3, 4), (4,)), ((4,), (2, 4, 3)),
+               ((2, 0, 3), (3, 2)), ((), (3,)), ((3,), (4,)), ((2, 3, 4), (3, 4, 5)),
+               ((3,), ())),
+    R_LINEAR: (((3, 4), (5, 4), (5,)), ((4,), (5, 4), (5,)), ((2, 3, 4), (5, 4), None),
+               ((3, 4), (5, 4), (4,)), ((3, 4), (4, 5), None), ((3, 4), (5, 4), ()),
+               ((0, 4), (5, 4), (5,)), ((3, 4), (5, 4), (1,)), ((3, 0), (2, 0), (2,))),
+}
+
+
+def matmul_cases(row, form):
+    shapes = MATMUL_SHAPES[row.rule]
+    nops = len(row.params)
+
+    def ops(shape_set, dtypes):
+        return tuple(T(s, d) if s is not None else None for s, d in zip(shape_set, dtypes))
+
+    good = shapes[0]
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", ops(good, [d] * nops))
+    for dts in ((F32, F64), (F64, F32), (F32, I64), (C64, F32), (F16, F32)):
+        yield Case(row, form, "dtypes", ops(good, (dts * 2)[:nops]))
+    for shape_set in shapes:
+        for d in (F32, F64):
+            args = ops(shape_set, [d] * nops)
+            if form.is_operator:
+                args = args[:2]
+            yield Case(row, form, "shapes", args)
+    for s in (2, 1.5, True, None):
+        yield Case(row, form, "scalars", (T(good[0], F32), s) + ops(good, [F32] * nops)[2:])
+        if form.scalar_self_ok:
+            yield Case(row, form, "scalar_self", (s,) + ops(good, [F32] * nops)[1:])
+    for lazy in (frozenset({0}), frozenset({1})) + ((frozenset({2}),) if nops > 2 else ()):
+        yield Case(row, form, "mixed", ops(good, [F32] * nops), lazy=lazy)
+    for d in (F32, F64):
+        yield Case(row, form, "special", tuple(
+            T(s, d, special=True) if s is not None else None for s in good))
+        yield Case(row, form, "pending", ops(good, [d] * nops), pending=True)
+    if form.takes_kwargs:
+        a = ops(good, [F32] * nops)
+        yield from keyword_cases(row, form, a[0], a[1])
+        if nops > 2:
+            yield Case(row, form, "keywords", a[:2], {row.params[2]: a[2]})
+            yield Case(row, form, "keywords", a[:2], {row.params[2]: None})
+
+
+def family(row):
+    if row.rule in MATMUL_RULES:
+        return "matmul"
+    if row.rule == R_REDUCE:
+        return "reduce"
+    if row.rule == R_SOFTMAX:
+        return "softmax"
+    if row.rule <= ELEMENTWISE_RULES_MAX:
+        if row.nrequired >= 2:
+            return "binary"
+        if any(PARAM_KINDS[p] == "bound" for p in row.params):
+            return "clamp"
+        return "unary"
+    raise LookupError(f"op table row {row.name}: rule {row.rule} has no case generator")
+
+
+GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_cases,
+              "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases}
+
+
+def cases_of(row, form):
+    cases = []
+    main = form in _main_forms(row)
+    for case in GENERATORS[family(row)](row, form):
+        if case.group == "range" and not main:
+            continue            # which values a rule takes does not depend on the form
+        if form.is_operator:
+            # operators: positional operands only, as many as the operator takes
+            if case.kwargs or len(case.args) != min(len(row.params), 2) \
+                    or case.group == "scalar_self":
+                continue
+        if not form.scalar_self_ok and (not case.args or not isinstance(case.args[0], T)):
+            continue            # methods and operators need a tensor self
+        if not _has_lazy(case):
+            continue
+        cases.append(case)
+    # The full set for the row's main entry point and its main in-place one;
+    # a deterministic sample for the other forms (operators and methods
+    # share the main one's rule, aliases share its entry code too).
+    keep = 1 if main else 3 if form.primary else 8
+    return [c for c in cases if zlib.crc32(c.id.encode()) % keep == 0] or cases[:1]
+
+
+def _main_forms(row):
+    forms = _FORMS[row.name]
+    main = next((f for f in forms if f.kind in ("function", "nn_function")), forms[0])
+    inplace = next((f for f in forms if f.inplace and not f.is_operator), None)
+    return main, inplace
+
+
+_FORMS = {row.name: forms_of(row) for row in OPS}
+
+
+def _has_lazy(case):
+    keys = [i for i, a in enumerate(case.args) if isinstance(a, T)]
+    keys += [k for k, v in case.kwargs.items() if isinstance(v, T)]
+    if case.lazy is not None:
+        keys = [k for k in keys if k in case.lazy]
+    return bool(keys)
+
+
+ALL_CASES = [case for row in OPS for form in _FORMS[row.name] for case in cases_of(row, form)]
+
+
+# --------------------------------------------------------------------------
+# known core bugs.  Cases a bug's predicate selects are split out into their
+# own items, marked xfail(strict=True, raises=KnownBug): such an item must
+# fail, and only with failures that match the bug's signature (any other
+# failure is reported as a failure, and an item that no longer fails XPASSes,
+# which strict xfail reports too).
+
+
+class KnownBug(Exception):
+    """Every failure of an xfail item matched its bug's signature."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bug:
+    name: str
+    reason: str
+    applies: object          # (case, backend) -> bool
+    signature: str           # regex every failure message must match
+
+
+def _scalars(case):
+    return [v for v in list(case.args) + list(case.kwargs.values()) if not isinstance(v, T)]
+
+
+def _tensor_specs(case):
+    return [v for v in list(case.args) + list(case.kwargs.values()) if isinstance(v, T)]
+
+
+class fastlazy_disabled:
+    def __enter__(self):
+        self.was = fastlazy.enabled()
+        fastlazy.disable()
+
+    def __exit__(self, *exc):
+        if self.was:
+            fastlazy.enable()
+
+
+_EAGER_OUTCOME = {}
+
+
+def eager_outcome(case, substitute=None):
+    """Run the case eagerly only (no LazyTensor), its scalar arguments
+    replaced by substitute(value) if given: None if it succeeds, else the
+    exception type.  Bug predicates use it to ask "would the call be accepted
+    with an ordinary value?", which decides whether the recorder takes it."""
+    key = (case.id, substitute)
+    if key not in _EAGER_OUTCOME:
+        seed(case.id)
+        sub = substitute or (lambda v: v)
+        args = [make_value(a) if isinstance(a, T) else sub(a) for a in case.args]
+        kwargs = {k: make_value(v) if isinstance(v, T) else sub(v)
+                  for k, v in case.kwargs.items()}
+        try:
+            with fastlazy_disabled():
+                case.form(*args, **kwargs)
+            _EAGER_OUTCOME[key] = None
+        except Exception as exc:   # noqa: BLE001
+            _EAGER_OUTCOME[key] = type(exc)
+    return _EAGER_OUTCOME[key]
+
+
+def _small_int(v):
+    # an int64 stand-in of the same sign for a Python int beyond int64
+    if type(v) is int and not -2 ** 63 <= v < 2 ** 63:
+        return 2 if v > 0 else -2
+    return v
+
+
+def _fitting(v):
+    # a stand-in that fits every dtype, for 300 / 1e10
+    if type(v) in (int, float) and abs(v) >= 256:
+        return type(v)(3)
+    return v
+
+
+def _real(v):
+    return 0.5 if type(v) is complex else v
+
+
+def _big_int(case, backend):
+    if not any(_small_int(v) is not v for v in _scalars(case)):
+        return False
+    if eager_outcome(case, _small_int) is not None:
+        return False            # an ordinary int is refused too: runs eagerly
+    # recorded: TorchScript cannot take the int at all; the eager backend
+    # fails where eager does
+    return backend == "torchscript" or eager_outcome(case) is not None
+
+
+def _scalar_out_of_dtype_range(case, backend):
+    scalars = _scalars(case)
+    if any(_small_int(v) is not v for v in scalars):
+        return False
+    if any(_fitting(v) is not v for v in scalars):
+        stand_in = _fitting
+    elif family(case.row) == "unary" and sum(type(v) is complex for v in scalars) == 1 \
+            and any(type(v) is complex for _, v in _given(case, "number")):
+        stand_in = _real          # a complex Number parameter of a unary op (negative_slope)
+    else:
+        return False
+    return eager_outcome(case) is RuntimeError and eager_outcome(case, stand_in) is None
+
+
+def _given(case, kind):
+    """(name, value) of each argument given for a parameter of this kind."""
+    out = []
+    for j, name in enumerate(case.row.params):
+        if PARAM_KINDS.get(name) != kind:
+            continue
+        if name in case.kwargs:
+            out.append((name, case.kwargs[name]))
+        elif j < len(case.args):
+            out.append((name, case.args[j]))
+    return out
+
+
+def _required_none(case, backend):
+    if (case.form.is_operator or case.form.name.startswith("__")
+            or case.row.rule > ELEMENTWISE_RULES_MAX):
+        return False            # operators and matrix products refuse None themselves
+    return any(v is None for v in case.args[:case.row.nrequired]) or any(
+        case.kwargs.get(n, 0) is None for n in case.row.params[:case.row.nrequired])
+
+
+def _inplace_operator_none(case, backend):
+    return case.form.is_operator and case.form.inplace and len(case.args) > 1 \
+        and case.args[1] is None
+
+
+def _number_none(case, backend):
+    return any(v is None for _, v in _given(case, "number"))
+
+
+def _inplace_flag_not_bool(case, backend):
+    return any(v is not None and type(v) is not bool and v for _, v in _given(case, "flag")
+               if True) and "inplace" in case.row.params
+
+
+def _bool_number_torchscript(case, backend):
+    return backend == "torchscript" and any(
+        type(v) is bool for n, v in _given(case, "number") if n != "alpha")
+
+
+def _choice_positional(case, backend):
+    return (any(case.row.params.index(n) < len(case.args) for n, _ in _given(case, "choice"))
+            and eager_outcome(case) is TypeError)
+
+
+def _scalar_input(case):
+    return case.form.kind == "function" and case.args and not isinstance(case.args[0], T)
+
+
+def _compare_scalar_input(case, backend):
+    return (case.row.rule == R_COMPARE and _scalar_input(case)
+            and (case.row.cats & COMPLEX or type(case.args[0]) is not complex
+                 and case.args[1].dtype != C64))
+
+
+def _scalar_input_torchscript(case, backend):
+    return (backend == "torchscript" and _scalar_input(case) and case.row.rule != R_COMPARE
+            and case.row.rule <= ELEMENTWISE_RULES_MAX
+            and not case.row.flags & (TENSOR_SELF | TENSORS_ONLY))
+
+
+def _complex_half(case, backend):
+    return (case.row.name in ("pow", "rpow", "div") and not case.form.inplace
+            and any(t.dtype == F16 for t in _tensor_specs(case))
+            and any(type(v) is complex for v in _scalars(case)))
+
+
+def _rtruediv_dtype(case, backend):
+    """Tensor.__rtruediv__ is self.reciprocal() * other in eager: the
+    reciprocal makes an integral self float *before* promotion with other.
+    Does the one-step rule (result_type, then integral -> float) differ?"""
+    if (case.row.name != "rtruediv" or case.form.kind != "method" or len(case.args) != 2
+            or not isinstance(case.args[0], T)):
+        return False
+    x, y = case.args
+    xe = torch.empty(x.shape, dtype=x.dtype)
+    ye = torch.empty(y.shape, dtype=y.dtype) if isinstance(y, T) else y
+    try:
+        eager = (xe.reciprocal() * ye).dtype
+        rule = torch.result_type(xe, ye)
+    except Exception:   # noqa: BLE001
+        return False
+    if not (rule.is_floating_point or rule.is_complex):
+        rule = torch.get_default_dtype()
+    return eager != rule
+
+
+KNOWN_BUGS = (
+    Bug("big-int",
+        "Python int outside int64 is recorded: eager raises OverflowError (or takes it as "
+        "uint64) at the call, lazy fails only when the value is read",
+        _big_int, r"Expected a value of type 'int'|OverflowError|Promotion for uint16|"
+                  r"without overflow"),
+    Bug("scalar-range",
+        "scalar that does not fit the computation dtype where eager checks it (pow exponent, "
+        "clamp bound, alpha, negative_slope; e.g. uint8 x.pow(300), float16 x.clamp(1e10), "
+        "F.leaky_relu(x, 1j)): eager raises RuntimeError at the call, lazy records and "
+        "raises only when read",
+        _scalar_out_of_dtype_range, r"without overflow"),
+    Bug("required-none",
+        "None for a required operand (torch.add(x, None), x.mul(None), x.eq(None), "
+        "torch.maximum(x, None), x.pow(None), x.add_(None)...) is taken as 'absent' and "
+        "recorded: eager raises TypeError at the call, lazy returns a LazyTensor whose read "
+        "raises KeyError",
+        _required_none, r"^eager raises"),
+    Bug("inplace-operator-none",
+        "x += None (and -=, *=, /=, **=): LazyTensor's operator slot passes None as 'no "
+        "operand' (call_dunder's unary convention), so the call returns x unchanged; eager "
+        "raises TypeError",
+        _inplace_operator_none, r"^eager raises TypeError"),
+    Bug("number-none",
+        "None for a Number parameter (alpha=None, F.leaky_relu negative_slope=None) is taken "
+        "as 'not given' and recorded; eager raises TypeError",
+        _number_none, r"^eager raises TypeError"),
+    Bug("inplace-flag-not-bool",
+        "F.relu/silu/leaky_relu(x, inplace=1): a truthy non-bool flag runs eagerly in place on "
+        "the LazyTensor's value, mutating the tensor handed to fastlazy.lazy()",
+        _inplace_flag_not_bool, r"was mutated"),
+    Bug("bool-number-torchscript",
+        "F.leaky_relu(x, negative_slope=True): a bool Number parameter becomes a bool tensor "
+        "constant in the TorchScript graph, which has no aten::leaky_relu(Tensor, Tensor): "
+        "reading raises RuntimeError",
+        _bool_number_torchscript, r"We don't have an op for aten::"),
+    Bug("choice-positional",
+        "F.gelu(x, 'tanh'): approximate is keyword-only in eager (TypeError) but the row "
+        "accepts it positionally and records",
+        _choice_positional, r"^eager raises TypeError"),
+    Bug("compare-scalar-input",
+        "torch.eq/ne/lt/le/gt/ge(<Python scalar>, lazy) is recorded; eager raises TypeError",
+        _compare_scalar_input, r"^eager raises TypeError"),
+    Bug("scalar-input-torchscript",
+        "torch.add/mul/div/...(<Python scalar>, lazy) is recorded with a scalar first operand "
+        "that the TorchScript lowering cannot express: reading raises RuntimeError",
+        _scalar_input_torchscript, r"We don't have an op for aten::"),
+    Bug("complex-half",
+        "float16 tensor with a complex Python scalar in pow/div: eager raises "
+        "NotImplementedError (ComplexHalf) at the call, lazy records it",
+        _complex_half, r"NotImplementedError"),
+    Bug("rtruediv-dtype",
+        "x.__rtruediv__(y) with integral x and a 0-dim float/complex tensor y: the rule "
+        "promotes before the reciprocal, eager after (e.g. int64 x, float64 0-dim y: "
+        "lazy float64, eager float32)",
+        _rtruediv_dtype, r"dtype"),
+)
+
+
+def known_bug(case, backend):
+    for bug in KNOWN_BUGS:
+        if bug.applies(case, backend):
+            return bug
+    return None
+
+
+def _params():
+    params = []
+    for backend_name in BACKENDS:
+        groups = {}
+        for case in ALL_CASES:
+            bug = known_bug(case, backend_name)
+            key = f"{case.row.name}|{case.form}|{case.group}"
+            if bug is not None:
+                key += f"|BUG:{bug.name}"
+            groups.setdefault((key, bug), []).append(case)
+        for (key, bug), cases in groups.items():
+            marks = ()
+            if bug is not None:
+                marks = pytest.mark.xfail(strict=True, raises=KnownBug, reason=bug.reason)
+            params.append(pytest.param(backend_name, cases, bug, marks=marks,
+                                       id=f"{key}|{backend_name}"))
+    return params
+
+
+def run_cases(cases):
+    failures = []
+    for case in cases:
+        try:
+            case.run()
+        except Mismatch as exc:
+            failures.append((case, str(exc)))
+    return failures
+
+
+def _report(failures, ncases):
+    return (f"{len(failures)} of {ncases} cases differ from eager:\n\n"
+            + "\n\n".join(f"{c.id}\n    " + m.replace("\n", "\n    ") for c, m in failures))
+
+
+@pytest.mark.parametrize("backend, cases, bug", _params(), indirect=["backend"])
+def test_op(backend, cases, bug):
+    failures = run_cases(cases)
+    if bug is None:
+        if failures:
+            pytest.fail(_report(failures, len(cases)), pytrace=False)
+        return
+    unexplained = [(c, m) for c, m in failures if not re.search(bug.signature, m, re.M)]
+    if unexplained:
+        pytest.fail(f"failures other than known bug {bug.name}: "
+                    + _report(unexplained, len(cases)), pytrace=False)
+    if failures:
+        raise KnownBug(f"{bug.name}: " + _report(failures, len(cases)))
+    # no failure at all: the item passes and strict xfail reports the fix
+
+
+# --------------------------------------------------------------------------
+# coverage of the table
+
+
+def test_every_row_and_entry_point_is_covered():
+    """Adding a row or an entry point without cases fails here."""
+    covered = {}
+    for case in ALL_CASES:
+        covered.setdefault(case.row.name, set()).add((case.form.kind, case.form.name))
+    for row in OPS:
+        assert row.name in covered, f"op table row {row.name!r} has no differential case"
+        names = {n for _, n in covered[row.name]}
+        for name in (row.functions + row.methods + row.inplace
+                     + tuple(getattr(row, "nn_functions", ()))):
+            assert name in names, f"{row.name}: entry point {name} has no case"
+    # and every row has cases that are not known bugs
+    clean = {c.row.name for c in ALL_CASES if known_bug(c, "torchscript") is None}
+    assert clean >= {row.name for row in OPS}
+
+
+def test_every_parameter_has_a_domain():
+    for row in OPS:
+        family(row)
+        for name in row.params:
+            assert name in PARAM_KINDS, f"{row.name}: no values known for parameter {name!r}"
+
+
+def _basic_call(row):
+    """The simplest call of a row, from its rule family: float32 operands."""
+    fam = family(row)
+    form = forms_of(row)[0]
+    if fam == "matmul":
+        args = tuple(T(s, F32) for s in MATMUL_SHAPES[row.rule][0] if s is not None)
+        return Case(row, form, "basic", args)
+    if fam == "binary":
+        return Case(row, form, "basic", (T((3, 4), F32), _tensor(row, 1, (4,), F32)))
+    if fam == "clamp":
+        return Case(row, form, "basic", (T((3, 4), F32), -0.5))
+    if fam == "softmax":
+        return Case(row, form, "basic", (T((3, 4), F32), 1))
+    return Case(row, form, "basic", (T((3, 4), F32),))
+
+
+@pytest.mark.parametrize("row", OPS, ids=lambda r: r.name)
+def test_every_row_records(row):
+    """The op is recorded (a pending node, no flush), not run eagerly, and
+    agrees with eager."""
+    case = _basic_call(row)
+    flushes = fastlazy.metrics.counters()["flushes"]
+    outcome = case.run()
+    assert outcome.exception is None
+    assert outcome.recorded, f"{case.id} was run eagerly, not recorded"
+    assert fastlazy.metrics.counters()["flushes"] == flushes + 1   # the one read
+
+
+# --------------------------------------------------------------------------
+# integer division by zero: eager raises at the call, fastlazy at the read
+
+
+def _rounding_division_forms():
+    for row in OPS:
+        modes = [m for m in (_choice_values(row, "rounding_mode") or ()) if m is not None]
+        for form in forms_of(row):
+            if form.takes_kwargs:
+                for mode in modes:
+                    yield pytest.param(row, form, mode, id=f"{form}-{mode}")
+
+
+@pytest.mark.parametrize("row, form, mode", list(_rounding_division_forms()))
+@pytest.mark.parametrize("divisor", ["tensor", "scalar"])
+def test_integer_division_by_zero_raises_when_read(row, form, mode, divisor):
+    before_base = torch.arange(4.0)
+    before = fastlazy.lazy(before_base.clone()) * 2            # pending, made before
+    x = fastlazy.lazy(torch.tensor([5, -7, 3, 1]))
+    y = fastlazy.lazy(torch.tensor([2, 0, 1, 3])) if divisor == "tensor" else 0
+    with pytest.raises(RuntimeError):
+        form(torch.tensor([5, -7, 3, 1]), torch.tensor([2, 0, 1, 3]) if divisor == "tensor"
+             else 0, rounding_mode=mode)                        # eager: at the call
+    r = form(x, y, rounding_mode=mode)                          # lazy: recorded
+    assert type(r) is fastlazy.LazyTensor and r.dtype == torch.int64 and r.shape == (4,)
+    after = (fastlazy.lazy(torch.tensor([5, -7, 3, 1])) if form.inplace else x) + 1
+    with pytest.raises(RuntimeError):
+        r.to_eager()
+    with pytest.raises(RuntimeError):
+        r.to_eager()                                            # and again
+    assert_same(before.to_eager(), before_base * 2, "a LazyTensor made before")
+    assert_same(after.to_eager(), torch.tensor([6, -6, 4, 2]), "a LazyTensor made after")
+    if not form.inplace:
+        assert_same(x.to_eager(), torch.tensor([5, -7, 3, 1]), "the dividend")
+    # recording goes on
+    assert_same((fastlazy.lazy(torch.tensor([1, 2])) * 3).to_eager(), torch.tensor([3, 6]))
+
+
+@pytest.mark.xfail(strict=True, reason="out=<LazyTensor> runs eagerly and writes into the "
+                   "LazyTensor's value: the tensor handed to fastlazy.lazy() is mutated")
+def test_out_argument_never_mutates_a_lazy_source():
+    source = torch.zeros(3)
+    out = fastlazy.lazy(source)
+    r = torch.add(fastlazy.lazy(torch.ones(3)), 1, out=out)
+    assert_same(r, torch.full((3,), 2.0))
+    assert_same(out, torch.full((3,), 2.0), "out= after the call")
+    assert torch.equal(source, torch.zeros(3)), "the tensor given to fastlazy.lazy() changed"
+
+
+# --------------------------------------------------------------------------
+# a value is computed once; scalar values are graph inputs
+
+
+def test_second_read_does_not_recompute():
+    base = torch.randn(3, 4)
+    r = (fastlazy.lazy(base.clone()) + 1) * 2
+    first = r.to_eager()
+    c = fastlazy.metrics.counters()
+    assert r.to_eager() is first
+    assert r.to_eager() is r.to_eager()
+    repr(r), r.tolist(), r.numpy()
+    after = fastlazy.metrics.counters()
+    assert after["flushes"] == c["flushes"]
+    assert after["cache_hits"] + after["cache_misses"] == c["cache_hits"] + c["cache_misses"]
+    assert_same(first, (base + 1) * 2)
+
+
+def _scalar_program(row):
+    """(input shape, program(x, s)) for one row, taking a Python float: the
+    scalar goes into the op where the row takes one, else through a mul
+    before it."""
+    fam = family(row)
+    form = forms_of(row)[0]
+    if fam in ("binary", "clamp") and not row.flags & TENSORS_ONLY:
+        return (3, 4), lambda x, s: form(x, s)
+    if fam == "binary":
+        return (3, 4), lambda x, s: form(x * s, x)
+    if fam == "softmax":
+        return (3, 4), lambda x, s: form(x * s, 1)
+    if fam == "matmul":
+        shapes = [shape for shape in MATMUL_SHAPES[row.rule][0] if shape is not None]
+        others = [torch.rand(shape) for shape in shapes[1:]]
+        return shapes[0], lambda x, s: form(x * s, *others)
+    return (3, 4), lambda x, s: form(x * s)
+
+
+@pytest.mark.parametrize("row", OPS, ids=lambda r: r.name)
+def test_new_scalar_value_hits_the_cache(row):
+    shape, program = _scalar_program(row)
+    base = torch.rand(shape) + 0.5
+    program(fastlazy.lazy(base.clone()), 1.5).to_eager()        # compiles
+    for s in (2.5, -0.75):
+        before = fastlazy.metrics.counters()
+        r = program(fastlazy.lazy(base.clone()), s)
+        value = r.to_eager()
+        after = fastlazy.metrics.counters()
+        assert after["cache_misses"] == before["cache_misses"], f"scalar {s} recompiled"
+        assert after["cache_hits"] == before["cache_hits"] + 1
+        with fastlazy_disabled():
+            expected = program(base.clone(), s)
+        assert_same(value, expected)
+
+
+# --------------------------------------------------------------------------
+# random programs: chains of ops from the table, lazily vs eagerly
+
+
+CHAIN_DTYPES = (F32, F64, I64, BOOL, I32, U8, BF16, C64)
+CHAIN_SHAPES = ((), (3,), (2, 3), (0, 3), (1, 3), (2, 1, 3))
+CHAIN_SCALARS = (True, 2, -3, 0.5, -1.25, 1 + 1j)
+CHAIN_FORMS = [(row, form) for row in OPS for form in forms_of(row)]
+
+
+def _draw_step(data, row, form, shape, dtype):
+    """Operands for one step applied to a value of `shape`/`dtype` (operand
+    0); others are scalars, the chain's inputs or values of fitting shape."""
+    fam = family(row)
+    other_kinds = st.sampled_from(["scalar", "input", "fresh", "previous"])
+    pick_int = data.draw(st.integers(-3, 3), label="dim")
+    if fam == "unary":
+        kwargs = {}
+        for name in row.params[1:] if form.takes_kwargs else ():
+            if data.draw(st.booleans(), label=f"give {name}"):
+                if PARAM_KINDS[name] == "flag":
+                    kwargs[name] = data.draw(st.booleans(), label=name)
+                elif PARAM_KINDS[name] == "number":
+                    kwargs[name] = data.draw(st.sampled_from([0.1, 0.0, 2]), label=name)
+                elif PARAM_KINDS[name] == "choice":
+                    kwargs[name] = data.draw(st.sampled_from(
+                        [v for v in _choice_values(row, name) if v is not None] or [None]))
+        return ("self",), kwargs
+    if fam == "reduce":
+        kwargs = {}
+        if form.takes_kwargs and data.draw(st.booleans(), label="give dim"):
+            kwargs[row.params[1]] = pick_int
+            if data.draw(st.booleans(), label="keepdim"):
+                kwargs[row.params[2]] = True
+        return ("self",), kwargs
+    if fam == "softmax":
+        return ("self", pick_int), {}
+    if fam == "clamp":
+        lo = data.draw(st.sampled_from([None, -1, 0.5, "input"]), label="min")
+        hi = data.draw(st.sampled_from([None, 2, 1.5]), label="max")
+        return ("self", lo, hi), {}
+    if fam == "matmul":
+        k = shape[-1] if shape else 1
+        other = ("fresh", (k, 2), dtype)
+        ops = ("self", other)
+        if row.rule == R_LINEAR:
+            ops = ("self", ("fresh", (2, k), dtype), ("fresh", (2,), dtype))
+        return ops, {}
+    kind = data.draw(other_kinds, label="other kind")
+    if kind == "scalar":
+        other = data.draw(st.sampled_from(CHAIN_SCALARS), label="scalar")
+    elif kind == "input":
+        other = "input"
+    elif kind == "previous":
+        other = "previous"
+    else:
+        oshape = data.draw(st.sampled_from([shape, shape[-1:], (), (1,)]), label="shape")
+        odtype = data.draw(st.sampled_from(CHAIN_DTYPES), label="dtype")
+        other = ("fresh", tuple(oshape), odtype)
+    kwargs = {}
+    if row.rule == R_DIV and form.takes_kwargs:
+        kwargs["rounding_mode"] = data.draw(st.sampled_from(_choice_values(row, "rounding_mode")))
+    return ("self", other), kwargs
+
+
+def _resolve(spec, current, inputs, previous, lazy_side):
+    if isinstance(spec, tuple) and spec and spec[0] == "fresh":
+        return fastlazy.lazy(spec[1]) if lazy_side else spec[1].clone()
+    if spec == "self":
+        return current
+    if spec == "input":
+        return inputs
+    if spec == "previous":
+        return previous
+    return spec
+
+
+def _category(dtype):
+    from fastlazy.optable import BOOL as C_BOOL, FLOAT as C_FLOAT, INT as C_INT
+    if dtype == BOOL:
+        return C_BOOL
+    if dtype.is_complex:
+        return COMPLEX
+    return C_FLOAT if dtype.is_floating_point else C_INT
+
+
+_N_EXAMPLES = 100 if settings.default.max_examples <= 150 else settings.default.max_examples
+
+
+@settings(max_examples=_N_EXAMPLES, deadline=None, derandomize=_N_EXAMPLES == 100,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much])
+@given(data=st.data())
+def test_random_programs(data):
+    shape = data.draw(st.sampled_from(CHAIN_SHAPES), label="shape")
+    dtype = data.draw(st.sampled_from(CHAIN_DTYPES), label="dtype")
+    seed(repr((shape, dtype)))
+    source = T(shape, dtype).make()
+    given = source.clone()
+    eager_vals, lazy_vals = [source.clone()], [fastlazy.lazy(given)]
+    input_e, input_l = eager_vals[0], lazy_vals[0]
+    nsteps = data.draw(st.integers(1, 8), label="steps")
+    steps = []
+    for _ in range(nsteps):
+        cur_e = eager_vals[-1]
+        # mostly ops that take the current dtype; now and then any op (its error path)
+        pool = CHAIN_FORMS if data.draw(st.integers(0, 9), label="any op") == 0 else [
+            (r, f) for r, f in CHAIN_FORMS if r.cats & _category(cur_e.dtype)]
+        row, form = data.draw(st.sampled_from(pool), label="op")
+        ops, kwargs = _draw_step(data, row, form, tuple(cur_e.shape), cur_e.dtype)
+        # materialize fresh operands, one tensor per spec for both sides
+        built = []
+        for spec in ops:
+            if isinstance(spec, tuple) and spec and spec[0] == "fresh":
+                seed(repr(spec) + str(len(steps)))
+                spec = ("fresh", T(spec[1], spec[2], nonzero=row.rule == R_DIV).make())
+            built.append(spec)
+        prev_index = data.draw(st.integers(0, len(eager_vals) - 1), label="previous")
+        args_e = [_resolve(s, cur_e, input_e, eager_vals[prev_index], False) for s in built]
+        args_l = [_resolve(s, lazy_vals[-1], input_l, lazy_vals[prev_index], True)
+                  for s in built]
+        # steps that hit a known bug are not this test's business
+        spec_case = Case(row, form, "chain", tuple(
+            T(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args_e),
+            dict(kwargs))
+        assume(known_bug(spec_case, fastlazy.backend()) is None)
+        steps.append(spec_case.id)
+        try:
+            out_e = form(*args_e, **kwargs)
+            exc_e = None
+        except Exception as exc:   # noqa: BLE001
+            out_e, exc_e = None, exc
+        try:
+            out_l = form(*args_l, **kwargs)
+            exc_l = None
+        except Exception as exc:   # noqa: BLE001
+            out_l, exc_l = None, exc
+        where = "\n".join(steps)
+        if exc_e is not None and "ZeroDivisionError" in str(exc_e):
+            # eager raises at the call; fastlazy when the value is read
+            if exc_l is None:
+                with pytest.raises(RuntimeError):
+                    out_l.to_eager()
+            break
+        if exc_e is not None or exc_l is not None:
+            assert type(exc_e) is type(exc_l), (
+                f"program:\n{where}\neager: {exc_e!r}\nlazy: {exc_l!r}")
+            event(f"ends raising {type(exc_e).__name__}: {str(exc_e)[:50]}")
+            break
+        if not isinstance(out_e, torch.Tensor):
+            assert out_e == out_l, f"program:\n{where}"
+            break
+        assert type(out_l) is fastlazy.LazyTensor or out_l is args_l[0], where
+        assert tuple(out_l.shape) == tuple(out_e.shape) and out_l.dtype == out_e.dtype, (
+            f"program:\n{where}\nlazy {out_l.dtype}{tuple(out_l.shape)}, "
+            f"eager {out_e.dtype}{tuple(out_e.shape)}")
+        eager_vals.append(out_e)
+        lazy_vals.append(out_l)
+    event(f"{len(eager_vals) - 1} ops ran")
+    # every value of the program (in-place steps included) agrees at the end
+    for k, (e, lz) in enumerate(zip(eager_vals, lazy_vals)):
+        try:
+            assert_same(lz, e, f"value {k}")
+        except Mismatch as exc:
+            raise AssertionError("program:\n" + "\n".join(steps) + f"\n{exc}") from None
+    assert torch.equal(given.nan_to_num(), source.nan_to_num()), "fastlazy.lazy()'s tensor mutated"
