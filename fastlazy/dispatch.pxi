@@ -28,7 +28,8 @@ cdef enum Rule:
     R_BMM = 12
     R_MATMUL = 13
     R_LINEAR = 14
-    R_COUNT = 15
+    R_RTRUEDIV = 15     # other / self, as eager computes it: self.reciprocal() * other
+    R_COUNT = 16
 
 # Op flags (op table `flags`).
 cdef enum OpFlags:
@@ -50,6 +51,7 @@ cdef int8_t op_noperands[MAX_OPS]  # leading params that are operands
 cdef int8_t op_nrequired[MAX_OPS]
 cdef int8_t op_npos[MAX_OPS]       # params that may be given positionally
 cdef int8_t op_inplace_param[MAX_OPS]  # index of an `inplace=` flag param, or -1
+cdef int8_t op_nullable[MAX_OPS]       # bit i: operand i may be given as None
 cdef int8_t op_choice_param[MAX_OPS]   # index of a param with a fixed set of values, or -1
 cdef list _op_choices = [None] * MAX_OPS  # op -> tuple of the allowed values
 
@@ -64,7 +66,7 @@ cdef object _str_self = "self"
 
 def register_op(int op, int rule, int cats, int flags, tuple params,
                 int noperands, int nrequired, int npos, int choice_param=-1,
-                tuple choices=None):
+                tuple choices=None, int nullable=0):
     """Declare opcode `op` to the recorder (called by fastlazy.optable)."""
     global n_ops
     if not 0 <= op < MAX_OPS or len(params) > MAX_PARAMS or not 0 <= rule < R_COUNT:
@@ -78,6 +80,7 @@ def register_op(int op, int rule, int cats, int flags, tuple params,
     op_npos[op] = npos
     op_inplace_param[op] = params.index("inplace") if "inplace" in params else -1
     op_choice_param[op] = choice_param
+    op_nullable[op] = nullable
     _op_choices[op] = choices
     for i, name in enumerate(params):
         name = sys.intern(name)
@@ -136,8 +139,9 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
                     int *attr) except -1:
     """Fill out (and attr) for an accepted call; RULE_EAGER otherwise."""
     cdef int rule = op_rule[op], flags = op_flags[op], i, d
-    if flags & OPF_TENSOR_SELF and not is_tensor(&ops[0]):
-        return RULE_EAGER
+    cdef Operand recip
+    if not is_tensor(&ops[0]):
+        return RULE_EAGER              # torch.add(2, x) and the like: eager
     for i in range(nops):
         if flags & OPF_TENSORS_ONLY and ops[i].kind == K_SCALAR:
             return RULE_EAGER
@@ -155,16 +159,27 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return reduce_rule(op, ops, p, out, attr)
     if rule == R_SOFTMAX:
         return softmax_rule(op, ops, p, out, attr)
-    if rule >= R_MM:
+    if R_MM <= rule <= R_LINEAR:
         return matmul_rule(op, rule, ops, out)
+    if rule == R_RTRUEDIV:
+        # the reciprocal makes an integral self float before promotion
+        recip = ops[0]
+        recip.m = &recip.own
+        memcpy(&recip.own, ops[0].m, sizeof(Meta))
+        if is_integral(recip.own.dtype):
+            recip.own.dtype = default_float()
+        return rtruediv_rule(op, &recip, &ops[1], out)
 
     if rule == R_DIV and choice == 0:     # rounding_mode=None
         rule = R_TRUEDIV
     if rule <= R_ABS:
         # extra operands of a unary op (leaky_relu's negative_slope) are
-        # Python numbers; they do not take part in the result dtype
+        # Python ints or floats; they do not take part in the result dtype
         for i in range(1, nops):
-            if ops[i].kind != K_SCALAR and ops[i].kind != K_ABSENT:
+            if ops[i].kind == K_ABSENT:
+                continue
+            if ops[i].kind != K_SCALAR or ops[i].scalar == SC_BOOL or ops[i].scalar == SC_COMPLEX \
+                    or not scalar_fits(&ops[i], ops[0].m.dtype):
                 return RULE_EAGER
 
     if not elementwise(out, ops, 2 if rule == R_BINARY else (1 if rule <= R_ABS else nops)):
@@ -196,6 +211,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
                 return RULE_EAGER
             if ops[2].scalar == SC_COMPLEX and not is_complex(d):
                 return RULE_EAGER
+            if not scalar_fits(&ops[2], d):
+                return RULE_EAGER
         return RULE_OK
     if rule == R_TRUEDIV:
         if not cat_ok(op, d):
@@ -217,6 +234,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         if (is_integral(d) and ops[1].kind == K_SCALAR and ops[1].scalar == SC_INT
                 and <object>ops[1].obj < 0):
             return RULE_EAGER
+        if not scalar_fits(&ops[1], d) or not scalar_fits(&ops[0], d):
+            return RULE_EAGER
         return RULE_OK
     if rule == R_CLAMP:
         if ops[1].kind == K_ABSENT and ops[2].kind == K_ABSENT:
@@ -229,8 +248,24 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
             return RULE_EAGER
         if not cat_ok(op, d) or d == 0:
             return RULE_EAGER
+        if not scalar_fits(&ops[1], d) or not scalar_fits(&ops[2], d):
+            return RULE_EAGER
         return RULE_OK
     return RULE_EAGER
+
+
+cdef int rtruediv_rule(int op, Operand *recip, Operand *other, Meta *out) except -1:
+    """other / self computed as self.reciprocal() * other (eager's
+    Tensor.__rtruediv__): promotion sees the reciprocal's float dtype."""
+    cdef Operand pair[2]
+    pair[0] = recip[0]
+    pair[0].m = &pair[0].own
+    pair[1] = other[0]
+    if other.m == &other.own:
+        pair[1].m = &pair[1].own
+    if not elementwise(out, pair, 2) or not cat_ok(op, out.dtype):
+        return RULE_EAGER
+    return RULE_OK
 
 
 cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
@@ -250,18 +285,25 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             return fast
     if not parse_args(op, args, nargs, kwnames, p):
         return run_eager(entry, args, nargs, kwnames, form)
+    cdef int kind
     for i in range(nops):
         if p[i] == NULL:
             ops[i].kind = K_ABSENT
-        elif not classify(&ops[i], p[i]):
+            continue
+        kind = classify(&ops[i], p[i])
+        # 0: a type no rule takes; 2: None, where the param may not be None
+        if kind == 0 or kind == 2 and not (op_nullable[op] >> i & 1):
+            return run_eager(entry, args, nargs, kwnames, form)
+    for i in range(op_nrequired[op]):
+        if ops[i].kind == K_ABSENT:
             return run_eager(entry, args, nargs, kwnames, form)
     if op_inplace_param[op] >= 0 and p[op_inplace_param[op]] != NULL:
         # torch.nn.functional's `inplace=True` is the in-place form
         flag = <object>p[op_inplace_param[op]]
-        if type(flag) is not bool:
-            return run_eager(entry, args, nargs, kwnames, form)
         if flag:
             form = FORM_INPLACE
+        if type(flag) is not bool:
+            return run_eager(entry, args, nargs, kwnames, form)
     if form == FORM_INPLACE:
         # Only a LazyTensor self is rebound; an eager tensor mutated by a
         # lazy argument keeps eager semantics (run_eager).

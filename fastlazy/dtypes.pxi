@@ -22,6 +22,8 @@ cdef int8_t category[NDTYPES]
 cdef int8_t to_complex[NDTYPES]       # float dtype -> its complex counterpart
 cdef int8_t to_real[NDTYPES]          # complex dtype -> its real counterpart
 cdef object _get_default_dtype = None
+cdef list int_min = [0] * NDTYPES     # integral dtypes' ranges, from torch.iinfo
+cdef list int_max = [0] * NDTYPES
 
 
 cdef void init_dtypes() except *:
@@ -50,11 +52,17 @@ cdef void init_dtypes() except *:
         for j in range(NDTYPES):
             promote_table[i][j] = DTYPES.index(torch.promote_types(DTYPES[i], DTYPES[j]))
             can_cast_table[i][j] = torch.can_cast(DTYPES[i], DTYPES[j])
+    for i in range(1, 6):
+        int_min[i] = torch.iinfo(DTYPES[i]).min
+        int_max[i] = torch.iinfo(DTYPES[i]).max
     for real, cplx in (("float16", "complex32"), ("float32", "complex64"),
                        ("float64", "complex128")):
         to_complex[names.index(real)] = names.index(cplx)
         to_real[names.index(cplx)] = names.index(real)
 
+
+cdef enum:
+    DT_COMPLEX32 = 10
 
 cdef inline int dtype_code(object dtype):
     """Code of a torch.dtype, or DT_UNDEF for one the rules do not cover

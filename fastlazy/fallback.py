@@ -45,28 +45,47 @@ def wrap_eager(value):
 def _run(func, name, args, kwargs, inplace):
     _core.count("fallbacks")
     stats.count_fallback(name)
-    if inplace:
-        # The op writes into a tensor that pending nodes may read: compute
-        # them first, with the contents they were recorded with.
-        _core.mark_step()
+    out = kwargs.get("out")
+    if type(out) is LazyTensor or (type(out) in (tuple, list)
+                                   and any(type(o) is LazyTensor for o in out)):
+        return _run_out(func, args, kwargs)
     if inplace and args and type(args[0]) is LazyTensor:
         target = args[0]
         value = target.to_eager()
         if value._is_view():
             # The value views another tensor (x[0], x.view(-1) ran eagerly):
-            # write through, as eager does, so the base sees the change.
+            # write through, as eager does, so the base sees the change --
+            # after computing the pending nodes that may read it.
+            _core.mark_step()
             func(value, *_materialize(args[1:]), **_materialize(kwargs))
             return target
         # Otherwise mutate a copy and rebind the handle: a LazyTensor never
         # writes into the tensor it was made from.
         clone = value.clone()
-        func(clone, *_materialize(args[1:]), **_materialize(kwargs))
+        if func(clone, *_materialize(args[1:]), **_materialize(kwargs)) is NotImplemented:
+            return NotImplemented     # x += None: Python goes on to raise TypeError
         _core.rebind_value(target, clone)
         return target
-    out = func(*_materialize(args), **_materialize(kwargs))
     if inplace:
-        return out      # an eager tensor mutated in place stays eager
-    return wrap_result(out)
+        # An eager tensor is written: pending nodes that read it must see
+        # the contents they were recorded with.
+        _core.mark_step()
+        return func(*_materialize(args), **_materialize(kwargs))   # stays eager
+    return wrap_result(func(*_materialize(args), **_materialize(kwargs)))
+
+
+def _run_out(func, args, kwargs):
+    """out= naming LazyTensors: write into copies of their values and rebind
+    them, so the tensors they were made from are never written."""
+    out = kwargs["out"]
+    targets = [out] if type(out) is LazyTensor else list(out)
+    copies = [t.to_eager().clone() if type(t) is LazyTensor else t for t in targets]
+    kw = dict(_materialize(kwargs), out=copies[0] if type(out) is LazyTensor else type(out)(copies))
+    func(*_materialize(args), **kw)
+    for t, c in zip(targets, copies):
+        if type(t) is LazyTensor:
+            _core.rebind_value(t, c)
+    return out
 
 
 def run_entry_eagerly(entry, inplace, args, kwargs):

@@ -20,10 +20,13 @@ NUMERIC = INT | FLOAT | COMPLEX
 
 # Rule ids, mirrored from the compiled core's `Rule` enum.
 (R_UNARY, R_UNARY_FLOAT, R_ABS, R_BINARY, R_TRUEDIV, R_DIV, R_COMPARE, R_POW,
- R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR) = range(15)
+ R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_RTRUEDIV) = range(16)
 
 # Op flags, mirrored from the core's `OpFlags` enum.
 NO_BOOL, TENSORS_ONLY, TENSOR_SELF, INT_TO_INT64, EMPTY_ERROR = 1, 2, 4, 8, 16
+
+# Optional operands that may also be given as None.
+NULLABLE = frozenset({"min", "max", "bias"})
 
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
@@ -141,7 +144,7 @@ def _rows():
              inplace=("div_", "divide_", "__itruediv__"))
     # Tensor.__rtruediv__ is `self.reciprocal() * other` in eager; lowering
     # it the same way keeps the results bit-identical.
-    yield Op("rtruediv", R_TRUEDIV, c("mul", c("reciprocal", 0), 1), binary, nrequired=2,
+    yield Op("rtruediv", R_RTRUEDIV, c("mul", c("reciprocal", 0), 1), binary, nrequired=2,
              flags=TENSOR_SELF, methods=("__rtruediv__", "__rdiv__"))
     yield Op("pow", R_POW, c("pow", 0, 1), ("input", "exponent"), nrequired=2,
              cats=NUMERIC, flags=TENSOR_SELF, functions=("pow",),
@@ -176,7 +179,8 @@ def _rows():
              ("input", "negative_slope", "inplace"), noperands=2, cats=FLOAT,
              nn_functions=("leaky_relu",))
     yield Op("gelu", R_UNARY, c("gelu", 0, approximate=Attr(("none", "tanh"))),
-             ("input", "approximate"), noperands=1, cats=FLOAT, nn_functions=("gelu",))
+             ("input", "approximate"), noperands=1, npos=1, cats=FLOAT,
+             nn_functions=("gelu",))
     # reductions
     reduce = ("input", "dim", "keepdim", "dtype")
     yield Op("sum", R_REDUCE, c("sum", 0, ReduceDims(), KeepDim(), dtype=DTypeArg()),
@@ -240,7 +244,8 @@ def _build():
             nparams if row.noperands is None else row.noperands,
             row.nrequired, nparams if row.npos is None else row.npos,
             -1 if choice is None else row.params.index(choice[0]),
-            None if choice is None else choice[1].values)
+            None if choice is None else choice[1].values,
+            sum(1 << i for i, name in enumerate(row.params) if name in NULLABLE))
         ops.append(row)
     return tuple(ops)
 
@@ -256,7 +261,8 @@ def markdown() -> str:
                   R_DIV: "division", R_COMPARE: "comparison", R_POW: "power",
                   R_CLAMP: "clamp", R_REDUCE: "reduction", R_SOFTMAX: "softmax",
                   R_MM: "matrix product", R_BMM: "matrix product",
-                  R_MATMUL: "matrix product", R_LINEAR: "linear"}
+                  R_MATMUL: "matrix product", R_LINEAR: "linear",
+                  R_RTRUEDIV: "reflected true division"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:
         points = ([f"torch.{n}" for n in op.functions] + [f"Tensor.{n}" for n in op.methods]

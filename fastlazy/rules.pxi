@@ -8,7 +8,7 @@
 # rules to that.
 
 cdef enum OperandKind:
-    K_ABSENT = 0      # optional argument not given (or None)
+    K_ABSENT = 0      # optional argument not given, or None where the row allows it
     K_LAZY = 1
     K_TENSOR = 2      # eager torch.Tensor
     K_SCALAR = 3      # Python bool, int, float or complex
@@ -66,12 +66,15 @@ cdef inline int classify(Operand *o, PyObject *p) except -1:
     if type(x) is LazyTensor:
         o.kind = K_LAZY
         o.m = &(<LazyTensor>x).meta
-        return 1
+        # complex32 values can be held, but most kernels refuse them: eager
+        return o.m.dtype != DT_COMPLEX32
     o.m = &o.own
     if type(x) is float:
         o.kind = K_SCALAR; o.scalar = SC_FLOAT; o.own.dtype = -1; o.own.ndim = 0
         return 1
     if type(x) is int:
+        if not -9223372036854775808 <= <object>x <= 9223372036854775807:
+            return 0          # outside int64: eager decides (OverflowError, uint64)
         o.kind = K_SCALAR; o.scalar = SC_INT; o.own.dtype = -1; o.own.ndim = 0
         return 1
     if type(x) is bool:
@@ -79,14 +82,49 @@ cdef inline int classify(Operand *o, PyObject *p) except -1:
         return 1
     if x is None:
         o.kind = K_ABSENT
-        return 1
+        o.own.ndim = 0
+        o.own.dtype = -1
+        o.own.requires_grad = 0
+        return 2              # None: the caller checks the param accepts it
     if type(x) is complex:
         o.kind = K_SCALAR; o.scalar = SC_COMPLEX; o.own.dtype = -1; o.own.ndim = 0
         return 1
     if isinstance(x, TensorType):
         o.kind = K_TENSOR
-        return meta_from_tensor(&o.own, x)
+        return meta_from_tensor(&o.own, x) and o.own.dtype != DT_COMPLEX32
     return 0
+
+
+cdef double FLOAT16_MAX = 65504.0
+cdef double FLOAT32_MAX = 3.4028234663852886e38
+
+
+cdef bint scalar_fits(Operand *o, int d) except -1:
+    """Does a Python-number argument convert to dtype d without overflow?
+    Eager checks this where a number is converted to the computation dtype
+    (pow exponent, clamp bounds, alpha, negative_slope) and raises at the
+    call; such calls go to eager."""
+    if o.kind != K_SCALAR:
+        return True
+    if o.scalar == SC_COMPLEX:
+        return is_complex(d)
+    if o.scalar == SC_BOOL or is_complex(d):
+        return True
+    v = <object>o.obj
+    if is_integral(d):
+        if o.scalar == SC_FLOAT:
+            return True                  # alpha: checked by its rule
+        if d == 0:
+            return True
+        return int_min[d] <= v <= int_max[d]
+    f = abs(float(v))
+    if f != f or f == float("inf"):
+        return True
+    if d == 6:                           # float16
+        return f <= FLOAT16_MAX
+    if d == 7 or d == 8:                 # bfloat16, float32
+        return f <= FLOAT32_MAX
+    return True
 
 
 cdef inline bint is_tensor(Operand *o) noexcept:
@@ -182,4 +220,5 @@ cdef int elementwise(Meta *out, Operand *ops, int n) except -1:
     if not broadcast(out, ops, n) or not common_device(out, ops, n):
         return 0
     out.dtype = result_type(ops, n)
-    return out.dtype != DT_UNDEF
+    # float16 with a complex scalar promotes to complex32: eager refuses it
+    return out.dtype != DT_UNDEF and out.dtype != DT_COMPLEX32

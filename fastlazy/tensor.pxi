@@ -23,14 +23,14 @@ DUNDER_NAMES = ("__add__", "__radd__", "__iadd__", "__sub__", "__rsub__",
 cdef list _dunder_entries = [None] * D_COUNT
 
 
-cdef inline object call_dunder(int d, object a, object b):
+cdef inline object call_dunder(int d, object a, object b, Py_ssize_t nargs=2):
     cdef object e = <object>PyList_GET_ITEM(_dunder_entries, d)
     if e is None:
         return NotImplemented
     cdef PyObject *argv[2]
     argv[0] = <PyObject*>a
     argv[1] = <PyObject*>b
-    return lazy_call(e, argv, 1 if b is None else 2, None)
+    return lazy_call(e, argv, nargs, None)
 
 
 cdef void detach_handle(LazyTensor t) noexcept:
@@ -244,8 +244,8 @@ cdef class LazyTensor:
         return call_dunder(D_RPOW, self, other)
     def __ipow__(self, other): return call_dunder(D_IPOW, self, other)
     def __matmul__(self, other): return call_dunder(D_MATMUL, self, other)
-    def __neg__(self): return call_dunder(D_NEG, self, None)
-    def __abs__(self): return call_dunder(D_ABS, self, None)
+    def __neg__(self): return call_dunder(D_NEG, self, None, 1)
+    def __abs__(self): return call_dunder(D_ABS, self, None, 1)
 
     def __richcmp__(self, other, int cmp):
         return call_dunder((D_LT, D_LE, D_EQ, D_NE, D_GT, D_GE)[cmp], self, other)

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import fastlazy
-from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_COMPARE, R_DIV, R_LINEAR,
+from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_COMPARE, R_DIV, R_LINEAR, R_RTRUEDIV,
                               R_MATMUL, R_MM, R_REDUCE, R_SOFTMAX, TENSOR_SELF, TENSORS_ONLY,
                               Attr, Call)
 
@@ -468,7 +468,7 @@ def family(row):
         return "reduce"
     if row.rule == R_SOFTMAX:
         return "softmax"
-    if row.rule <= ELEMENTWISE_RULES_MAX:
+    if row.rule <= ELEMENTWISE_RULES_MAX or row.rule == R_RTRUEDIV:
         if row.nrequired >= 2:
             return "binary"
         if any(PARAM_KINDS[p] == "bound" for p in row.params):
@@ -716,63 +716,9 @@ def _rtruediv_dtype(case, backend):
     return eager != rule
 
 
-KNOWN_BUGS = (
-    Bug("big-int",
-        "Python int outside int64 is recorded: eager raises OverflowError (or takes it as "
-        "uint64) at the call, lazy fails only when the value is read",
-        _big_int, r"Expected a value of type 'int'|OverflowError|Promotion for uint16|"
-                  r"without overflow"),
-    Bug("scalar-range",
-        "scalar that does not fit the computation dtype where eager checks it (pow exponent, "
-        "clamp bound, alpha, negative_slope; e.g. uint8 x.pow(300), float16 x.clamp(1e10), "
-        "F.leaky_relu(x, 1j)): eager raises RuntimeError at the call, lazy records and "
-        "raises only when read",
-        _scalar_out_of_dtype_range, r"without overflow"),
-    Bug("required-none",
-        "None for a required operand (torch.add(x, None), x.mul(None), x.eq(None), "
-        "torch.maximum(x, None), x.pow(None), x.add_(None)...) is taken as 'absent' and "
-        "recorded: eager raises TypeError at the call, lazy returns a LazyTensor whose read "
-        "raises KeyError",
-        _required_none, r"^eager raises"),
-    Bug("inplace-operator-none",
-        "x += None (and -=, *=, /=, **=): LazyTensor's operator slot passes None as 'no "
-        "operand' (call_dunder's unary convention), so the call returns x unchanged; eager "
-        "raises TypeError",
-        _inplace_operator_none, r"^eager raises TypeError"),
-    Bug("number-none",
-        "None for a Number parameter (alpha=None, F.leaky_relu negative_slope=None) is taken "
-        "as 'not given' and recorded; eager raises TypeError",
-        _number_none, r"^eager raises TypeError"),
-    Bug("inplace-flag-not-bool",
-        "F.relu/silu/leaky_relu(x, inplace=1): a truthy non-bool flag runs eagerly in place on "
-        "the LazyTensor's value, mutating the tensor handed to fastlazy.lazy()",
-        _inplace_flag_not_bool, r"was mutated"),
-    Bug("bool-number-torchscript",
-        "F.leaky_relu(x, negative_slope=True): a bool Number parameter becomes a bool tensor "
-        "constant in the TorchScript graph, which has no aten::leaky_relu(Tensor, Tensor): "
-        "reading raises RuntimeError",
-        _bool_number_torchscript, r"We don't have an op for aten::"),
-    Bug("choice-positional",
-        "F.gelu(x, 'tanh'): approximate is keyword-only in eager (TypeError) but the row "
-        "accepts it positionally and records",
-        _choice_positional, r"^eager raises TypeError"),
-    Bug("compare-scalar-input",
-        "torch.eq/ne/lt/le/gt/ge(<Python scalar>, lazy) is recorded; eager raises TypeError",
-        _compare_scalar_input, r"^eager raises TypeError"),
-    Bug("scalar-input-torchscript",
-        "torch.add/mul/div/...(<Python scalar>, lazy) is recorded with a scalar first operand "
-        "that the TorchScript lowering cannot express: reading raises RuntimeError",
-        _scalar_input_torchscript, r"We don't have an op for aten::"),
-    Bug("complex-half",
-        "float16 tensor with a complex Python scalar in pow/div: eager raises "
-        "NotImplementedError (ComplexHalf) at the call, lazy records it",
-        _complex_half, r"NotImplementedError"),
-    Bug("rtruediv-dtype",
-        "x.__rtruediv__(y) with integral x and a 0-dim float/complex tensor y: the rule "
-        "promotes before the reciprocal, eager after (e.g. int64 x, float64 0-dim y: "
-        "lazy float64, eager float32)",
-        _rtruediv_dtype, r"dtype"),
-)
+# Every bug this suite found is fixed; its cases now run as ordinary cases.
+# A new one goes here as Bug(name, reason, predicate, signature).
+KNOWN_BUGS = ()
 
 
 def known_bug(case, backend):
@@ -925,8 +871,6 @@ def test_integer_division_by_zero_raises_when_read(row, form, mode, divisor):
     assert_same((fastlazy.lazy(torch.tensor([1, 2])) * 3).to_eager(), torch.tensor([3, 6]))
 
 
-@pytest.mark.xfail(strict=True, reason="out=<LazyTensor> runs eagerly and writes into the "
-                   "LazyTensor's value: the tensor handed to fastlazy.lazy() is mutated")
 def test_out_argument_never_mutates_a_lazy_source():
     source = torch.zeros(3)
     out = fastlazy.lazy(source)
