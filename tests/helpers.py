@@ -517,3 +517,15 @@ def returns_self(row, form, args, kwargs):
         flag = args[k] if len(args) > k else kwargs.get("inplace", False)
         return flag is True
     return False
+
+
+class fastlazy_disabled:
+    """Context manager: fastlazy disabled inside (to ask eager alone)."""
+
+    def __enter__(self):
+        self.was = fastlazy.enabled()
+        fastlazy.disable()
+
+    def __exit__(self, *exc):
+        if self.was:
+            fastlazy.enable()

@@ -20,7 +20,8 @@ from fastlazy import _core
 from fastlazy.optable import OPS, R_CLAMP
 
 from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
-from helpers import BOOL, C64, F16, F32, F64, I64, U8, T, assert_same, check, forms_of, seed
+from helpers import (BOOL, C64, F16, F32, F64, I64, U8, T, assert_same, check,
+                     fastlazy_disabled, forms_of, seed)
 
 
 def t(shape, dtype=F32):
@@ -247,18 +248,8 @@ def test_bad_call(case, pending):
 def test_cases_are_bad():
     """Every case above is one eager rejects (a typo would make it vacuous)."""
     for case in CASES + [c for c, _ in BUG_CASES]:
-        with _disabled():
+        with fastlazy_disabled():
             assert case.eager_rejects(), f"eager accepts {case.label}"
-
-
-class _disabled:
-    def __enter__(self):
-        self.was = fastlazy.enabled()
-        fastlazy.disable()
-
-    def __exit__(self, *exc):
-        if self.was:
-            fastlazy.enable()
 
 
 # --------------------------------------------------------------------------
@@ -289,7 +280,7 @@ def _table_cases():
                     extra = (0.5,) if row.rule == R_CLAMP else ()
                     out.append(Bad(f"{row.name}|{form}|cannot cast", form, t((3,), BOOL),
                                    *extra, inplace=True))
-    with _disabled():
+    with fastlazy_disabled():
         # keep the calls eager rejects (eq_ into a bool self is fine, say)
         return [case for case in out if case.eager_rejects()]
 

@@ -35,7 +35,7 @@ from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_COMPARE, R_DIV, R_
                               Attr, Call)
 
 from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
-from helpers import (BACKENDS, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
+from helpers import (BACKENDS, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
                      T, assert_same, check, forms_of, make_value, returns_self, seed, show)
 
 CORE_DTYPES = (F32, F64, I64, BOOL)
@@ -551,16 +551,6 @@ def _scalars(case):
 
 def _tensor_specs(case):
     return [v for v in list(case.args) + list(case.kwargs.values()) if isinstance(v, T)]
-
-
-class fastlazy_disabled:
-    def __enter__(self):
-        self.was = fastlazy.enabled()
-        fastlazy.disable()
-
-    def __exit__(self, *exc):
-        if self.was:
-            fastlazy.enable()
 
 
 _EAGER_OUTCOME = {}
