@@ -31,7 +31,7 @@ from fastlazy._core import LazyTensor, lazy  # noqa: E402
 
 __all__ = ["LazyTensor", "lazy", "enable", "disable", "enabled", "mark_step",
            "wait_device_ops", "sync_multi", "to_cpu", "add_step_closure",
-           "metrics", "debug", "set_flush_threshold", "set_backend", "backend"]
+           "metrics", "debug", "optable", "set_flush_threshold", "set_backend", "backend"]
 
 
 def enable(backend: str | None = None) -> "_contextlib.AbstractContextManager":

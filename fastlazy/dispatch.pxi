@@ -35,7 +35,6 @@ cdef enum Rule:
 cdef enum OpFlags:
     OPF_NO_BOOL = 1        # a bool operand makes eager raise (sub)
     OPF_TENSORS_ONLY = 2   # every operand must be a tensor (maximum)
-    OPF_TENSOR_SELF = 4    # operand 0 must be a tensor (scalar self: eager)
     OPF_INT_TO_INT64 = 8   # reductions: integral inputs accumulate in int64
     OPF_EMPTY_ERROR = 16   # reductions: eager raises on an empty reduction
 

@@ -23,7 +23,7 @@ NUMERIC = INT | FLOAT | COMPLEX
  R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_RTRUEDIV) = range(16)
 
 # Op flags, mirrored from the core's `OpFlags` enum.
-NO_BOOL, TENSORS_ONLY, TENSOR_SELF, INT_TO_INT64, EMPTY_ERROR = 1, 2, 4, 8, 16
+NO_BOOL, TENSORS_ONLY, INT_TO_INT64, EMPTY_ERROR = 1, 2, 8, 16
 
 # Optional operands that may also be given as None.
 NULLABLE = frozenset({"min", "max", "bias"})
@@ -133,7 +133,7 @@ def _rows():
              methods=("sub", "subtract", "__sub__"),
              inplace=("sub_", "subtract_", "__isub__"))
     yield Op("rsub", R_BINARY, c("rsub", 0, 1, alpha=Opt(2, 1)), binary + ("alpha",),
-             nrequired=2, npos=2, flags=NO_BOOL | TENSOR_SELF, functions=("rsub",),
+             nrequired=2, npos=2, flags=NO_BOOL, functions=("rsub",),
              methods=("__rsub__",))
     yield Op("mul", R_BINARY, c("mul", 0, 1), binary, nrequired=2,
              functions=("mul", "multiply"), methods=("mul", "multiply", "__mul__", "__rmul__"),
@@ -145,12 +145,12 @@ def _rows():
     # Tensor.__rtruediv__ is `self.reciprocal() * other` in eager; lowering
     # it the same way keeps the results bit-identical.
     yield Op("rtruediv", R_RTRUEDIV, c("mul", c("reciprocal", 0), 1), binary, nrequired=2,
-             flags=TENSOR_SELF, methods=("__rtruediv__", "__rdiv__"))
+             methods=("__rtruediv__", "__rdiv__"))
     yield Op("pow", R_POW, c("pow", 0, 1), ("input", "exponent"), nrequired=2,
-             cats=NUMERIC, flags=TENSOR_SELF, functions=("pow",),
+             cats=NUMERIC, functions=("pow",),
              methods=("pow", "__pow__"), inplace=("pow_", "__ipow__"))
     yield Op("rpow", R_POW, c("pow", 1, 0), binary, nrequired=2, cats=NUMERIC,
-             flags=TENSOR_SELF, methods=("__rpow__",))
+             methods=("__rpow__",))
     yield Op("maximum", R_BINARY, c("maximum", 0, 1), binary, nrequired=2, cats=REAL,
              flags=TENSORS_ONLY, functions=("maximum",), methods=("maximum",))
     yield Op("minimum", R_BINARY, c("minimum", 0, 1), binary, nrequired=2, cats=REAL,

@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import fastlazy
-from fastlazy.optable import OPS, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_SOFTMAX, R_REDUCE
+from fastlazy.optable import OPS, R_REDUCE
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.uint8, torch.bool]

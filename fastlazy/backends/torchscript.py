@@ -153,11 +153,11 @@ def _emit(ir, env, node, inplace, scalars):
     def call(name, args, kwargs):
         return ir.call(name, args + [v for _, v in kwargs])
 
-    operand = env.__getitem__
-    if node.detach:
-        def operand(inp):
-            value = env[inp]
-            return value if value in scalars else ir.call("detach", [value])
+    def operand(inp):
+        value = env[inp]
+        if node.detach and value not in scalars:
+            return ir.call("detach", [value])
+        return value
     args = [lower(a, node, operand, ir.constant, call) for a in expr.args]
     args += [lower(v, node, operand, ir.constant, call) for _, v in expr.kwargs]
     value = ir.call(expr.name + "_" if inplace else expr.name, args)
