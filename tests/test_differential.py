@@ -35,7 +35,7 @@ from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_LINEAR, R_R
                               Attr, Call)
 
 from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
-from helpers import (BACKENDS, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
+from helpers import (BACKENDS, DEFAULT_BACKEND, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
                      T, assert_same, check, forms_of, make_value, returns_self, seed, show)
 
 CORE_DTYPES = (F32, F64, I64, BOOL)
@@ -660,6 +660,20 @@ def test_every_row_records(row):
     assert outcome.exception is None
     assert outcome.recorded, f"{case.id} was run eagerly, not recorded"
     assert fastlazy.metrics.counters()["flushes"] == flushes + 1   # the one read
+
+
+@pytest.mark.parametrize("row", OPS, ids=lambda r: r.name)
+def test_every_row_on_inductor(row, backend):
+    """The inductor backend compiles every row (its kernels take seconds to
+    build, so one basic call per row rather than the whole suite)."""
+    if backend != DEFAULT_BACKEND:
+        pytest.skip("inductor is tested once, not once per parametrized backend")
+    fastlazy.set_backend("inductor")
+    try:
+        outcome = _basic_call(row).run()
+        assert outcome.exception is None and outcome.recorded
+    finally:
+        fastlazy.set_backend(backend)
 
 
 # --------------------------------------------------------------------------
