@@ -8,6 +8,7 @@ alone any attribute that someone else has patched since.
 from __future__ import annotations
 
 import inspect
+import itertools
 import threading
 
 import torch
@@ -20,6 +21,23 @@ FORM_CALL, FORM_INPLACE = 0, 1
 _MISSING = object()
 _lock = threading.Lock()
 _installed: list = []     # (owner, attr, original, own_attr, entry)
+
+
+def _inplace_methods():
+    """Every other Tensor method that writes into self (name ending in "_",
+    operators like __iand__, __setitem__).  They get an always-eager entry
+    that, before the write, computes pending nodes that may read the tensor
+    being written (see _entry.h); with a lazy argument they run eagerly."""
+    table = {attr for op in OPS for attr in op.methods + op.inplace}
+    for name in sorted(dir(torch.Tensor)):
+        if name in table:
+            continue
+        mutates = (name.endswith("_") and not name.startswith("_")
+                   or name in ("__setitem__", "__iand__", "__ior__", "__ixor__",
+                               "__ilshift__", "__irshift__", "__ifloordiv__", "__imod__",
+                               "__imatmul__"))
+        if mutates and callable(getattr(torch.Tensor, name, None)):
+            yield torch.Tensor, name, -1, FORM_INPLACE
 
 
 def entry_points():
@@ -57,7 +75,7 @@ def enable() -> None:
         if _installed:
             return
         _prime_dynamo()
-        for owner, attr, opcode, form in entry_points():
+        for owner, attr, opcode, form in itertools.chain(entry_points(), _inplace_methods()):
             original = getattr(owner, attr)
             entry = _core.make_entry(original, _qualname(owner, attr), opcode, form)
             own = attr in vars(owner)

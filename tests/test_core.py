@@ -360,3 +360,11 @@ def test_fast_path_and_general_path_record_the_same_node():
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got.to_eager(), want)
         assert counters()["cache_misses"] == misses     # one graph for both
+
+
+def test_any_inplace_method_on_an_eager_input_computes_pending_nodes_first():
+    b = torch.tensor([False, True])
+    r = fastlazy.lazy(torch.zeros(2)) + b
+    b.view(-1)[0:1].logical_not_()          # not an op-table row, still patched
+    b[1] = False                            # __setitem__ too
+    assert torch.equal(r.to_eager(), torch.tensor([0.0, 1.0]))

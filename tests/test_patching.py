@@ -1,4 +1,5 @@
 """enable()/disable() touch torch exactly as promised."""
+import itertools
 import subprocess
 import sys
 
@@ -10,7 +11,9 @@ from fastlazy import patching
 
 OWNERS = {"torch": torch, "Tensor": torch.Tensor, "F": torch.nn.functional}
 ATTRS = sorted({(next(k for k, v in OWNERS.items() if v is owner), attr)
-                for owner, attr, _, _ in patching.entry_points()} | {("Tensor", "to")})
+                for owner, attr, _, _ in itertools.chain(patching.entry_points(),
+                                                         patching._inplace_methods())}
+               | {("Tensor", "to")})
 
 
 def owner_of(name):
