@@ -83,6 +83,15 @@ class Dim(AttrValue):
 
 
 @dataclass(frozen=True)
+class ResultDType(AttrValue):
+    """The node's own dtype, spelled out: a reduction over no dims (a 0-dim
+    input) would otherwise keep a bool input's dtype where eager gives int64."""
+
+    def value(self, node):
+        return node.dtype
+
+
+@dataclass(frozen=True)
 class DTypeArg(AttrValue):
     """The dtype= argument, or None."""
 
@@ -183,10 +192,10 @@ def _rows():
              nn_functions=("gelu",))
     # reductions
     reduce = ("input", "dim", "keepdim", "dtype")
-    yield Op("sum", R_REDUCE, c("sum", 0, ReduceDims(), KeepDim(), dtype=DTypeArg()),
+    yield Op("sum", R_REDUCE, c("sum", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
              reduce, noperands=1, npos=3, flags=INT_TO_INT64, functions=("sum",),
              methods=("sum",))
-    yield Op("mean", R_REDUCE, c("mean", 0, ReduceDims(), KeepDim(), dtype=DTypeArg()),
+    yield Op("mean", R_REDUCE, c("mean", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
              reduce, noperands=1, npos=3, cats=FLOAT | COMPLEX, functions=("mean",),
              methods=("mean",))
     for name in ("amax", "amin"):

@@ -158,6 +158,12 @@ REGRESSIONS = [
     # an eager input written in place after a pending node read it
     ([(torch.tensor(0.), False), (torch.tensor(0.), True)],
      [("op", "add", 0, 1, None, 0), ("inplace", "add", 0, 0, None, 0)]),
+    # ... through a view and a method without an op-table row
+    ([(torch.tensor([False]), False), (torch.tensor(0.), True)],
+     [("op", "add", 0, 1, None, 0), ("view", "add", 0, 0, None, 0)]),
+    # sum of a 0-dim bool: TorchScript kept bool where eager gives int64
+    ([(torch.tensor(False), True)],
+     [("reduce", "lt", 0, 0, 2.5, -2), ("op", "rpow", 0, 1, 2.5, 1)]),
 ]
 
 

@@ -126,8 +126,10 @@ class TorchScriptBackend(Backend):
             outs = ["%outs"]
         text = "\n".join([f"graph({', '.join(params)}):", *ir.lines, f"  return ({outs[0]})"])
         fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
-        first_call = None if fuses else functools.partial(_legacy_first_call, fn)
-        return Program(slots, fn, len(view.outputs) == 1, text, first_call)
+        program = Program(slots, fn, len(view.outputs) == 1, text)
+        if not fuses:
+            program._first_call = functools.partial(_legacy_first_call, program, text)
+        return program
 
     def _fuses(self, view):
         return self.llvm or any(s.kind == "tensor" and s.value.is_cuda for s in view.slots)
@@ -167,12 +169,21 @@ def _emit(ir, env, node, inplace, scalars):
     return value
 
 
-def _legacy_first_call(fn, *inputs):
-    # The graph executor is chosen when a function first runs: pick the legacy
-    # one where no fuser can act (it runs unfused graphs with less overhead).
-    # The switch is process-wide for the length of this one call.
+def _legacy_first_call(program, text, *inputs):
+    """The graph executor is chosen when a function first runs: pick the
+    legacy one where no fuser can act (it runs unfused graphs with less
+    overhead).  The switch is process-wide for the length of this one call.
+    The legacy executor's shape analysis rejects some graphs eager runs (a
+    reduction over no dims of a 0-dim bool, then pow); those get a fresh
+    function on the default executor."""
     previous = torch._C._jit_set_profiling_executor(False)
     try:
-        return fn(*inputs)
+        return program.call(*inputs)
+    except RuntimeError as exc:
+        if "shape propagation" not in str(exc):
+            raise
     finally:
         torch._C._jit_set_profiling_executor(previous)
+    program.call = torch._C._create_function_from_graph("fastlazy_graph",
+                                                        torch._C.parse_ir(text))
+    return program.call(*inputs)
