@@ -57,6 +57,8 @@ def init(fallback_module, graph_cache_module, site_of_call):
     _site_of_call = site_of_call
     init_dtypes()
     fl_entry_setup(LazyTensor, lazy_call, flush_pending)
+    global _entry_type
+    _entry_type = type(fl_entry_new(lazy, "probe", -1, 0))
 
 
 def lazy(value):

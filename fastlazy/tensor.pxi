@@ -7,6 +7,7 @@ cdef object _Size = None
 cdef object _device_type = None
 cdef object _fallback = None        # fastlazy.fallback module
 cdef dict _torch_function_table = {}  # original torch callable -> Entry
+cdef object _entry_type = None        # the Entry type of _entry.h
 
 # Python operators: LazyTensor's number and comparison slots dispatch through
 # the entries of the op-table rows that claim these names.
@@ -279,6 +280,11 @@ cdef class LazyTensor:
         entry = _torch_function_table.get(func)
         if kwargs is None:
             kwargs = {}
+        if entry is None and type(func) is _entry_type:
+            # torch.nn.functional's Python functions hand themselves to
+            # handle_torch_function by module-global name, which enable()
+            # has pointed at our entry: it takes lazy arguments itself
+            entry = func
         if entry is not None:
             return entry(*args, **kwargs)
         return _fallback.call_eager(func, args, kwargs)

@@ -77,3 +77,17 @@ def test_no_grad_and_inference_mode_are_honoured():
     with torch.inference_mode():
         out = model(torch.randn(2, 16).to("lazy")).to_eager()
     assert not out.requires_grad
+
+
+def test_functional_captured_before_enable_still_records():
+    # nn modules keep references to F.relu & co. taken at import; those call
+    # handle_torch_function with the (now patched) module global
+    fastlazy.disable()
+    import torch.nn.functional as F
+    relu = F.relu
+    fastlazy.enable()
+    x = fastlazy.lazy(torch.randn(5))
+    r = relu(x)
+    c = fastlazy.metrics.counters()
+    assert c["fallbacks"] == 0 and c["nodes_recorded"] == 1
+    assert torch.equal(r.to_eager(), torch.relu(x.to_eager()))
