@@ -31,7 +31,8 @@ from fastlazy._core import LazyTensor, lazy  # noqa: E402
 
 __all__ = ["LazyTensor", "lazy", "enable", "disable", "enabled", "mark_step",
            "wait_device_ops", "sync_multi", "to_cpu", "add_step_closure",
-           "metrics", "debug", "optable", "set_flush_threshold", "set_backend", "backend"]
+           "metrics", "debug", "optable", "explain", "set_flush_threshold", "set_backend",
+           "backend"]
 
 
 def enable(backend: str | None = None) -> "_contextlib.AbstractContextManager":
@@ -109,6 +110,11 @@ def add_step_closure(closure, args=(), run_async: bool = False) -> None:
     """Run `closure(*args)` after the next mark_step(), when every live
     tensor is computed (see fastlazy.closures)."""
     _closures.add_step_closure(closure, args, run_async)
+
+
+def explain() -> str:
+    """Which calls ran eagerly instead of being recorded, and why."""
+    return metrics.explain()
 
 
 def set_flush_threshold(nodes: int) -> None:

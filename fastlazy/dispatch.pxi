@@ -277,13 +277,13 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef LazyTensor self_t = None
 
     if op < 0:      # an entry with no row: always eager (LazyTensor.<method>)
-        return run_eager(entry, args, nargs, kwnames, form)
+        return run_eager(entry, args, nargs, kwnames, form, "no op-table row")
     if nargs == 2 and kwnames is None and form == FORM_CALL:
         fast = same_meta_binary(op, args, &out)
         if fast is not None:
             return fast
     if not parse_args(op, args, nargs, kwnames, p):
-        return run_eager(entry, args, nargs, kwnames, form)
+        return run_eager(entry, args, nargs, kwnames, form, "argument pattern (keywords, count, out=)")
     cdef int kind
     for i in range(nops):
         if p[i] == NULL:
@@ -292,29 +292,29 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         kind = classify(&ops[i], p[i])
         # 0: a type no rule takes; 2: None, where the param may not be None
         if kind == 0 or kind == 2 and not (op_nullable[op] >> i & 1):
-            return run_eager(entry, args, nargs, kwnames, form)
+            return run_eager(entry, args, nargs, kwnames, form, "argument type")
     for i in range(op_nrequired[op]):
         if ops[i].kind == K_ABSENT:
-            return run_eager(entry, args, nargs, kwnames, form)
+            return run_eager(entry, args, nargs, kwnames, form, "None for a required operand")
     if op_inplace_param[op] >= 0 and p[op_inplace_param[op]] != NULL:
         # torch.nn.functional's `inplace=True` is the in-place form
         flag = <object>p[op_inplace_param[op]]
         if flag:
             form = FORM_INPLACE
         if type(flag) is not bool:
-            return run_eager(entry, args, nargs, kwnames, form)
+            return run_eager(entry, args, nargs, kwnames, form, "non-bool inplace flag")
     if form == FORM_INPLACE:
         # Only a LazyTensor self is rebound; an eager tensor mutated by a
         # lazy argument keeps eager semantics (run_eager).
         if ops[0].kind != K_LAZY:
-            return run_eager(entry, args, nargs, kwnames, form)
+            return run_eager(entry, args, nargs, kwnames, form, "in-place on an eager tensor")
         self_t = <LazyTensor>p[0]
         if self_t.value is not None and self_t.value._is_view():
             # a view of another tensor (made by an eager fallback such as
             # x[0] or x.view(-1)): writing through it must reach its base
-            return run_eager(entry, args, nargs, kwnames, form)
+            return run_eager(entry, args, nargs, kwnames, form, "in-place through a view")
     if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
-        return run_eager(entry, args, nargs, kwnames, form)
+        return run_eager(entry, args, nargs, kwnames, form, "rule: eager would refuse or the rule does not cover it")
     if not out.requires_grad:
         for i in range(nops):
             if is_tensor(&ops[i]) and ops[i].m.requires_grad:
@@ -322,7 +322,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     if self_t is not None:
         # eager refuses in-place abs on complex tensors
         if not inplace_fits(&out, &self_t.meta) or op_rule[op] == R_ABS and is_complex(self_t.meta.dtype):
-            return run_eager(entry, args, nargs, kwnames, form)
+            return run_eager(entry, args, nargs, kwnames, form, "in-place result does not fit self")
         if out.dtype != self_t.meta.dtype:
             flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
@@ -376,14 +376,14 @@ cdef bint inplace_fits(Meta *out, Meta *self_m) noexcept:
 
 
 cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
-                      int form):
+                      int form, str reason):
     """Run the original torch callable on materialized arguments."""
     pos = tuple([<object>args[i] for i in range(nargs)])
     kw = {}
     if kwnames is not None:
         for k in range(len(<tuple>kwnames)):
             kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
-    return _fallback.run_entry_eagerly(entry, form == FORM_INPLACE, pos, kw)
+    return _fallback.run_entry_eagerly(entry, form == FORM_INPLACE, pos, kw, reason)
 
 
 def make_entry(object orig, str name, int op, int form):

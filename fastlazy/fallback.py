@@ -42,9 +42,9 @@ def wrap_eager(value):
     return _core.lazy(value)
 
 
-def _run(func, name, args, kwargs, inplace):
+def _run(func, name, args, kwargs, inplace, reason):
     _core.count("fallbacks")
-    stats.count_fallback(name)
+    stats.count_fallback(name, reason)
     out = kwargs.get("out")
     if type(out) is LazyTensor or (type(out) in (tuple, list)
                                    and any(type(o) is LazyTensor for o in out)):
@@ -88,9 +88,9 @@ def _run_out(func, args, kwargs):
     return out
 
 
-def run_entry_eagerly(entry, inplace, args, kwargs):
+def run_entry_eagerly(entry, inplace, args, kwargs, reason):
     """Called by the core when an entry point's call is not recorded."""
-    return _run(entry.__wrapped__, entry.qualname, args, kwargs, inplace)
+    return _run(entry.__wrapped__, entry.qualname, args, kwargs, inplace, reason)
 
 
 def _name_of(func):
@@ -101,12 +101,14 @@ def _name_of(func):
 def call_eager(func, args, kwargs):
     """A torch function without an entry point, reached via __torch_function__."""
     name = _name_of(func)
-    return _run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"))
+    return _run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"),
+                "no op-table row")
 
 
 def dunder(name, self, args, inplace=False):
     """A LazyTensor operator without a row in the op table."""
-    return _run(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace)
+    return _run(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace,
+                "no op-table row")
 
 
 def attribute(name):
@@ -127,7 +129,7 @@ def lazy_to(self, args, kwargs):
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if not args and not kwargs:
             return self
-    stats.count_fallback("to")
+    stats.count_fallback("to", "device move or dtype cast (no op-table row)")
     out = self.to_eager().to(*args, **kwargs)
     moves = ("device" in kwargs or "other" in kwargs
              or any(isinstance(a, (str, torch.device, torch.Tensor))

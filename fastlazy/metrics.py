@@ -52,6 +52,18 @@ def report() -> str:
     return "\n".join(lines)
 
 
+def explain() -> str:
+    """Which calls ran eagerly instead of being recorded since the last
+    reset(), and why, most frequent first."""
+    rows = sorted(stats.fallback_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    if not rows:
+        return "every call with a LazyTensor argument was recorded"
+    width = max(len(op) for (op, _), _ in rows)
+    lines = [f"{'op':<{width}}  {'calls':>6}  why it ran eagerly"]
+    lines += [f"{op:<{width}}  {n:>6}  {reason}" for (op, reason), n in rows]
+    return "\n".join(lines)
+
+
 # torch._lazy.metrics names
 
 def counter_names() -> list:

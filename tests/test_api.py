@@ -118,3 +118,16 @@ def test_gradients_through_recorded_ops(name):
         assert not z.to_eager().requires_grad
     finally:
         fastlazy.set_backend("torchscript")
+
+
+def test_explain_lists_fallbacks_with_reasons():
+    assert "recorded" in fastlazy.explain()
+    x = fastlazy.lazy(torch.rand(4))
+    torch.cumsum(x, 0)                    # no row
+    torch.add(x, x, out=torch.empty(4))   # an argument pattern rules do not take
+    with pytest.raises(TypeError):
+        torch.maximum(x, 2)               # eager refuses it, at the call
+    text = fastlazy.explain()
+    assert "cumsum" in text and "no op-table row" in text
+    assert "torch.add" in text and "argument pattern" in text
+    assert "torch.maximum" in text and "rule" in text
