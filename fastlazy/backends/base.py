@@ -2,7 +2,10 @@
 lowering expression (fastlazy.optable.Call / Opt / Attr)."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
+
+import torch
 
 from fastlazy.optable import AttrValue, Call, Opt
 
@@ -55,3 +58,15 @@ def lower(expr, node, operand: Callable, constant: Callable, call: Callable):
         kwargs = [(k, lower(v, node, operand, constant, call)) for k, v in expr.kwargs]
         return call(expr.name, args, kwargs)
     raise TypeError(f"bad lowering expression {expr!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def builtin(name):
+    """torch's own builtin for an aten name (torch.add, torch._C._nn.linear,
+    ...): never fastlazy's entry point, and much cheaper to call than an
+    aten OpOverloadPacket, which matches schemas on every call."""
+    for namespace in (torch._C._VariableFunctions, torch._C._nn):
+        fn = getattr(namespace, name, None)
+        if fn is not None:
+            return fn
+    return getattr(torch.ops.aten, name)

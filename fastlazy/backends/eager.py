@@ -1,45 +1,59 @@
-"""The eager backend: replays the nodes one aten call at a time.  The
-reference the other backends are tested against, and a debugging aid."""
+"""The eager backend: replays the nodes one torch call at a time.  The
+reference the other backends are tested against, the debugging aid behind
+FASTLAZY_SYNC=1, and what the inductor backend replays while it compiles.
+
+Each node's lowering expression is turned into a closure once, at compile
+time, so a replay costs the torch calls and little else.
+"""
 from __future__ import annotations
 
 import torch
 
-from fastlazy.backends.base import Backend, Program, lower
+from fastlazy.backends.base import Backend, Program, builtin
+from fastlazy.optable import AttrValue, Call, Opt
 
 
 class EagerBackend(Backend):
     name = "eager"
 
     def compile(self, view) -> Program:
-        nodes = view.nodes
         keys = [("slot", s.index) for s in view.slots]
-        outputs = view.outputs
+        steps = [(("node", node.index), _closure(node.op.lower, node),
+                  node.dtype if node.cast else None) for node in view.nodes]
+        outputs = [("node", i) for i in view.outputs]
 
         def run(*inputs):
             env = dict(zip(keys, inputs))
-            for node in nodes:
-                operand = env.__getitem__
-                if node.detach:
-                    operand = _detached(env)
-                value = lower(node.op.lower, node, operand, _constant, _call)
-                if node.cast:
-                    value = value.to(node.dtype)
-                env[("node", node.index)] = value
-            return [env[("node", i)] for i in outputs]
+            for key, compute, cast in steps:
+                value = compute(env)
+                env[key] = value if cast is None else value.to(cast)
+            return [env[k] for k in outputs]
 
         return Program([s.position for s in view.slots], run, False, str(view))
 
 
-def _detached(env):
-    def operand(inp):
-        value = env[inp]
-        return value.detach() if isinstance(value, torch.Tensor) else value
-    return operand
+def _closure(expr, node):
+    """env -> value of a row's lowering expression for one node."""
+    if isinstance(expr, Call):
+        fn = builtin(expr.name)
+        args = [_closure(a, node) for a in expr.args]
+        kwargs = [(k, _closure(v, node)) for k, v in expr.kwargs]
+
+        def call(env):
+            return fn(*[a(env) for a in args], **{k: v(env) for k, v in kwargs})
+        return call
+    if isinstance(expr, AttrValue):
+        return _constant(expr.value(node))
+    inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
+    if inp is None:
+        return _constant(expr.default)
+    if node.detach:
+        def detached(env):
+            value = env[inp]
+            return value.detach() if isinstance(value, torch.Tensor) else value
+        return detached
+    return lambda env: env[inp]
 
 
 def _constant(value):
-    return value
-
-
-def _call(name, args, kwargs):
-    return getattr(torch.ops.aten, name)(*args, **dict(kwargs))
+    return lambda env: value

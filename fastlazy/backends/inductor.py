@@ -23,7 +23,7 @@ import torch
 import torch.fx
 
 from fastlazy import stats
-from fastlazy.backends.base import Backend, Program, lower
+from fastlazy.backends.base import Backend, Program, builtin, lower
 from fastlazy.backends.eager import EagerBackend
 from fastlazy.optable import SCALAR_ARGS
 
@@ -227,12 +227,7 @@ def _function(name):
     torch builtin.  A builtin itself would be written into the generated
     code as `torch.<name>`, which resolves to fastlazy's entry point while
     fastlazy is enabled; dynamo inlines the wrapper and sees the builtin."""
-    for namespace in (torch._C._VariableFunctions, torch._C._nn):
-        fn = getattr(namespace, name, None)
-        if fn is not None:
-            break
-    else:
-        fn = getattr(torch.ops.aten, name)
+    fn = builtin(name)
 
     def call(*args, **kwargs):
         return fn(*args, **kwargs)
