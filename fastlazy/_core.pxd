@@ -10,7 +10,7 @@ cdef enum:
     # eagerly (counted as a fallback).
     MAX_NDIM = 8
     # Inputs of one node: tensor operands and scalar payloads (alpha, min, max).
-    MAX_IN = 4
+    MAX_IN = 5
 
 ctypedef struct Meta:
     int8_t dtype          # dtype code (see dtypes.pxi); -1 for a Python scalar

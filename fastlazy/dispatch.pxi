@@ -29,7 +29,8 @@ cdef enum Rule:
     R_MATMUL = 13
     R_LINEAR = 14
     R_RTRUEDIV = 15     # other / self, as eager computes it: self.reciprocal() * other
-    R_COUNT = 16
+    R_LAYER_NORM = 16   # normalized_shape is structure, read by the rule
+    R_COUNT = 17
 
 # Op flags (op table `flags`).
 cdef enum OpFlags:
@@ -40,7 +41,7 @@ cdef enum OpFlags:
 
 cdef enum:
     MAX_OPS = 512
-    MAX_PARAMS = 4
+    MAX_PARAMS = 5
 
 cdef int8_t op_rule[MAX_OPS]
 cdef int8_t op_cats[MAX_OPS]       # allowed categories (CAT_* mask)
@@ -51,6 +52,7 @@ cdef int8_t op_nrequired[MAX_OPS]
 cdef int8_t op_npos[MAX_OPS]       # params that may be given positionally
 cdef int8_t op_inplace_param[MAX_OPS]  # index of an `inplace=` flag param, or -1
 cdef int8_t op_nullable[MAX_OPS]       # bit i: operand i may be given as None
+cdef int8_t op_raw[MAX_OPS]            # bit i: param i is structure its rule reads itself
 cdef int8_t op_choice_param[MAX_OPS]   # index of a param with a fixed set of values, or -1
 cdef list _op_choices = [None] * MAX_OPS  # op -> tuple of the allowed values
 
@@ -65,7 +67,7 @@ cdef object _str_self = "self"
 
 def register_op(int op, int rule, int cats, int flags, tuple params,
                 int noperands, int nrequired, int npos, int choice_param=-1,
-                tuple choices=None, int nullable=0):
+                tuple choices=None, int nullable=0, int raw=0):
     """Declare opcode `op` to the recorder (called by fastlazy.optable)."""
     global n_ops
     if not 0 <= op < MAX_OPS or len(params) > MAX_PARAMS or not 0 <= rule < R_COUNT:
@@ -80,6 +82,7 @@ def register_op(int op, int rule, int cats, int flags, tuple params,
     op_inplace_param[op] = params.index("inplace") if "inplace" in params else -1
     op_choice_param[op] = choice_param
     op_nullable[op] = nullable
+    op_raw[op] = raw
     _op_choices[op] = choices
     for i, name in enumerate(params):
         name = sys.intern(name)
@@ -158,6 +161,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return reduce_rule(op, ops, p, out, attr)
     if rule == R_SOFTMAX:
         return softmax_rule(op, ops, p, out, attr)
+    if rule == R_LAYER_NORM:
+        return layer_norm_rule(op, ops, p, out, attr)
     if R_MM <= rule <= R_LINEAR:
         return matmul_rule(op, rule, ops, out)
     if rule == R_RTRUEDIV:
@@ -286,7 +291,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         return run_eager(entry, args, nargs, kwnames, form, "argument pattern (keywords, count, out=)")
     cdef int kind
     for i in range(nops):
-        if p[i] == NULL:
+        if p[i] == NULL or op_raw[op] >> i & 1:
             ops[i].kind = K_ABSENT
             continue
         kind = classify(&ops[i], p[i])
@@ -294,7 +299,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if kind == 0 or kind == 2 and not (op_nullable[op] >> i & 1):
             return run_eager(entry, args, nargs, kwnames, form, "argument type")
     for i in range(op_nrequired[op]):
-        if ops[i].kind == K_ABSENT:
+        if p[i] == NULL or ops[i].kind == K_ABSENT and not op_raw[op] >> i & 1:
             return run_eager(entry, args, nargs, kwnames, form, "None for a required operand")
     if op_inplace_param[op] >= 0 and p[op_inplace_param[op]] != NULL:
         # torch.nn.functional's `inplace=True` is the in-place form

@@ -20,17 +20,22 @@ NUMERIC = INT | FLOAT | COMPLEX
 
 # Rule ids, mirrored from the compiled core's `Rule` enum.
 (R_UNARY, R_UNARY_FLOAT, R_ABS, R_BINARY, R_TRUEDIV, R_DIV, R_COMPARE, R_POW,
- R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_RTRUEDIV) = range(16)
+ R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_RTRUEDIV,
+ R_LAYER_NORM) = range(17)
 
 # Op flags, mirrored from the core's `OpFlags` enum.
 NO_BOOL, TENSORS_ONLY, INT_TO_INT64, EMPTY_ERROR = 1, 2, 8, 16
 
 # Optional operands that may also be given as None.
-NULLABLE = frozenset({"min", "max", "bias"})
+NULLABLE = frozenset({"min", "max", "weight", "bias"})
+
+# Parameters that are structure, read by their rule rather than recorded as
+# operands (they sit between operands in the signature).
+RAW = frozenset({"normalized_shape"})
 
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
-SCALAR_ARGS = frozenset({"alpha", "negative_slope"})
+SCALAR_ARGS = frozenset({"alpha", "negative_slope", "eps"})
 
 # attr layout, mirrored from the core (shape_rules.pxi, dispatch.pxi)
 _KEEPDIM, _DIM_GIVEN, _DTYPE_SHIFT, _CHOICE_SHIFT = 1 << 8, 1 << 9, 10, 24
@@ -80,6 +85,23 @@ class Dim(AttrValue):
 
     def value(self, node):
         return node.attr & 15
+
+
+@dataclass(frozen=True)
+class Const(AttrValue):
+    """A constant argument (an int in a lowering means a node input)."""
+    constant: object
+
+    def value(self, node):
+        return self.constant
+
+
+@dataclass(frozen=True)
+class TrailingDims:
+    """The last `node.attr & 15` sizes of input `index`, read when the graph
+    runs (layer_norm's normalized_shape): graphs are shape-generic, so a
+    size may not be a constant of the graph."""
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -218,6 +240,10 @@ def _rows():
              cats=FLOAT | COMPLEX, functions=("matmul",), methods=("matmul", "__matmul__"))
     yield Op("linear", R_LINEAR, c("linear", 0, 1, Opt(2)), ("input", "weight", "bias"),
              nrequired=2, cats=FLOAT | COMPLEX, nn_functions=("linear",))
+    yield Op("layer_norm", R_LAYER_NORM,
+             c("layer_norm", 0, TrailingDims(0), Opt(2), Opt(3), Opt(4, 1e-5), Const(True)),
+             ("input", "normalized_shape", "weight", "bias", "eps"), nrequired=2,
+             cats=FLOAT, nn_functions=("layer_norm",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),
@@ -254,7 +280,8 @@ def _build():
             row.nrequired, nparams if row.npos is None else row.npos,
             -1 if choice is None else row.params.index(choice[0]),
             None if choice is None else choice[1].values,
-            sum(1 << i for i, name in enumerate(row.params) if name in NULLABLE))
+            sum(1 << i for i, name in enumerate(row.params) if name in NULLABLE),
+            sum(1 << i for i, name in enumerate(row.params) if name in RAW))
         ops.append(row)
     return tuple(ops)
 
@@ -271,7 +298,7 @@ def markdown() -> str:
                   R_CLAMP: "clamp", R_REDUCE: "reduction", R_SOFTMAX: "softmax",
                   R_MM: "matrix product", R_BMM: "matrix product",
                   R_MATMUL: "matrix product", R_LINEAR: "linear",
-                  R_RTRUEDIV: "reflected true division"}
+                  R_RTRUEDIV: "reflected true division", R_LAYER_NORM: "layer norm"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:
         points = ([f"torch.{n}" for n in op.functions] + [f"Tensor.{n}" for n in op.methods]

@@ -116,6 +116,38 @@ cdef int softmax_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) 
     return RULE_OK
 
 
+cdef int layer_norm_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: input, normalized_shape, weight, bias, eps; attr: len(normalized_shape)
+    cdef Meta *m = ops[0].m
+    cdef int k, i, j
+    shape = <object>p[1]
+    if type(shape) is not tuple and type(shape) is not list and type(shape) is not _Size:
+        return RULE_EAGER             # an int is a TypeError in eager
+    k = len(shape)
+    if k < 1 or k > m.ndim or not cat_ok(op, m.dtype):
+        return RULE_EAGER
+    for j in range(k):
+        if type(shape[j]) is not int or shape[j] != m.shape[m.ndim - k + j]:
+            return RULE_EAGER
+    cdef bint rg = m.requires_grad
+    for i in (2, 3):                  # weight, bias: exactly normalized_shape
+        if ops[i].kind == K_ABSENT:
+            continue
+        if (not is_tensor(&ops[i]) or ops[i].m.dtype != m.dtype or ops[i].m.device != m.device
+                or ops[i].m.ndim != k):
+            return RULE_EAGER
+        for j in range(k):
+            if ops[i].m.shape[j] != m.shape[m.ndim - k + j]:
+                return RULE_EAGER
+        rg = rg or ops[i].m.requires_grad
+    if ops[4].kind != K_ABSENT and (ops[4].kind != K_SCALAR or ops[4].scalar != SC_FLOAT):
+        return RULE_EAGER             # eps is a float in aten's schema
+    memcpy(out, m, sizeof(Meta))
+    out.requires_grad = rg and grad_enabled()
+    attr[0] |= k
+    return RULE_OK
+
+
 cdef int same_dtype_device(Operand *ops, int n, Meta *out) except -1:
     cdef int i
     cdef bint rg = False

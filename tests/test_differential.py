@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import fastlazy
-from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_LINEAR, R_RTRUEDIV,
+from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_LAYER_NORM, R_LINEAR,
+                              R_RTRUEDIV,
                               R_MATMUL, R_MM, R_REDUCE, R_SOFTMAX, TENSORS_ONLY,
                               Attr, Call)
 
@@ -51,6 +52,7 @@ PARAM_KINDS = {
     "rounding_mode": "choice", "approximate": "choice",
     "inplace": "flag", "keepdim": "flag",
     "dim": "dim", "dtype": "dtype", "_stacklevel": "stacklevel",
+    "normalized_shape": "shape", "eps": "number",
 }
 ELEMENTWISE_RULES_MAX = R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (R_MM, R_BMM, R_MATMUL, R_LINEAR)
@@ -461,7 +463,33 @@ def matmul_cases(row, form):
             yield Case(row, form, "keywords", a[:2], {row.params[2]: None})
 
 
+def layer_norm_cases(row, form):
+    """input, normalized_shape, weight, bias, eps."""
+    w, b = T((4,), F32), T((4,), F32)
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (T((3, 4), d), (4,)))
+        yield Case(row, form, "dtypes", (T((3, 4), d), (4,), T((4,), d), T((4,), d)))
+    for shape, norm in (((2, 3, 4), (4,)), ((2, 3, 4), (3, 4)), ((2, 3, 4), [2, 3, 4]),
+                        ((0, 4), (4,)), ((4,), (4,)), ((3, 4), (5,)), ((3, 4), (3,)),
+                        ((), (1,)), ((3, 4), ()), ((3, 4), torch.Size([4])),
+                        ((3, 4), 4), ((3, 4), (4.0,)), ((3, 4), "bad")):
+        yield Case(row, form, "shapes", (T(shape, F32), norm))
+    for weight in (w, None, T((3,), F32), T((4,), F64), T((1, 4), F32), 2.0):
+        for bias in (b, None, T((4,), F64)):
+            yield Case(row, form, "params", (T((3, 4), F32), (4,), weight, bias))
+    for eps in (1e-5, 0.1, 1, 0.0, True, None, 1j, "x"):
+        yield Case(row, form, "params", (T((3, 4), F32), (4,), w, b, eps))
+        yield Case(row, form, "params", (T((3, 4), F32), (4,)), {"eps": eps})
+    yield Case(row, form, "keywords", (T((2, 4), F32), (4,)), {"weight": w, "bias": b})
+    yield Case(row, form, "keywords", (T((2, 4), F32),), {"normalized_shape": (4,)})
+    for d in (F32, F64, F16, BF16):
+        yield Case(row, form, "special", (T((2, 8), d, special=True), (8,)))
+    yield Case(row, form, "pending", (T((2, 3), F32), (3,), T((3,), F32)), pending=True)
+
+
 def family(row):
+    if row.rule == R_LAYER_NORM:
+        return "layer_norm"
     if row.rule in MATMUL_RULES:
         return "matmul"
     if row.rule == R_REDUCE:
@@ -478,7 +506,8 @@ def family(row):
 
 
 GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_cases,
-              "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases}
+              "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
+              "layer_norm": layer_norm_cases}
 
 
 def cases_of(row, form):
@@ -647,6 +676,8 @@ def _basic_call(row):
         return Case(row, form, "basic", (T((3, 4), F32), -0.5))
     if fam == "softmax":
         return Case(row, form, "basic", (T((3, 4), F32), 1))
+    if fam == "layer_norm":
+        return Case(row, form, "basic", (T((3, 4), F32), (4,), T((4,), F32), T((4,), F32)))
     return Case(row, form, "basic", (T((3, 4), F32),))
 
 
@@ -753,6 +784,8 @@ def _scalar_program(row):
         return (3, 4), lambda x, s: form(x * s, x)
     if fam == "softmax":
         return (3, 4), lambda x, s: form(x * s, 1)
+    if fam == "layer_norm":            # eps is the row's own Python number
+        return (3, 4), lambda x, s: form(x, (4,), None, None, abs(s) * 1e-3)
     if fam == "matmul":
         shapes = [shape for shape in MATMUL_SHAPES[row.rule][0] if shape is not None]
         others = [torch.rand(shape) for shape in shapes[1:]]

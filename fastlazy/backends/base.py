@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from fastlazy.optable import AttrValue, Call, Opt
+from fastlazy.optable import AttrValue, Call, Opt, TrailingDims
 
 
 class Program:
@@ -43,19 +43,24 @@ class Backend:
         raise NotImplementedError
 
 
-def lower(expr, node, operand: Callable, constant: Callable, call: Callable):
+def lower(expr, node, operand: Callable, constant: Callable, call: Callable,
+          trailing_dims: Callable = None):
     """Evaluate a row's lowering expression for one node, with the backend's
-    own meaning of an operand, a constant and a call."""
+    own meaning of an operand, a constant, a call and the runtime sizes of
+    an input (trailing_dims(value, k))."""
     if isinstance(expr, int):
         return operand(node.operand(expr))
+    if isinstance(expr, TrailingDims):
+        return trailing_dims(operand(node.operand(expr.index)), node.attr & 15)
     if isinstance(expr, Opt):
         inp = node.operand(expr.index)
         return constant(expr.default) if inp is None else operand(inp)
     if isinstance(expr, AttrValue):
         return constant(expr.value(node))
     if isinstance(expr, Call):
-        args = [lower(a, node, operand, constant, call) for a in expr.args]
-        kwargs = [(k, lower(v, node, operand, constant, call)) for k, v in expr.kwargs]
+        args = [lower(a, node, operand, constant, call, trailing_dims) for a in expr.args]
+        kwargs = [(k, lower(v, node, operand, constant, call, trailing_dims))
+                  for k, v in expr.kwargs]
         return call(expr.name, args, kwargs)
     raise TypeError(f"bad lowering expression {expr!r}")
 

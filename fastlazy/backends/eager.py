@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from fastlazy.backends.base import Backend, Program, builtin
-from fastlazy.optable import AttrValue, Call, Opt
+from fastlazy.optable import AttrValue, Call, Opt, TrailingDims
 
 
 class EagerBackend(Backend):
@@ -44,6 +44,9 @@ def _closure(expr, node):
         return call
     if isinstance(expr, AttrValue):
         return _constant(expr.value(node))
+    if isinstance(expr, TrailingDims):
+        source, k = _closure(expr.index, node), node.attr & 15
+        return lambda env: list(source(env).shape[-k:])
     inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
     if inp is None:
         return _constant(expr.default)

@@ -166,7 +166,10 @@ def _build_fx(view):
                 return _DECOMPOSE[name][1](graph, args, kwargs)
             return graph.call_function(_function(name), tuple(args), kwargs)
 
-        value = lower(node.op.lower, node, operand, _constant, call)
+        def trailing_dims(value, k):
+            return graph.call_function(_trailing_dims, (value, k))
+
+        value = lower(node.op.lower, node, operand, _constant, call, trailing_dims)
         if node.cast:
             value = graph.call_function(_TO_COPY, (value,), {"dtype": node.dtype})
         env[("node", node.index)] = value
@@ -213,11 +216,35 @@ def _leaky_relu(graph, args, kwargs):
         positive, x, graph.call_function(_function("mul"), (x, slope))))
 
 
+def _trailing_dims(x, k):
+    return list(x.shape[-k:])
+
+
+def _layer_norm_of(x, shape, weight, bias, eps):
+    """layer_norm with eps a 0-dim tensor (traced by inductor, not run)."""
+    dims = list(range(-len(shape), 0))
+    mean = builtin("mean")(x, dims, True)
+    centered = x - mean
+    y = centered * builtin("rsqrt")(builtin("mean")(centered * centered, dims, True) + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def _layer_norm(graph, args, kwargs):
+    if not isinstance(args[4], torch.fx.Node):
+        return graph.call_function(_function("layer_norm"), tuple(args))
+    return graph.call_function(_layer_norm_of, tuple(args[:5]))
+
+
 _DECOMPOSE = {
     "add": (("alpha",), _add_alpha),
     "sub": (("alpha",), _sub_alpha),
     "rsub": (("alpha",), _rsub_alpha),
     "leaky_relu": (("*",), _leaky_relu),
+    "layer_norm": (("*",), _layer_norm),
 }
 
 

@@ -77,9 +77,9 @@ class _IR:
         self.lines.append(f"  {name} : int[] = prim::ListConstruct({', '.join(items)})")
         return name
 
-    def call(self, aten, args, out=None):
-        out = out or self.fresh()
-        self.lines.append(f"  {out} : Tensor = aten::{aten}({', '.join(args)})")
+    def call(self, aten, args, type="Tensor"):
+        out = self.fresh()
+        self.lines.append(f"  {out} : {type} = aten::{aten}({', '.join(args)})")
         return out
 
 
@@ -160,8 +160,13 @@ def _emit(ir, env, node, inplace, scalars):
         if node.detach and value not in scalars:
             return ir.call("detach", [value])
         return value
-    args = [lower(a, node, operand, ir.constant, call) for a in expr.args]
-    args += [lower(v, node, operand, ir.constant, call) for _, v in expr.kwargs]
+    def trailing_dims(value, k):
+        sizes = ir.call("size", [value], type="int[]")
+        return ir.call("slice", [sizes, ir.constant(-k), ir.constant(None), ir.constant(1)],
+                       type="int[]")
+
+    args = [lower(a, node, operand, ir.constant, call, trailing_dims) for a in expr.args]
+    args += [lower(v, node, operand, ir.constant, call, trailing_dims) for _, v in expr.kwargs]
     value = ir.call(expr.name + "_" if inplace else expr.name, args)
     if node.cast:
         value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
