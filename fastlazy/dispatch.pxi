@@ -30,7 +30,8 @@ cdef enum Rule:
     R_LINEAR = 14
     R_RTRUEDIV = 15     # other / self, as eager computes it: self.reciprocal() * other
     R_LAYER_NORM = 16   # normalized_shape is structure, read by the rule
-    R_COUNT = 17
+    R_DROPOUT = 17      # the input itself when not training (eager returns it)
+    R_COUNT = 18
 
 # Op flags (op table `flags`).
 cdef enum OpFlags:
@@ -301,6 +302,13 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     for i in range(op_nrequired[op]):
         if p[i] == NULL or ops[i].kind == K_ABSENT and not op_raw[op] >> i & 1:
             return run_eager(entry, args, nargs, kwnames, form, "None for a required operand")
+    if op_rule[op] == R_DROPOUT:
+        if dropout_is_identity(p):
+            return <object>p[0]
+        # training: random, so eager at the call (the generator advances as
+        # in eager); a bad p: eager raises
+        return run_eager(entry, args, nargs, kwnames, form,
+                         "dropout in training (random), or arguments eager must judge")
     if op_inplace_param[op] >= 0 and p[op_inplace_param[op]] != NULL:
         # torch.nn.functional's `inplace=True` is the in-place form
         flag = <object>p[op_inplace_param[op]]
@@ -368,6 +376,20 @@ cdef object same_meta_binary(int op, PyObject **args, Meta *out):
     for i in range(2, op_noperands[op]):
         ops[i].kind = K_ABSENT
     return record(op, ops, op_noperands[op], out, 0, 0, None)
+
+
+cdef bint dropout_is_identity(PyObject **p) except -1:
+    """F.dropout(x, p, training, inplace) returns x itself when not training
+    or when p == 0 (with p a valid probability; eager validates it first)."""
+    prob = 0.5 if p[1] == NULL else <object>p[1]
+    training = True if p[2] == NULL else <object>p[2]
+    if type(prob) is not float and type(prob) is not int or type(training) is not bool:
+        return False
+    if not 0.0 <= prob <= 1.0:
+        return False
+    if p[3] != NULL and type(<object>p[3]) is not bool:
+        return False
+    return not training or prob == 0
 
 
 cdef bint inplace_fits(Meta *out, Meta *self_m) noexcept:

@@ -21,7 +21,7 @@ NUMERIC = INT | FLOAT | COMPLEX
 # Rule ids, mirrored from the compiled core's `Rule` enum.
 (R_UNARY, R_UNARY_FLOAT, R_ABS, R_BINARY, R_TRUEDIV, R_DIV, R_COMPARE, R_POW,
  R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_RTRUEDIV,
- R_LAYER_NORM) = range(17)
+ R_LAYER_NORM, R_DROPOUT) = range(18)
 
 # Op flags, mirrored from the core's `OpFlags` enum.
 NO_BOOL, TENSORS_ONLY, INT_TO_INT64, EMPTY_ERROR = 1, 2, 8, 16
@@ -240,6 +240,10 @@ def _rows():
              cats=FLOAT | COMPLEX, functions=("matmul",), methods=("matmul", "__matmul__"))
     yield Op("linear", R_LINEAR, c("linear", 0, 1, Opt(2)), ("input", "weight", "bias"),
              nrequired=2, cats=FLOAT | COMPLEX, nn_functions=("linear",))
+    # dropout records nothing: in eval (or p=0) it is its input, as in eager;
+    # in training it runs eagerly at the call, so seeded runs match eager
+    yield Op("dropout", R_DROPOUT, c("dropout", 0, Opt(1, 0.5), Opt(2, True)),
+             ("input", "p", "training", "inplace"), noperands=1, nn_functions=("dropout",))
     yield Op("layer_norm", R_LAYER_NORM,
              c("layer_norm", 0, TrailingDims(0), Opt(2), Opt(3), Opt(4, 1e-5), Const(True)),
              ("input", "normalized_shape", "weight", "bias", "eps"), nrequired=2,
@@ -298,7 +302,8 @@ def markdown() -> str:
                   R_CLAMP: "clamp", R_REDUCE: "reduction", R_SOFTMAX: "softmax",
                   R_MM: "matrix product", R_BMM: "matrix product",
                   R_MATMUL: "matrix product", R_LINEAR: "linear",
-                  R_RTRUEDIV: "reflected true division", R_LAYER_NORM: "layer norm"}
+                  R_RTRUEDIV: "reflected true division", R_LAYER_NORM: "layer norm",
+                  R_DROPOUT: "identity in eval; eager in training"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:
         points = ([f"torch.{n}" for n in op.functions] + [f"Tensor.{n}" for n in op.methods]

@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import fastlazy
-from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_LAYER_NORM, R_LINEAR,
+from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_DROPOUT, R_LAYER_NORM,
+                              R_LINEAR,
                               R_RTRUEDIV,
                               R_MATMUL, R_MM, R_REDUCE, R_SOFTMAX, TENSORS_ONLY,
                               Attr, Call)
@@ -52,7 +53,7 @@ PARAM_KINDS = {
     "rounding_mode": "choice", "approximate": "choice",
     "inplace": "flag", "keepdim": "flag",
     "dim": "dim", "dtype": "dtype", "_stacklevel": "stacklevel",
-    "normalized_shape": "shape", "eps": "number",
+    "normalized_shape": "shape", "eps": "number", "p": "number", "training": "flag",
 }
 ELEMENTWISE_RULES_MAX = R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (R_MM, R_BMM, R_MATMUL, R_LINEAR)
@@ -487,7 +488,23 @@ def layer_norm_cases(row, form):
     yield Case(row, form, "pending", (T((2, 3), F32), (3,), T((3,), F32)), pending=True)
 
 
+def dropout_cases(row, form):
+    """input, p, training, inplace: the input itself unless training.  (In
+    training it is random and runs eagerly: test_training.py checks seeded
+    runs are bit-equal to eager.)"""
+    for d in (F32, F64, I64, BOOL, F16):
+        yield Case(row, form, "dtypes", (T((3, 4), d), 0.5, False))
+    for p_, training in ((0.0, True), (0.3, False), (1.0, False), (0, True), (2.0, False),
+                         (-0.1, False), ("x", False), (0.5, 1)):
+        yield Case(row, form, "params", (T((3, 4), F32), p_, training))
+        yield Case(row, form, "params", (T((3, 4), F32),), {"p": p_, "training": training})
+    yield Case(row, form, "params", (T((3, 4), F32), 0.5, False, True))      # inplace in eval
+    yield Case(row, form, "pending", (T((2, 3), F32), 0.2, False), pending=True)
+
+
 def family(row):
+    if row.rule == R_DROPOUT:
+        return "dropout"
     if row.rule == R_LAYER_NORM:
         return "layer_norm"
     if row.rule in MATMUL_RULES:
@@ -507,7 +524,7 @@ def family(row):
 
 GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_cases,
               "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
-              "layer_norm": layer_norm_cases}
+              "layer_norm": layer_norm_cases, "dropout": dropout_cases}
 
 
 def cases_of(row, form):
@@ -678,6 +695,8 @@ def _basic_call(row):
         return Case(row, form, "basic", (T((3, 4), F32), 1))
     if fam == "layer_norm":
         return Case(row, form, "basic", (T((3, 4), F32), (4,), T((4,), F32), T((4,), F32)))
+    if fam == "dropout":    # in eval it is its (pending) input: nothing runs eagerly
+        return Case(row, form, "basic", (T((3, 4), F32), 0.5, False), pending=True)
     return Case(row, form, "basic", (T((3, 4), F32),))
 
 
@@ -784,6 +803,8 @@ def _scalar_program(row):
         return (3, 4), lambda x, s: form(x * s, x)
     if fam == "softmax":
         return (3, 4), lambda x, s: form(x * s, 1)
+    if fam == "dropout":               # eval: the input itself, here x * s
+        return (3, 4), lambda x, s: form(x * s, 0.1, False)
     if fam == "layer_norm":            # eps is the row's own Python number
         return (3, 4), lambda x, s: form(x, (4,), None, None, abs(s) * 1e-3)
     if fam == "matmul":
@@ -847,6 +868,8 @@ def _draw_step(data, row, form, shape, dtype):
         return ("self",), kwargs
     if fam == "softmax":
         return ("self", pick_int), {}
+    if fam == "dropout":
+        return ("self", 0.25, False), {}
     if fam == "clamp":
         lo = data.draw(st.sampled_from([None, -1, 0.5, "input"]), label="min")
         hi = data.draw(st.sampled_from([None, 2, 1.5]), label="max")
