@@ -22,8 +22,6 @@ cdef extern from "_entry.h":
     object fl_entry_new(object orig, object name, int op, int form)
     int fl_entry_op(object e)
     int fl_entry_form(object e)
-    object fl_entry_orig(object e)
-    object fl_entry_name(object e)
 
 include "dtypes.pxi"
 include "counters.pxi"
@@ -77,24 +75,17 @@ def lazy_or_eager(value):
     dims): such results of eager fallbacks stay eager."""
     if type(value) is LazyTensor:
         return value
-    cdef LazyTensor t = LazyTensor.__new__(LazyTensor)
-    if not meta_from_tensor(&t.meta, value):
-        return value
-    t.value = value
-    return t
+    t = try_wrap(value)
+    return value if t is None else t
 
 
 def rebind_value(LazyTensor t, value):
     """Point t at a new eager value (used by in-place ops run eagerly)."""
     detach_handle(t)
     if not meta_from_tensor(&t.meta, value):
-        raise TypeError(f"fastlazy cannot hold a tensor of dtype {value.dtype}")
+        raise_cannot_hold(value)
     t._device = None
     t.value = value
-
-
-def value_or_none(LazyTensor t):
-    return t.value
 
 
 def pending_in(LazyTensor t):

@@ -184,5 +184,3 @@ fl_entry_setup(PyTypeObject *lazy_type, fl_handler_t handler, int (*flush_pendin
 
 static inline int fl_entry_op(PyObject *e) { return ((FLEntry *)e)->op; }
 static inline int fl_entry_form(PyObject *e) { return ((FLEntry *)e)->form; }
-static inline PyObject *fl_entry_orig(PyObject *e) { return ((FLEntry *)e)->orig; }
-static inline PyObject *fl_entry_name(PyObject *e) { return ((FLEntry *)e)->name; }

@@ -93,14 +93,9 @@ def run_entry_eagerly(entry, inplace, args, kwargs, reason):
     return _run(entry.__wrapped__, entry.qualname, args, kwargs, inplace, reason)
 
 
-def _name_of(func):
-    name = getattr(func, "__name__", None) or repr(func)
-    return name
-
-
 def call_eager(func, args, kwargs):
     """A torch function without an entry point, reached via __torch_function__."""
-    name = _name_of(func)
+    name = getattr(func, "__name__", None) or repr(func)
     return _run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"),
                 "no op-table row")
 

@@ -120,14 +120,14 @@ cdef int flush(Segment seg, int reason) except -1:
             # recorded with grad enabled: the graph must build autograd
             # history even if the value is read inside torch.no_grad()
             with _enable_grad():
-                values = run_graph(seg, key, outs, slot_order)
+                program, values = run_graph(seg, key, outs, slot_order)
         elif detached:
             # recorded under no_grad from inputs that require grad: no output
             # needs history, so the whole graph runs without it
             with _no_grad():
-                values = run_graph(seg, key, outs, slot_order)
+                program, values = run_graph(seg, key, outs, slot_order)
         else:
-            values = run_graph(seg, key, outs, slot_order)
+            program, values = run_graph(seg, key, outs, slot_order)
     except BaseException as exc:
         seg.state = SEG_FAILED
         seg.error = exc
@@ -135,7 +135,6 @@ cdef int flush(Segment seg, int reason) except -1:
     finally:
         seg.lock.release()
     cdef LazyTensor t
-    program = _programs.get(key)
     for k in range(len(owners)):
         t = <LazyTensor>owners[k]
         if t.seg is seg:          # not rebound while the graph ran
@@ -148,11 +147,13 @@ cdef int flush(Segment seg, int reason) except -1:
     return 0
 
 
-cdef object run_graph(Segment seg, object key, list outs, tuple slot_order):
-    """A cache hit runs here, in C; a miss goes to graph_cache.run."""
+cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
+    """(program, output values).  A cache hit runs here, in C; a miss goes
+    to graph_cache.run, which compiles and caches the program."""
     program = _programs.get(key)
     if program is None:
-        return _graph_cache.run(seg, key, outs, slot_order)
+        values = _graph_cache.run(seg, key, outs, slot_order)
+        return _programs.get(key), values
     counters[C_HITS] += 1
     _move_to_end(key)
     # program.slots: positions in the canonical slot order
@@ -170,7 +171,7 @@ cdef object run_graph(Segment seg, object key, list outs, tuple slot_order):
         PyTuple_SET_ITEM(args, k, v)
     seg.check_versions(used)
     out = program.call(*args)
-    return (out,) if program.single else out
+    return program, ((out,) if program.single else out)
 
 
 cdef int run_segment_for(LazyTensor t) except -1:

@@ -51,14 +51,26 @@ cdef object materialize(LazyTensor t):
     return t.value
 
 
-cdef LazyTensor wrap_value(object value):
-    """A materialized LazyTensor around an eager tensor (no copy)."""
+cdef LazyTensor try_wrap(object value):
+    """A materialized LazyTensor around an eager tensor (no copy), or None
+    if its dtype, rank or device is one LazyTensor cannot describe."""
     cdef LazyTensor t = LazyTensor.__new__(LazyTensor)
     if not meta_from_tensor(&t.meta, value):
-        raise TypeError(
-            f"fastlazy cannot hold a tensor of dtype {value.dtype}, "
-            f"{value.dim()} dims on {value.device}; keep it eager")
+        return None
     t.value = value
+    return t
+
+
+cdef int raise_cannot_hold(object value) except -1:
+    raise TypeError(
+        f"fastlazy cannot hold a tensor of dtype {value.dtype}, "
+        f"{value.dim()} dims on {value.device}; keep it eager")
+
+
+cdef LazyTensor wrap_value(object value):
+    cdef LazyTensor t = try_wrap(value)
+    if t is None:
+        raise_cannot_hold(value)
     return t
 
 
