@@ -24,6 +24,11 @@ from fastlazy import sites as _sites
 
 _core.init(_fallback, _graph_cache, _sites.site_of_call)
 
+from fastlazy import generic as _generic  # noqa: E402
+from fastlazy import views as _views  # noqa: E402
+
+_core.set_generic(_generic, _views)
+
 from fastlazy import closures as _closures  # noqa: E402
 from fastlazy import debug, metrics, optable  # noqa: E402
 from fastlazy import patching as _patching  # noqa: E402

@@ -9,8 +9,9 @@ cdef enum:
     # Tensors of more dimensions than this are not recorded; ops on them run
     # eagerly (counted as a fallback).
     MAX_NDIM = 8
-    # Inputs of one node: tensor operands and scalar payloads (alpha, min, max).
-    MAX_IN = 5
+    # Inputs of one node: tensor operands and scalar payloads (alpha, min, max),
+    # or the tensor arguments of a generic call (torch.cat of up to 8).
+    MAX_IN = 8
 
 ctypedef struct Meta:
     int8_t dtype          # dtype code (see dtypes.pxi); -1 for a Python scalar
@@ -64,6 +65,8 @@ cdef class LazyTensor:
     cdef readonly object program  # the compiled Program that produced value
     cdef uint64_t slot_epoch  # segment epoch in which `slot` is valid
     cdef int32_t slot         # external slot of our value in that segment
+    cdef public object family # views.Family (a base with live views) or
+                              # views.Member (a view of one), else None
     cdef object __weakref__
 
     cdef int _wrap_dim(self, dim) except -1

@@ -31,6 +31,7 @@ include "tensor.pxi"
 include "shape_rules.pxi"
 include "dispatch.pxi"
 include "flush.pxi"
+include "generic_record.pxi"
 
 cdef object _new_lock = threading.Lock
 cdef object _enable_grad = None
@@ -41,8 +42,9 @@ cdef object _site_of_call = None
 def init(fallback_module, graph_cache_module, site_of_call):
     """Bind torch and the Python-side helpers once (called by fastlazy)."""
     global _torch, _Size, _device_type, TensorType, _fallback, _graph_cache
-    global _is_grad_enabled, _site_of_call, _enable_grad, _no_grad
+    global _is_grad_enabled, _site_of_call, _enable_grad, _no_grad, _tensor_getitem
     import torch
+    _tensor_getitem = torch.Tensor.__getitem__
     _torch = torch
     _Size = torch.Size
     _device_type = torch.device

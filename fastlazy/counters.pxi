@@ -9,10 +9,11 @@ cdef enum:
     C_MATERIALIZATIONS
     C_FALLBACKS
     C_EMPTY_FLUSHES
+    C_GENERIC             # calls recorded by the generic path (fastlazy.generic)
     C_COUNT
 
 COUNTER_NAMES = ("nodes_recorded", "flushes", "cache_hits", "cache_misses",
-                 "materializations", "fallbacks", "empty_flushes")
+                 "materializations", "fallbacks", "empty_flushes", "generic_calls")
 
 cdef enum:
     REASON_VALUE = 0      # a value was read

@@ -31,7 +31,8 @@ cdef enum Rule:
     R_RTRUEDIV = 15     # other / self, as eager computes it: self.reciprocal() * other
     R_LAYER_NORM = 16   # normalized_shape is structure, read by the rule
     R_DROPOUT = 17      # the input itself when not training (eager returns it)
-    R_COUNT = 18
+    R_GENERIC = 18      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 19
 
 # Op flags (op table `flags`).
 cdef enum OpFlags:
@@ -282,8 +283,11 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
     cdef LazyTensor self_t = None
 
-    if op < 0:      # an entry with no row: always eager (LazyTensor.<method>)
-        return run_eager(entry, args, nargs, kwnames, form, "no op-table row")
+    if op < 0 or op_rule[op] == R_GENERIC or fl_autocast:
+        # no C rule (a generic row, or a Tensor method without a row), or
+        # autocast is on (it changes dtypes per op): the generic path
+        # records it if it is pure, and runs it eagerly otherwise
+        return call_generic(entry, args, nargs, kwnames, form)
     if nargs == 2 and kwnames is None and form == FORM_CALL:
         fast = same_meta_binary(op, args, &out)
         if fast is not None:
@@ -322,7 +326,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if ops[0].kind != K_LAZY:
             return run_eager(entry, args, nargs, kwnames, form, "in-place on an eager tensor")
         self_t = <LazyTensor>p[0]
-        if self_t.value is not None and self_t.value._is_view():
+        if self_t.family is None and self_t.value is not None and self_t.value._is_view():
             # a view of another tensor (made by an eager fallback such as
             # x[0] or x.view(-1)): writing through it must reach its base
             return run_eager(entry, args, nargs, kwnames, form, "in-place through a view")
@@ -339,7 +343,12 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if out.dtype != self_t.meta.dtype:
             flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
-    return record(op, ops, nops, &out, attr, flags, self_t)
+        record(op, ops, nops, &out, attr, flags, self_t)
+        if self_t.family is not None:
+            # a view or a base of views: the write shows in the others
+            _views.after_mutation(self_t)
+        return self_t
+    return record(op, ops, nops, &out, attr, flags, None)
 
 
 cdef object same_meta_binary(int op, PyObject **args, Meta *out):
@@ -411,6 +420,16 @@ cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kw
         for k in range(len(<tuple>kwnames)):
             kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
     return _fallback.run_entry_eagerly(entry, form == FORM_INPLACE, pos, kw, reason)
+
+
+cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                         int form):
+    pos = tuple([<object>args[i] for i in range(nargs)])
+    kw = {}
+    if kwnames is not None:
+        for k in range(len(<tuple>kwnames)):
+            kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
+    return _generic.call(entry.__wrapped__, entry.qualname, pos, kw, form == FORM_INPLACE)
 
 
 def make_entry(object orig, str name, int op, int form):

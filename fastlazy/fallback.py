@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy import _core, stats
+from fastlazy import _core, stats, views
 from fastlazy._core import LazyTensor
 
 
@@ -42,7 +42,7 @@ def wrap_eager(value):
     return _core.lazy(value)
 
 
-def _run(func, name, args, kwargs, inplace, reason):
+def run(func, name, args, kwargs, inplace, reason):
     _core.count("fallbacks")
     stats.count_fallback(name, reason)
     out = kwargs.get("out")
@@ -52,7 +52,7 @@ def _run(func, name, args, kwargs, inplace, reason):
     if inplace and args and type(args[0]) is LazyTensor:
         target = args[0]
         value = target.to_eager()
-        if value._is_view():
+        if target.family is None and value._is_view():
             # The value views another tensor (x[0], x.view(-1) ran eagerly):
             # write through, as eager does, so the base sees the change --
             # after computing the pending nodes that may read it.
@@ -65,6 +65,8 @@ def _run(func, name, args, kwargs, inplace, reason):
         if func(clone, *_materialize(args[1:]), **_materialize(kwargs)) is NotImplemented:
             return NotImplemented     # x += None: Python goes on to raise TypeError
         _core.rebind_value(target, clone)
+        if target.family is not None:
+            views.after_mutation(target)
         return target
     if inplace:
         # An eager tensor is written: pending nodes that read it must see
@@ -85,24 +87,26 @@ def _run_out(func, args, kwargs):
     for t, c in zip(targets, copies):
         if type(t) is LazyTensor:
             _core.rebind_value(t, c)
+            if t.family is not None:
+                views.after_mutation(t)
     return out
 
 
 def run_entry_eagerly(entry, inplace, args, kwargs, reason):
     """Called by the core when an entry point's call is not recorded."""
-    return _run(entry.__wrapped__, entry.qualname, args, kwargs, inplace, reason)
+    return run(entry.__wrapped__, entry.qualname, args, kwargs, inplace, reason)
 
 
 def call_eager(func, args, kwargs):
     """A torch function without an entry point, reached via __torch_function__."""
     name = getattr(func, "__name__", None) or repr(func)
-    return _run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"),
+    return run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"),
                 "no op-table row")
 
 
 def dunder(name, self, args, inplace=False):
     """A LazyTensor operator without a row in the op table."""
-    return _run(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace,
+    return run(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace,
                 "no op-table row")
 
 

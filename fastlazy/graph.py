@@ -8,17 +8,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from fastlazy import generic
 from fastlazy.optable import OPS, Op
 
 SLOT_TENSOR = 1 << 30
 SLOT_SCALAR = 2 << 30
 SCALAR_KINDS = ("bool", "int", "float", "complex")
+GENERIC_OP, GENERIC_OUT_SHIFT = 511, 20       # the core's generic_record.pxi
 
 
 @dataclass(frozen=True)
 class Node:
     index: int
-    op: Op
+    op: Op               # or a generic.Lowering (op.generic)
     inputs: tuple        # ('node', i) | ('slot', k)
     attr: int
     cast: bool           # in-place op: cast the result to `dtype`
@@ -28,6 +30,7 @@ class Node:
     uses: int            # consumers among the needed nodes
     is_output: bool
     requires_grad: bool
+    output: int = 0      # generic nodes: which output of the lowering
 
     def operand(self, position):
         """The input for operand `position` of the op, or None if absent
@@ -46,6 +49,12 @@ class Slot:
     value: object        # the value at compile time (a bool slot is a constant)
 
 
+def _op(raw):
+    if raw[0] == GENERIC_OP:
+        return generic.lowering(raw[2] & ((1 << GENERIC_OUT_SHIFT) - 1))
+    return OPS[raw[0]]
+
+
 class GraphView:
     def __init__(self, seg, outputs):
         raw = [seg.node(i) for i in range(len(seg))]
@@ -60,9 +69,9 @@ class GraphView:
                     uses[r] += 1
         outset = set(outputs)
         self.nodes = [
-            Node(i, OPS[raw[i][0]], raw[i][1], raw[i][2], bool(raw[i][3] & 1),
+            Node(i, _op(raw[i]), raw[i][1], raw[i][2], bool(raw[i][3] & 1),
                  bool(raw[i][3] & 2), raw[i][4], raw[i][5], uses[i], i in outset,
-                 raw[i][7])
+                 raw[i][7], raw[i][2] >> GENERIC_OUT_SHIFT & 255)
             for i in sorted(needed)
         ]
         # Without an output that needs autograd history the graph runs under

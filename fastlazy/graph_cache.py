@@ -74,22 +74,36 @@ def run(seg, key, outputs, slot_order):
     used = [slot_order[p] for p in program.slots]
     seg._check_versions(used)
     inputs = seg.inputs
-    return program.run([inputs[k] for k in used])
+    try:
+        return program.run([inputs[k] for k in used])
+    except Exception as exc:
+        if _backend.name == "eager":
+            raise
+        # Some graphs only fail when first run (TorchScript's alias analysis
+        # of an aten op it cannot type): run it on the eager backend, which
+        # raises eager's own error if the values really cannot be computed.
+        program = _fallback_program(view, exc)
+        _cache[key] = program
+        return program.run([inputs[slot_order[p]] for p in program.slots])
 
 
 def _compile(backend, view):
-    global compile_failures
     start = time.perf_counter()
     try:
         program = backend.compile(view)
     except Exception as exc:     # a backend bug must not lose the user's values
         if backend.name == "eager":
             raise
-        compile_failures += 1
-        stats.count_fallback(f"compile:{backend.name}:{type(exc).__name__}")
-        program = backends.get("eager").compile(view)
+        program = _fallback_program(view, exc)
     stats.add_compile_time(time.perf_counter() - start)
     return program
+
+
+def _fallback_program(view, exc):
+    global compile_failures
+    compile_failures += 1
+    stats.count_fallback(f"compile:{_backend.name}:{type(exc).__name__}")
+    return backends.get("eager").compile(view)
 
 
 def recover(seg, index, error):

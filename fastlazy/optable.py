@@ -152,6 +152,8 @@ class Op:
     nn_functions: tuple = ()      # torch.nn.functional.<name>
     opcode: int = field(default=-1, compare=False)
 
+    generic = False               # lowered from a Call (generic.Lowering: True)
+
 
 def _rows():
     c = Call.of

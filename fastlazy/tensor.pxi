@@ -8,6 +8,7 @@ cdef object _device_type = None
 cdef object _fallback = None        # fastlazy.fallback module
 cdef dict _torch_function_table = {}  # original torch callable -> Entry
 cdef object _entry_type = None        # the Entry type of _entry.h
+cdef object _tensor_getitem = None    # torch.Tensor.__getitem__
 
 # Python operators: LazyTensor's number and comparison slots dispatch through
 # the entries of the op-table rows that claim these names.
@@ -265,7 +266,8 @@ cdef class LazyTensor:
 
     # -- operators without a row yet: eager on the value, result lazy again --
 
-    def __getitem__(self, idx): return _fallback.dunder("__getitem__", self, (idx,))
+    def __getitem__(self, idx):
+        return _generic.call(_tensor_getitem, "Tensor.__getitem__", (self, idx), {}, False)
     def __setitem__(self, idx, value):
         _fallback.dunder("__setitem__", self, (idx, value), inplace=True)
     def __rmatmul__(self, other): return _fallback.dunder("__rmatmul__", self, (other,))
@@ -298,5 +300,11 @@ cdef class LazyTensor:
             # has pointed at our entry: it takes lazy arguments itself
             entry = func
         if entry is not None:
-            return entry(*args, **kwargs)
-        return _fallback.call_eager(func, args, kwargs)
+            if fl_entry_op(entry) >= 0 and op_rule[fl_entry_op(entry)] != R_GENERIC:
+                return entry(*args, **kwargs)
+            # a generic row: its LazyTensors may sit inside a list (torch.cat),
+            # where the entry does not look, so take the generic path here
+            func = entry.__wrapped__
+        name = getattr(func, "__name__", None) or repr(func)
+        return _generic.call(func, name, args, kwargs,
+                             name.endswith("_") and not name.endswith("__"))

@@ -156,17 +156,24 @@ def test_eager_tensor_mutated_by_lazy_argument_stays_eager():
     assert torch.equal(e, torch.ones(3))
 
 
-def test_unsupported_op_falls_back_and_stays_lazy():
+def test_op_without_a_row_is_recorded_by_the_generic_path():
     a = fastlazy.lazy(torch.arange(6.0))
     r = torch.cumsum(a * 2, 0)
-    assert isinstance(r, fastlazy.LazyTensor) and r.is_materialized
+    assert isinstance(r, fastlazy.LazyTensor) and not r.is_materialized
     assert torch.equal(r.to_eager(), torch.cumsum(torch.arange(6.0) * 2, 0))
     m = a.reshape(2, 3).sum(dim=1)
-    assert isinstance(m, fastlazy.LazyTensor)
+    assert isinstance(m, fastlazy.LazyTensor) and not m.is_materialized
     assert torch.equal(m.to_eager(), torch.arange(6.0).reshape(2, 3).sum(1))
     c = counters()
-    assert c["fallback.cumsum"] == 1 and c["fallback.Tensor.reshape"] == 1
-    assert c["fallbacks"] == 2          # sum(dim=1) is recorded
+    assert c["generic_calls"] == 2 and c["fallbacks"] == 0
+
+
+def test_unsafe_op_falls_back_and_stays_lazy():
+    a = fastlazy.lazy(torch.tensor([0.0, 1.0, 0.0, 2.0]))
+    r = torch.nonzero(a * 2)            # output shape depends on the data
+    assert isinstance(r, fastlazy.LazyTensor) and r.is_materialized
+    assert torch.equal(r.to_eager(), torch.tensor([[1], [3]]))
+    assert counters()["fallback.nonzero"] == 1
 
 
 def test_unsupported_inplace_method_rebinds():

@@ -18,7 +18,8 @@ class EagerBackend(Backend):
 
     def compile(self, view) -> Program:
         keys = [("slot", s.index) for s in view.slots]
-        steps = [(("node", node.index), _closure(node.op.lower, node),
+        steps = [(("node", node.index),
+                  _generic_closure(node) if node.op.generic else _closure(node.op.lower, node),
                   node.dtype if node.cast else None) for node in view.nodes]
         outputs = [("node", i) for i in view.outputs]
 
@@ -56,6 +57,24 @@ def _closure(expr, node):
             return value.detach() if isinstance(value, torch.Tensor) else value
         return detached
     return lambda env: env[inp]
+
+
+def _generic_closure(node):
+    """env -> output `node.output` of a generic node's aten program; the
+    program runs once per distinct input tuple (its other outputs are
+    nodes of their own)."""
+    program, inputs, k, detach = node.op.gm, list(node.inputs), node.output, node.detach
+    memo = ("generic", node.op.index, tuple(node.inputs))
+
+    def call(env):
+        outs = env.get(memo)
+        if outs is None:
+            args = [env[i] for i in inputs]
+            if detach:
+                args = [a.detach() for a in args]
+            outs = env[memo] = program(*args)
+        return outs[k]
+    return call
 
 
 def _constant(value):

@@ -145,7 +145,19 @@ def _build_fx(view):
             casts[key] = graph.call_function(_TO_COPY, (env[inp],), {"dtype": dtype})
         return casts[key]
 
+    generic_outs = {}             # (lowering, inputs) -> its inlined outputs
     for node in view.nodes:
+        if node.op.generic:
+            key = (node.op.index, node.inputs)
+            if key not in generic_outs:
+                args = [env[i] for i in node.inputs]
+                if node.detach:
+                    args = [graph.call_function(torch.ops.aten.detach.default, (a,))
+                            for a in args]
+                generic_outs[key] = _inline(graph, node.op, args)
+            env[("node", node.index)] = generic_outs[key][node.output]
+            meta[("node", node.index)] = (node.dtype, len(node.shape), None)
+            continue
         common = _common_dtype(node, meta)
         scalar_args = _scalar_arg_slots(node)
 
@@ -176,6 +188,17 @@ def _build_fx(view):
         meta[("node", node.index)] = (node.dtype, len(node.shape), None)
     graph.output(tuple(env[("node", i)] for i in view.outputs))
     return torch.fx.GraphModule(torch.nn.Module(), graph), kinds
+
+
+def _inline(graph, lowering, args):
+    """Copy a generic node's aten program into graph; its outputs."""
+    values = dict(zip(lowering.placeholders, args))
+    for fx in lowering.gm.graph.nodes:
+        if fx.op == "call_function":
+            values[fx] = graph.call_function(
+                fx.target, torch.fx.node.map_arg(fx.args, values.__getitem__),
+                torch.fx.node.map_arg(fx.kwargs, values.__getitem__))
+    return [values[o] for o in lowering.outputs]
 
 
 def _scalar_arg_slots(node):

@@ -10,8 +10,10 @@ that reuse the storage of intermediates nobody else reads.
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
+import torch.fx
 
 from fastlazy.backends.base import Backend, Program, lower
 
@@ -31,6 +33,13 @@ INPLACE_VARIANTS = frozenset({
 })
 
 _TS_TYPES = {"tensor": "Tensor", "int": "int", "float": "float", "complex": "complex"}
+
+# Enums TorchScript passes as ints.
+_ENUM_INTS = {
+    torch.strided: 0, torch.sparse_coo: 1,
+    torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2,
+    torch.channels_last_3d: 3,
+}
 
 
 class _IR:
@@ -72,9 +81,11 @@ class _IR:
         return name
 
     def _int_list(self, values):
-        items = [self.constant(v) for v in values]
+        return self.list([self.constant(v) for v in values], "int[]")
+
+    def list(self, items, type):
         name = self.fresh()
-        self.lines.append(f"  {name} : int[] = prim::ListConstruct({', '.join(items)})")
+        self.lines.append(f"  {name} : {type} = prim::ListConstruct({', '.join(items)})")
         return name
 
     def call(self, aten, args, type="Tensor"):
@@ -115,7 +126,11 @@ class TorchScriptBackend(Backend):
         # writing into intermediates is safe only where autograd keeps none
         reuse = not view.grad and not fuses
         by_index = {n.index: n for n in view.nodes}
+        generic_outs = {}     # (lowering, inputs) -> the emitted program's outputs
         for node in view.nodes:
+            if node.op.generic:
+                env[("node", node.index)] = _emit_generic(ir, env, node, generic_outs)
+                continue
             env[("node", node.index)] = _emit(ir, env, node, reuse and _reusable(node, by_index),
                                               scalars)
         outs = [env[("node", i)] for i in view.outputs]
@@ -139,13 +154,15 @@ def _reusable(node, by_index):
     """May node compute into its first input's storage?  Only if that input
     is an intermediate read by nobody else, of the result's shape and dtype."""
     expr = node.op.lower
-    if node.cast or expr.name not in INPLACE_VARIANTS or not isinstance(expr.args[0], int):
+    if (node.op.generic or node.cast or expr.name not in INPLACE_VARIANTS
+            or not isinstance(expr.args[0], int)):
         return False
     kind, index = node.operand(expr.args[0])
     if kind != "node":
         return False
     producer = by_index[index]
-    return (producer.uses == 1 and not producer.is_output
+    # a generic node's value may be a view of one of its inputs
+    return (not producer.op.generic and producer.uses == 1 and not producer.is_output
             and producer.shape == node.shape and producer.dtype == node.dtype)
 
 
@@ -172,6 +189,93 @@ def _emit(ir, env, node, inplace, scalars):
         value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
                                ir.constant(False), ir.constant(False), ir.constant(None)])
     return value
+
+
+def _emit_generic(ir, env, node, emitted):
+    """Output `node.output` of a generic node's aten program, emitted once
+    per distinct input tuple."""
+    key = (node.op.index, node.inputs)
+    if key not in emitted:
+        args = [env[i] for i in node.inputs]
+        if node.detach:
+            args = [ir.call("detach", [a]) for a in args]
+        values = dict(zip(node.op.placeholders, args))
+        for fx in node.op.gm.graph.nodes:
+            if fx.op != "call_function":
+                continue
+            if fx.target is operator.getitem:
+                source, k = fx.args
+                found = values[source]
+                values[fx] = (found[k] if isinstance(found, tuple)
+                              else ir.call("__getitem__", [found, ir.constant(k)]))
+            else:
+                values[fx] = _emit_aten(ir, fx, values)
+        emitted[key] = [values[o] for o in node.op.outputs]
+    return emitted[key][node.output]
+
+
+def _emit_aten(ir, fx, values):
+    """One aten call of an FX graph as IR: every schema argument spelled out
+    (the IR has no defaults), typed so that the right overload matches."""
+    schema = fx.target._schema
+    args = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(fx.args):
+            value = fx.args[i]
+        elif arg.name in fx.kwargs:
+            value = fx.kwargs[arg.name]
+        elif arg.has_default_value():
+            value = arg.default_value
+        else:
+            raise TypeError(f"{schema.name}: no value for {arg.name}")
+        args.append(_ir_value(ir, value, arg, values))
+    name = schema.name.split("::", 1)[1]
+    returns = [_ir_type(r.type) for r in schema.returns]
+    if len(returns) == 1:
+        return ir.call(name, args, type=returns[0])
+    outs = tuple(ir.fresh() for _ in returns)
+    typed = ", ".join(f"{o} : {t}" for o, t in zip(outs, returns))
+    ir.lines.append(f"  {typed} = aten::{name}({', '.join(args)})")
+    return outs
+
+
+def _ir_type(t):
+    text = str(t)
+    return {"Tensor": "Tensor", "List[Tensor]": "Tensor[]"}.get(text) or _unsupported(text)
+
+
+def _unsupported(text):
+    raise TypeError(f"no TorchScript lowering for a {text} result")
+
+
+def _ir_value(ir, value, arg, values):
+    if isinstance(value, torch.fx.Node):
+        return values[value]
+    kind = str(arg.type)
+    if isinstance(value, (list, tuple)):
+        if "Tensor" in kind:
+            items = [ir.constant(None) if v is None else values[v] for v in value]
+            return ir.list(items, "Tensor?[]" if "Optional[Tensor]" in kind else "Tensor[]")
+        if "bool" in kind:
+            return ir.list([ir.constant(bool(v)) for v in value], "bool[]")
+        if "float" in kind:
+            return ir.list([ir.constant(float(v)) for v in value], "float[]")
+        return ir.constant(list(value))
+    if type(value) is int and kind.startswith("List[int]") and arg.N:
+        return ir.constant([value] * arg.N)
+    if isinstance(value, torch.device):
+        key = ("device", str(value))
+        if key not in ir.consts:
+            name = ir.fresh()
+            ir.lines.append(f'  {name} : Device = prim::Constant[value="{value}"]()')
+            ir.consts[key] = name
+        return ir.consts[key]
+    if isinstance(value, (torch.layout, torch.memory_format)):
+        return ir.constant(_ENUM_INTS[value])
+    if type(value) is float and (value != value or abs(value) == float("inf")):
+        # the IR's constant syntax has no inf/nan: build it from a string
+        return ir.call("Float", [ir.constant(repr(value))], type="float")
+    return ir.constant(value)
 
 
 def _legacy_first_call(program, text, *inputs):

@@ -1,0 +1,351 @@
+"""The generic path: recording calls that have no C rule.
+
+Any torch function called with LazyTensors (conv2d, cat, where, var, a view,
+indexing...) is described by a *signature*: the function, each tensor
+argument's dtype/shape/device/requires_grad (and view geometry), every other
+argument's value, and the grad and autocast modes.  The first call of a
+signature runs the function twice on fake tensors: once to check the call
+(eager would raise: then eager runs it and raises) and read its results'
+metadata, once through make_fx to capture it as a small aten program.  It is
+recorded only if that program is pure -- no op mutates, none is random, no
+output shape depends on data -- and every result is a tensor.
+
+The verdict, the result metadata and the aten program are cached per
+signature, so a repeat costs a dict lookup and the node appends; the fake
+runs are never repeated per call (the lesson of the trace-time notebook).
+Calls that are not recordable run eagerly, are counted, and
+`fastlazy.explain()` lists them with the reason.
+
+Lowerings are interned by their code: a program that does not depend on the
+input shapes (conv2d with fixed hyperparameters) is one lowering for every
+shape, so TorchScript graphs that contain it stay shape-generic; one that
+bakes sizes in (a reshape to (4, -1) traced as view(4, 6)) gets one per shape.
+"""
+from __future__ import annotations
+
+import operator
+import threading
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from fastlazy import _core, fallback, views
+from fastlazy._core import LazyTensor
+
+MAX_INPUTS = 8                # MAX_IN of the core: tensor arguments of one node
+
+_ATOMS = frozenset({int, bool, str, type(None), type(Ellipsis), torch.dtype,
+                    torch.device, torch.layout, torch.memory_format})
+_REFUSED_TAGS = {
+    torch.Tag.nondeterministic_seeded: "random (runs eagerly so seeded runs match eager)",
+    torch.Tag.dynamic_output_shape: "output shape depends on the data",
+    torch.Tag.data_dependent_output: "output depends on the data",
+    torch.Tag.inplace_view: "changes a tensor's view in place",
+}
+
+
+class Unsafe(Exception):
+    """A call the generic path does not record; the message is the reason."""
+
+
+class Lowering:
+    """One captured aten program: an FX graph whose placeholders are the
+    call's tensor arguments in order and whose output is a flat tuple."""
+
+    def __init__(self, index, gm, name):
+        self.index = index
+        self.gm = gm
+        self.name = name
+        self.source = gm.code
+        nodes = list(gm.graph.nodes)
+        self.placeholders = [n for n in nodes if n.op == "placeholder"]
+        self.outputs = list(nodes[-1].args[0])
+
+    generic = True
+    lower = None
+
+    def __repr__(self):
+        return f"<generic lowering {self.index}: {self.name}>"
+
+
+class Signature:
+    __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach")
+
+    def __init__(self, reason=None):
+        self.reason = reason
+
+
+_lock = threading.Lock()
+_signatures: dict = {}
+_lowerings: list = []
+_lowering_ids: dict = {}
+
+
+def lowering(index):
+    return _lowerings[index]
+
+
+def signature_count():
+    return len(_signatures)
+
+
+def call(func, name, args, kwargs, inplace):
+    """An entry point's call (or a __torch_function__ call) with LazyTensor
+    arguments and no C rule: record it if it is pure, else run it eagerly."""
+    if not inplace:
+        try:
+            out = record(func, args, kwargs, name)
+        except Unsafe as exc:
+            reason = str(exc)
+        else:
+            _core.count("generic_calls")
+            return out
+    else:
+        reason = "mutates its input (runs eagerly on a copy)"
+    return fallback.run(func, name, args, kwargs, inplace, reason)
+
+
+def record(func, args, kwargs, name=None, track_views=True):
+    """Record func(*args, **kwargs); the result with LazyTensors in place of
+    tensors.  Raises Unsafe for a call it does not take."""
+    tensors = []
+    parts = []
+    _describe(args, tensors, parts)
+    _describe(kwargs, tensors, parts)
+    key = (func, tuple(parts), torch.is_grad_enabled(), _autocast_key())
+    sig = _signatures.get(key)
+    if sig is None:
+        sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"))
+        with _lock:
+            _signatures[key] = sig
+    if sig.reason is not None:
+        raise Unsafe(sig.reason)
+    inputs = tuple([t if type(t) is LazyTensor else _core.lazy(t) for t in tensors])
+    new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach)
+               if sig.recorded else ())
+    flat = []
+    for kind in sig.kinds:
+        if kind[0] == "input":
+            flat.append(tensors[kind[1]])
+            continue
+        t = next(new)
+        if kind[0] == "view" and track_views:
+            views.attach(t, tensors[kind[1]], kind[2], kind[3])
+        flat.append(t)
+    return pytree.tree_unflatten(flat, sig.spec)
+
+
+def _describe(x, tensors, parts):
+    """Append x's contribution to the signature; collect its tensors."""
+    t = type(x)
+    if t is LazyTensor:
+        tensors.append(x)
+        parts.append(_core.descriptor(x) + (views.geometry(x),))
+    elif t in _ATOMS:
+        parts.append((t, x))
+    elif t is float:
+        parts.append((float, x.hex()))     # -0.0 and nan are values of their own
+    elif t is tuple or t is list or t is torch.Size:
+        parts.append((t, len(x)))
+        for v in x:
+            _describe(v, tensors, parts)
+    elif t is dict:
+        parts.append((dict, tuple(x)))
+        for v in x.values():
+            _describe(v, tensors, parts)
+    elif t is slice:
+        parts.append(slice)
+        _describe(x.start, tensors, parts)
+        _describe(x.stop, tensors, parts)
+        _describe(x.step, tensors, parts)
+    elif isinstance(x, torch.Tensor):
+        if x.layout is not torch.strided or t not in (torch.Tensor, torch.nn.Parameter):
+            raise Unsafe("a sparse tensor or a tensor subclass")
+        tensors.append(x)
+        parts.append(("eager", x.dtype, tuple(x.shape), x.stride(), x.device,
+                      x.requires_grad))
+    elif t is complex:
+        parts.append((complex, repr(x)))
+    else:
+        raise Unsafe(f"an argument of type {t.__name__}")
+
+
+def _substitute(x, it):
+    """x with every tensor replaced by the next item of `it` (the order of
+    _describe)."""
+    t = type(x)
+    if t is LazyTensor or isinstance(x, torch.Tensor):
+        return next(it)
+    if t is tuple or t is list:
+        return t([_substitute(v, it) for v in x])
+    if t is dict:
+        return {k: _substitute(v, it) for k, v in x.items()}
+    if t is slice:
+        return slice(_substitute(x.start, it), _substitute(x.stop, it), _substitute(x.step, it))
+    return x
+
+
+def _autocast_key():
+    if not _core.autocast_depth():
+        return None
+    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                 for d in ("cpu", "cuda"))
+
+
+def _example(t):
+    """A real tensor (never written, so never touched) standing for argument
+    t in the fake runs, with t's view geometry."""
+    if type(t) is LazyTensor:
+        dtype_code, shape, device, requires_grad, geometry = (_core.descriptor(t)
+                                                               + (views.geometry(t),))
+        dtype, device = t.dtype, t.device
+        grad = requires_grad and (dtype.is_floating_point or dtype.is_complex)
+        if geometry is None:
+            return torch.empty(shape, dtype=dtype, device=device, requires_grad=grad)
+        numel, stride, offset = geometry
+        base = torch.empty(numel, dtype=dtype, device=device, requires_grad=grad)
+        return base.as_strided(shape, stride, offset)
+    example = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return example.requires_grad_(t.requires_grad)
+
+
+def _analyse(func, args, kwargs, tensors, name):
+    held = _core.hold_pending()
+    try:
+        return _analyse_or_raise(func, args, kwargs, tensors, name)
+    except Unsafe as exc:
+        return Signature(str(exc))
+    finally:
+        _core.release_pending(held)
+
+
+def _analyse_or_raise(func, args, kwargs, tensors, name):
+    if not any(type(t) is LazyTensor for t in tensors):
+        raise Unsafe("no LazyTensor argument at the top of a list")
+    if len(tensors) > MAX_INPUTS:
+        raise Unsafe(f"more than {MAX_INPUTS} tensor arguments")
+    if len({t.device for t in tensors if t.dim() > 0}) > 1:
+        raise Unsafe("tensors on several devices (eager judges)")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    examples = [_example(t) for t in tensors]
+
+    # 1. the call itself, on fake tensors: eager's checks, results' metadata
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+            fakes = [mode.from_tensor(e) for e in examples]
+            fa, fk = _substitute((args, kwargs), iter(fakes))
+            out = func(*fa, **fk)
+    except Exception as exc:     # eager raises too, or the op has no fake kernel
+        raise Unsafe(_why(exc)) from None
+    leaves, spec = pytree.tree_flatten(out)
+    if not leaves or not all(isinstance(v, torch.Tensor) for v in leaves):
+        raise Unsafe("returns something other than tensors")
+
+    # 2. the aten program
+    gm = _trace(func, args, kwargs, examples,
+                [type(t) is LazyTensor and views.geometry(t) is None for t in tensors])
+    outputs = list(gm.graph.nodes)[-1].args[0]
+    if len(outputs) != len(leaves):
+        raise Unsafe("the traced program's outputs differ from the call's")
+
+    sig = Signature()
+    sig.spec = spec
+    sig.kinds = []
+    sig.recorded = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for index, (leaf, node) in enumerate(zip(leaves, outputs)):
+        same = [i for i, f in enumerate(fakes) if leaf is f]
+        if same or node in placeholders:
+            i = same[0] if same else placeholders.index(node)
+            sig.kinds.append(("input", i))
+            continue
+        if leaf.dim() > 8 or _core.dtype_code_of(leaf.dtype) < 0:
+            raise Unsafe("a result LazyTensor cannot hold (dtype or rank)")
+        aliased = [i for i, f in enumerate(fakes) if torch._C._is_alias_of(leaf, f)]
+        if aliased:
+            i = aliased[0]
+            if type(tensors[i]) is not LazyTensor:
+                raise Unsafe("returns a view of an eager tensor (eager semantics)")
+            detached = fakes[i].requires_grad and not leaf.requires_grad
+            sig.kinds.append(("view", i, (tuple(leaf.shape), leaf.stride(),
+                                          leaf.storage_offset()), detached))
+        else:
+            sig.kinds.append(("new",))
+        sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
+    sig.detach = (not torch.is_grad_enabled()
+                  and any(t.requires_grad for t in tensors))
+    sig.lowering = _intern(gm, name) if sig.recorded else None
+    return sig
+
+
+def _why(exc):
+    from torch._subclasses import fake_tensor
+    if isinstance(exc, fake_tensor.DynamicOutputShapeException):
+        return "output shape depends on the data"
+    if isinstance(exc, fake_tensor.DataDependentOutputException):
+        return "output depends on the data"
+    if isinstance(exc, fake_tensor.UnsupportedOperatorException):
+        return "no fake-tensor kernel"
+    return f"eager judges the arguments (the fake run raised {type(exc).__name__})"
+
+
+def _trace(func, args, kwargs, examples, contiguous):
+    """The aten program of the call.  Inputs flagged `contiguous` were traced
+    as contiguous tensors, but their values may have any layout at run time
+    (a LazyTensor that is not a view is contiguous as far as its user can
+    tell): the program starts by making them so, as it would have had to
+    (a kernel that wants contiguous input, a view(-1))."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def program(*ts):
+        a, k = _substitute((args, kwargs), iter(ts))
+        return func(*a, **k)
+    try:
+        gm = make_fx(program, tracing_mode="fake")(*examples)
+    except Exception as exc:
+        raise Unsafe(f"not traceable to aten ({type(exc).__name__})") from None
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            raise Unsafe("creates a constant tensor")
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            raise Unsafe(f"calls {target} (not an aten op)")
+        if target._schema.is_mutable:
+            raise Unsafe(f"{target} mutates its input")
+        for tag, reason in _REFUSED_TAGS.items():
+            if tag in target.tags:
+                raise Unsafe(f"{target}: {reason}")
+        if target is torch.ops.aten._local_scalar_dense.default:
+            raise Unsafe("reads a tensor's value")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, flag in zip(placeholders, contiguous):
+        if flag and node.users:
+            with gm.graph.inserting_after(placeholders[-1]):
+                made = gm.graph.call_function(torch.ops.aten.contiguous.default, (node,))
+            node.replace_all_uses_with(made, delete_user_cb=lambda user: user is not made)
+    output = list(gm.graph.nodes)[-1]
+    leaves = pytree.tree_leaves(output.args[0])
+    if not all(isinstance(v, torch.fx.Node) for v in leaves):
+        raise Unsafe("returns something other than tensors")
+    output.args = (tuple(leaves),)
+    gm.recompile()
+    return gm
+
+
+def _intern(gm, name):
+    with _lock:
+        index = _lowering_ids.get(gm.code)
+        if index is None:
+            index = _lowering_ids[gm.code] = len(_lowerings)
+            _lowerings.append(Lowering(index, gm, name))
+        return _lowerings[index]
+
+
+def reset():
+    """Forget every signature (not the lowerings: graphs refer to them)."""
+    with _lock:
+        _signatures.clear()
+

@@ -1,0 +1,117 @@
+# The C half of the generic path (fastlazy/generic.py): appending the nodes
+# of a call that has no C rule, whose output metadata the generic path
+# computed once per signature on fake tensors.
+#
+# A generic node's opcode is GENERIC_OP; its attr holds the id of the
+# lowering (an aten program, fastlazy.generic.Lowering) and which of that
+# program's outputs the node is.  Every output of one call is a node with the
+# same inputs; backends compute the program once per distinct input tuple.
+
+cdef enum:
+    GENERIC_OP = MAX_OPS - 1
+    GENERIC_OUT_SHIFT = 20          # attr: lowering id below, output index above
+
+cdef object _generic = None         # fastlazy.generic
+cdef object _views = None           # fastlazy.views
+# torch.autocast contexts entered (fastlazy.patching counts them): under
+# autocast the C rules' dtypes would be wrong, so every call takes the
+# generic path, whose signatures include the autocast state.
+cdef int fl_autocast = 0
+
+
+def set_generic(generic_module, views_module):
+    global _generic, _views
+    _generic = generic_module
+    _views = views_module
+
+
+def autocast_entered(int delta):
+    global fl_autocast
+    fl_autocast += delta
+    if fl_autocast < 0:
+        fl_autocast = 0
+
+
+def hold_pending():
+    """Clear the flag that makes in-place entry points flush (returning it):
+    the generic path's fake runs call in-place methods on fake tensors,
+    which must not run the pending graph -- inside a fake mode at that."""
+    global fl_pending
+    held = fl_pending
+    fl_pending = 0
+    return held
+
+
+def release_pending(int held):
+    global fl_pending
+    fl_pending = fl_pending or held
+
+
+def autocast_depth():
+    return fl_autocast
+
+
+def dtype_code_of(dtype):
+    """The core's code for a torch.dtype; -1 for one it cannot hold."""
+    cdef int d = dtype_code(dtype)
+    return -1 if d == DT_UNDEF or d == DT_COMPLEX32 else d
+
+
+def descriptor(LazyTensor t):
+    """What a generic signature needs of a LazyTensor: dtype, shape, device,
+    requires_grad (the view geometry is added by fastlazy.views)."""
+    return (t.meta.dtype, tuple([t.meta.shape[i] for i in range(t.meta.ndim)]),
+            t.meta.device, t.value.requires_grad if t.value is not None
+            else bool(t.meta.requires_grad))
+
+
+def record_generic(int lowering, tuple inputs, list outs, bint detach):
+    """Append one node per entry of `outs` -- (output index, dtype, shape,
+    requires_grad) -- each reading all of `inputs` (LazyTensors); return
+    their LazyTensors."""
+    cdef Operand ops[MAX_IN]
+    cdef int n = len(inputs), i, j
+    cdef Meta m
+    if n > MAX_IN or not 0 <= lowering < (1 << GENERIC_OUT_SHIFT):
+        raise ValueError("generic call out of range")
+    for i in range(n):
+        if type(inputs[i]) is not LazyTensor:
+            raise TypeError("generic inputs are LazyTensors")
+        classify(&ops[i], <PyObject*>inputs[i])
+    result = []
+    for index, dtype, shape, requires_grad in outs:
+        if len(shape) > MAX_NDIM or index > 255:
+            raise ValueError("generic output out of range")
+        m.dtype = dtype_code(dtype)
+        m.ndim = len(shape)
+        for j in range(m.ndim):
+            m.shape[j] = shape[j]
+        m.device = ops[0].m.device if n else 0
+        m.requires_grad = requires_grad
+        result.append(record(GENERIC_OP, ops, n, &m,
+                             lowering | (<int>index << GENERIC_OUT_SHIFT),
+                             NODE_DETACH if detach else 0, None))
+    return result
+
+
+def adopt(LazyTensor target, LazyTensor source):
+    """Move target onto source's node (or value), leaving source empty: how
+    a view or its base is rebound to the node that recomputes it after a
+    write through another view."""
+    if target is source:
+        return
+    cdef Segment seg = source.seg
+    if seg is not None and seg.state == SEG_RECORDING:
+        # the node gets its new owner before target lets its old node go,
+        # so dropping that one can never drop this one
+        seg.nodes[source.idx].owner = <PyObject*>target
+        source.seg = None
+        detach_handle(target)
+        target.seg = seg
+        target.idx = source.idx
+    else:
+        value = materialize(source)
+        detach_handle(target)
+        target.value = value
+    memcpy(&target.meta, &source.meta, sizeof(Meta))
+    target._device = None

@@ -1,0 +1,105 @@
+"""Views of LazyTensors, and writes through them.
+
+A view recorded by the generic path (x[0], x.view(-1), x.transpose(0, 1),
+split...) is a node like any other: LazyTensors never share storage.  What
+makes it a view is that writes must show through, as in eager: an in-place
+op on the view changes its base, and an in-place op on the base (or on
+another view) changes every view.  That is functionalization, done here:
+
+- every view remembers its *root* base and where it sits in the root's
+  storage: size, stride and storage offset, taken from the fake run that
+  recorded it (geometry relative to the root's contiguous layout);
+- after an in-place op on a view, the root is rebound to
+  as_strided_scatter(root, view) and every other live view to
+  as_strided(root) -- both recorded lazily, so they fuse like the rest;
+- after an in-place op on a root, every live view is rebound likewise.
+
+The root holds its views weakly; a view holds its root strongly (as eager's
+`_base`), so nothing forms a reference cycle (LazyTensor is not tracked by
+the cyclic GC).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from fastlazy import _core
+
+
+class Family:
+    """On a root: its live views."""
+    __slots__ = ("members",)
+
+    def __init__(self):
+        self.members = weakref.WeakSet()
+
+
+class Member:
+    """On a view: its root and its place in the root's storage."""
+    __slots__ = ("root", "family", "size", "stride", "offset", "detached")
+
+    def __init__(self, root, family, geometry, detached):
+        self.root = root
+        self.family = family
+        self.size, self.stride, self.offset = geometry
+        self.detached = detached
+
+
+def geometry(t):
+    """(root numel, stride, offset) of a view, for generic signatures; None
+    for anything else."""
+    family = t.family
+    if type(family) is not Member:
+        return None
+    return family.root.numel(), family.stride, family.offset
+
+
+def attach(view, base, where, detached):
+    """Make `view` (just recorded from `base`) a view of base's root."""
+    family = base.family
+    if type(family) is Member:
+        root = family.root
+        detached = detached or family.detached
+    else:
+        root = base
+    if type(root.family) is not Family:
+        root.family = Family()
+    view.family = Member(root, root.family, where, detached)
+    root.family.members.add(view)
+
+
+def _view_of(root, size, stride, offset, detached):
+    # the root's value may have any layout at run time; the geometry is in
+    # its contiguous layout
+    value = root.clone(memory_format=torch.contiguous_format).as_strided(size, stride, offset)
+    return value.detach() if detached else value
+
+
+def _scatter_into(root, view, size, stride, offset):
+    base = root.clone(memory_format=torch.contiguous_format)
+    return torch.as_strided_scatter(base, view, size, stride, offset)
+
+
+def after_mutation(t):
+    """t was just rebound by an in-place op: carry the write to its root
+    and to every other view of that root."""
+    from fastlazy import generic
+    family = t.family
+    if type(family) is Member:
+        root = family.root
+        new_root = generic.record(_scatter_into, (root, t, family.size, family.stride,
+                                                  family.offset), {}, "view write-back",
+                                  track_views=False)
+        _core.adopt(root, new_root)
+        members, skip = family.family.members, t
+    else:
+        root, members, skip = t, family.members, None
+    for view in list(members):
+        if view is skip:
+            continue
+        where = view.family
+        fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
+                                          where.detached), {}, "view refresh",
+                               track_views=False)
+        _core.adopt(view, fresh)
