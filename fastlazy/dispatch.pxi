@@ -343,6 +343,9 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if out.dtype != self_t.meta.dtype:
             flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
+        if self_t.family is not None:
+            _views.check_write(self_t, [<object>ops[i].obj for i in range(nops)
+                                        if ops[i].kind == K_LAZY])
         record(op, ops, nops, &out, attr, flags, self_t)
         if self_t.family is not None:
             # a view or a base of views: the write shows in the others

@@ -1,8 +1,9 @@
 """Running a call eagerly on behalf of LazyTensors.
 
-Used for every call the recorder does not take: torch functions without a row
-in the op table, argument patterns a rule does not cover, and calls eager
-would reject (so the exception is eager's own).  Lazy arguments are
+Used for every call neither a C rule nor the generic path records: impure
+calls (random, in-place writes of eager tensors, data-dependent shapes),
+argument patterns a rule does not cover, and calls eager would reject (so
+the exception is eager's own).  Lazy arguments are
 materialized, the original torch callable runs, and tensor results come back
 as LazyTensors again: laziness is sticky.
 """
@@ -22,6 +23,16 @@ def _materialize(x):
     if type(x) is dict:
         return {k: _materialize(v) for k, v in x.items()}
     return x
+
+
+def flat(*items):
+    for x in items:
+        if type(x) in (list, tuple):
+            yield from flat(*x)
+        elif type(x) is dict:
+            yield from flat(*x.values())
+        else:
+            yield x
 
 
 def wrap_result(out):
@@ -61,6 +72,9 @@ def run(func, name, args, kwargs, inplace, reason):
             return target
         # Otherwise mutate a copy and rebind the handle: a LazyTensor never
         # writes into the tensor it was made from.
+        if target.family is not None:
+            views.check_write(target, [a for a in flat(args[1:], kwargs)
+                                       if type(a) is LazyTensor])
         clone = value.clone()
         if func(clone, *_materialize(args[1:]), **_materialize(kwargs)) is NotImplemented:
             return NotImplemented     # x += None: Python goes on to raise TypeError
@@ -97,26 +111,31 @@ def run_entry_eagerly(entry, inplace, args, kwargs, reason):
     return run(entry.__wrapped__, entry.qualname, args, kwargs, inplace, reason)
 
 
-def call_eager(func, args, kwargs):
-    """A torch function without an entry point, reached via __torch_function__."""
-    name = getattr(func, "__name__", None) or repr(func)
-    return run(func, name, args, kwargs, name.endswith("_") and not name.endswith("__"),
-                "no op-table row")
-
-
 def dunder(name, self, args, inplace=False):
-    """A LazyTensor operator without a row in the op table."""
-    return run(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace,
-                "no op-table row")
+    """A LazyTensor operator without a row in the op table: the generic path."""
+    from fastlazy import generic
+    return generic.call(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace)
+
+
+# Tensor properties that are views: recorded by the generic path.
+VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 
 
 def attribute(name):
-    """A property of LazyTensor reading Tensor attribute `name` of the value
-    (Tensor.T, .grad, .data, .layout...)."""
-    def get(self):
-        return wrap_result(getattr(self.to_eager(), name))
+    """A property of LazyTensor reading Tensor attribute `name`: a view
+    (Tensor.T) is recorded; anything else (.grad, .data, .layout...) reads
+    the materialized value."""
+    if name in VIEW_ATTRIBUTES:
+        from fastlazy import generic
+        getter = getattr(torch.Tensor, name).__get__
+
+        def get(self):
+            return generic.call(getter, f"Tensor.{name}", (self,), {}, False)
+    else:
+        def get(self):
+            return wrap_result(getattr(self.to_eager(), name))
     get.__name__ = name
-    return property(get, doc=f"Tensor.{name} of the materialized value.")
+    return property(get, doc=f"Tensor.{name}.")
 
 
 def lazy_to(self, args, kwargs):
@@ -128,9 +147,12 @@ def lazy_to(self, args, kwargs):
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if not args and not kwargs:
             return self
-    stats.count_fallback("to", "device move or dtype cast (no op-table row)")
-    out = self.to_eager().to(*args, **kwargs)
     moves = ("device" in kwargs or "other" in kwargs
              or any(isinstance(a, (str, torch.device, torch.Tensor))
                     or type(a) is int for a in args))
-    return out if moves else wrap_result(out)
+    if not moves:
+        # a dtype cast (or memory format): recorded like any pure call
+        from fastlazy import generic
+        return generic.call(torch._C.TensorBase.to, "Tensor.to", (self,) + args, kwargs, False)
+    stats.count_fallback("to", "device move (gives an eager tensor)")
+    return self.to_eager().to(*args, **kwargs)

@@ -93,17 +93,51 @@ def signature_count():
 def call(func, name, args, kwargs, inplace):
     """An entry point's call (or a __torch_function__ call) with LazyTensor
     arguments and no C rule: record it if it is pure, else run it eagerly."""
-    if not inplace:
-        try:
-            out = record(func, args, kwargs, name)
-        except Unsafe as exc:
-            reason = str(exc)
-        else:
-            _core.count("generic_calls")
+    try:
+        out = (_record_inplace if inplace else record)(func, args, kwargs, name)
+    except Unsafe as exc:
+        return fallback.run(func, name, args, kwargs, inplace, str(exc))
+    _core.count("generic_calls")
+    return out
+
+
+def _record_inplace(func, args, kwargs, name):
+    """An in-place call on a LazyTensor, functionalized: its out-of-place
+    version is recorded and the LazyTensor rebound to the result (then the
+    write is carried to its views, or to its base)."""
+    target = args[0] if args else None
+    if type(target) is not LazyTensor:
+        raise Unsafe("writes an eager tensor (eager semantics)")
+    if target.family is None and target.is_materialized and target.to_eager()._is_view():
+        raise Unsafe("writes through a view an eager fallback made")
+    if target.family is not None:
+        views.check_write(target, [a for a in fallback.flat(args[1:], kwargs)
+                                   if type(a) is LazyTensor])
+    _core.adopt(target, record(_functional(func), args, kwargs, name, track_views=False))
+    if target.family is not None:
+        views.after_mutation(target)
+    return None if name.endswith("__setitem__") else target
+
+
+_functionals: dict = {}
+
+
+def _functional(func):
+    """func(self, ...) that writes self, as a function returning the written
+    copy; traced through torch.func.functionalize, so the captured program
+    has no in-place op left."""
+    wrapper = _functionals.get(func)
+    if wrapper is None:
+        def wrapper(self, *args, **kwargs):
+            out = self.clone()
+            returned = func(out, *args, **kwargs)
+            if returned is NotImplemented:
+                raise TypeError("NotImplemented")
             return out
-    else:
-        reason = "mutates its input (runs eagerly on a copy)"
-    return fallback.run(func, name, args, kwargs, inplace, reason)
+        wrapper.functionalize = True
+        wrapper.__name__ = getattr(func, "__name__", "inplace")
+        _functionals[func] = wrapper
+    return wrapper
 
 
 def record(func, args, kwargs, name=None, track_views=True):
@@ -193,20 +227,20 @@ def _autocast_key():
                  for d in ("cpu", "cuda"))
 
 
-def _example(t):
-    """A real tensor (never written, so never touched) standing for argument
-    t in the fake runs, with t's view geometry."""
+def _example(t, make=torch.empty):
+    """A real tensor standing for argument t in the fake runs (never
+    written, so never touched), with t's view geometry."""
     if type(t) is LazyTensor:
         dtype_code, shape, device, requires_grad, geometry = (_core.descriptor(t)
                                                                + (views.geometry(t),))
         dtype, device = t.dtype, t.device
         grad = requires_grad and (dtype.is_floating_point or dtype.is_complex)
         if geometry is None:
-            return torch.empty(shape, dtype=dtype, device=device, requires_grad=grad)
+            return make(shape, dtype=dtype, device=device, requires_grad=grad)
         numel, stride, offset = geometry
-        base = torch.empty(numel, dtype=dtype, device=device, requires_grad=grad)
+        base = make(numel, dtype=dtype, device=device, requires_grad=grad)
         return base.as_strided(shape, stride, offset)
-    example = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    example = make(t.shape, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride())
     return example.requires_grad_(t.requires_grad)
 
 
@@ -267,12 +301,15 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
             i = aliased[0]
             if type(tensors[i]) is not LazyTensor:
                 raise Unsafe("returns a view of an eager tensor (eager semantics)")
+            if leaf.dtype != fakes[i].dtype:
+                raise Unsafe("a view with another dtype (writes through it are not tracked)")
             detached = fakes[i].requires_grad and not leaf.requires_grad
             sig.kinds.append(("view", i, (tuple(leaf.shape), leaf.stride(),
                                           leaf.storage_offset()), detached))
         else:
             sig.kinds.append(("new",))
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
+    _run_small(func, args, kwargs, tensors)
     sig.detach = (not torch.is_grad_enabled()
                   and any(t.requires_grad for t in tensors))
     sig.lowering = _intern(gm, name) if sig.recorded else None
@@ -290,6 +327,28 @@ def _why(exc):
     return f"eager judges the arguments (the fake run raised {type(exc).__name__})"
 
 
+# Inputs up to this many elements in all get a real run when a signature is
+# first seen; larger ones rely on the fake run's checks alone.
+REAL_CHECK_NUMEL = 1 << 20
+
+
+def _run_small(func, args, kwargs, tensors):
+    """Run the call once for real, on zeros, when that is cheap: fake
+    kernels do not make every check the real kernel makes (var of an int64
+    tensor passes on fake tensors), and eager's error belongs at the call.
+    (Zeros are valid indices; an error that depends on the values can only
+    surface when the graph runs, as in every lazy tensor system.)"""
+    if sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL:
+        return
+    zeros = [_example(t, torch.zeros) for t in tensors]
+    try:
+        a, k = _substitute((args, kwargs), iter(zeros))
+        func(*a, **k)
+    except Exception as exc:
+        raise Unsafe(f"eager judges the arguments (a trial run raised "
+                     f"{type(exc).__name__})") from None
+
+
 def _trace(func, args, kwargs, examples, contiguous):
     """The aten program of the call.  Inputs flagged `contiguous` were traced
     as contiguous tensors, but their values may have any layout at run time
@@ -301,6 +360,8 @@ def _trace(func, args, kwargs, examples, contiguous):
     def program(*ts):
         a, k = _substitute((args, kwargs), iter(ts))
         return func(*a, **k)
+    if getattr(func, "functionalize", False):
+        program = torch.func.functionalize(program)
     try:
         gm = make_fx(program, tracing_mode="fake")(*examples)
     except Exception as exc:

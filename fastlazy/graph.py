@@ -31,6 +31,7 @@ class Node:
     is_output: bool
     requires_grad: bool
     output: int = 0      # generic nodes: which output of the lowering
+    keeps_shape: bool = False  # the result has its first operand's shape
 
     def operand(self, position):
         """The input for operand `position` of the op, or None if absent
@@ -71,7 +72,7 @@ class GraphView:
         self.nodes = [
             Node(i, _op(raw[i]), raw[i][1], raw[i][2], bool(raw[i][3] & 1),
                  bool(raw[i][3] & 2), raw[i][4], raw[i][5], uses[i], i in outset,
-                 raw[i][7], raw[i][2] >> GENERIC_OUT_SHIFT & 255)
+                 raw[i][7], raw[i][2] >> GENERIC_OUT_SHIFT & 255, bool(raw[i][3] & 4))
             for i in sorted(needed)
         ]
         # Without an output that needs autograd history the graph runs under

@@ -8,6 +8,7 @@ the parametrized tests all read this table; adding an op is adding a row.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from fastlazy import _core
@@ -21,7 +22,7 @@ NUMERIC = INT | FLOAT | COMPLEX
 # Rule ids, mirrored from the compiled core's `Rule` enum.
 (R_UNARY, R_UNARY_FLOAT, R_ABS, R_BINARY, R_TRUEDIV, R_DIV, R_COMPARE, R_POW,
  R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_RTRUEDIV,
- R_LAYER_NORM, R_DROPOUT) = range(18)
+ R_LAYER_NORM, R_DROPOUT, R_GENERIC) = range(19)
 
 # Op flags, mirrored from the core's `OpFlags` enum.
 NO_BOOL, TENSORS_ONLY, INT_TO_INT64, EMPTY_ERROR = 1, 2, 8, 16
@@ -260,6 +261,62 @@ def _rows():
                  inplace=tuple(a + "_" for a in aliases))
 
 
+# Ops without a C rule whose entry points are patched all the same, so that
+# model code reaches the generic path (fastlazy.generic) from C rather than
+# through torch's __torch_function__ protocol.  Their lowering is the aten
+# program captured per call signature.  Any other torch function still
+# reaches the generic path through LazyTensor.__torch_function__.
+GENERIC_OPS = {
+    # name: (torch.<name>, Tensor.<name>, torch.nn.functional.<name>)
+    # shape and view ops
+    "view": (False, True, False), "reshape": (True, True, False),
+    "flatten": (True, True, False), "transpose": (True, True, False),
+    "t": (True, True, False), "permute": (True, True, False),
+    "unsqueeze": (True, True, False), "squeeze": (True, True, False),
+    "expand": (False, True, False), "expand_as": (False, True, False),
+    "view_as": (False, True, False), "reshape_as": (False, True, False),
+    "contiguous": (False, True, False), "chunk": (True, True, False),
+    "split": (True, True, False), "unbind": (True, True, False),
+    "narrow": (True, True, False), "select": (True, True, False),
+    "cat": (True, False, False), "stack": (True, False, False),
+    # elementwise beyond the C rules
+    "where": (True, True, False), "lerp": (True, True, False),
+    "addcmul": (True, True, False), "addcdiv": (True, True, False),
+    "masked_fill": (True, True, False), "type_as": (False, True, False),
+    "float": (False, True, False), "half": (False, True, False),
+    "double": (False, True, False), "bfloat16": (False, True, False),
+    "long": (False, True, False), "int": (False, True, False),
+    "bool": (False, True, False), "rsqrt": (True, True, False),
+    # reductions beyond the C rules
+    "prod": (True, True, False), "var": (True, True, False), "std": (True, True, False),
+    "logsumexp": (True, True, False), "norm": (True, True, False),
+    "argmax": (True, True, False), "argmin": (True, True, False),
+    "max": (True, True, False), "min": (True, True, False),
+    "all": (True, True, False), "any": (True, True, False),
+    "cumsum": (True, True, False),
+    # linear algebra
+    "addmm": (True, True, False), "baddbmm": (True, True, False),
+    # torch.nn.functional, where nn modules call it
+    "conv1d": (False, False, True), "conv2d": (False, False, True),
+    "max_pool2d": (False, False, True), "avg_pool2d": (False, False, True),
+    "adaptive_avg_pool2d": (False, False, True), "batch_norm": (False, False, True),
+    "group_norm": (False, False, True), "embedding": (False, False, True),
+    "cross_entropy": (False, False, True), "mse_loss": (False, False, True),
+    "nll_loss": (False, False, True), "scaled_dot_product_attention": (False, False, True),
+    "pad": (False, False, True), "softplus": (False, False, True),
+    "elu": (False, False, True), "hardtanh": (False, False, True),
+    "relu6": (False, False, True), "mish": (False, False, True),
+    "normalize": (False, False, True),
+}
+
+
+def _generic_rows():
+    for name, (function, method, nn_function) in GENERIC_OPS.items():
+        yield Op("generic_" + name, R_GENERIC, None, (),
+                 functions=(name,) if function else (), methods=(name,) if method else (),
+                 nn_functions=(name,) if nn_function else ())
+
+
 def _choice(expr):
     """(param name, Attr) of the row's choice parameter, if it has one: the
     keyword argument of the lowering whose value is an Attr."""
@@ -276,7 +333,7 @@ def _choice(expr):
 
 def _build():
     ops = []
-    for opcode, row in enumerate(_rows()):
+    for opcode, row in enumerate(itertools.chain(_rows(), _generic_rows())):
         object.__setattr__(row, "opcode", opcode)
         nparams = len(row.params)
         choice = _choice(row.lower)
@@ -305,12 +362,14 @@ def markdown() -> str:
                   R_MM: "matrix product", R_BMM: "matrix product",
                   R_MATMUL: "matrix product", R_LINEAR: "linear",
                   R_RTRUEDIV: "reflected true division", R_LAYER_NORM: "layer norm",
-                  R_DROPOUT: "identity in eval; eager in training"}
+                  R_DROPOUT: "identity in eval; eager in training",
+                  R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:
         points = ([f"torch.{n}" for n in op.functions] + [f"Tensor.{n}" for n in op.methods]
                   + [f"Tensor.{n}" for n in op.inplace]
                   + [f"F.{n}" for n in op.nn_functions])
-        lines.append(f"| {op.name} | {rule_names[op.rule]} | aten::{op.lower.name} | "
+        aten = "per call signature" if op.lower is None else f"aten::{op.lower.name}"
+        lines.append(f"| {op.name} | {rule_names[op.rule]} | {aten} | "
                      f"{', '.join('`' + p + '`' for p in points)} |")
     return "\n".join(lines)

@@ -86,6 +86,32 @@ def enable() -> None:
         entry = _core.make_to_entry(original_to)
         torch.Tensor.to = entry
         _installed.append((torch.Tensor, "to", original_to, own, entry))
+        _track_autocast()
+
+
+def _track_autocast():
+    """Count torch.autocast contexts in the core: inside one, every call
+    takes the generic path, whose signatures include the autocast state
+    (the C rules know nothing of autocast's per-op casts)."""
+    cls = torch.amp.autocast_mode.autocast
+    enter, exit_ = cls.__enter__, cls.__exit__
+
+    def __enter__(self):
+        out = enter(self)
+        _core.autocast_entered(1)
+        return out
+
+    def __exit__(self, *exc):
+        _core.autocast_entered(-1)
+        return exit_(self, *exc)
+
+    for attr, patched in (("__enter__", __enter__), ("__exit__", __exit__)):
+        original = vars(cls)[attr]
+        setattr(cls, attr, patched)
+        _installed.append((cls, attr, original, True, patched))
+    # enabled inside an autocast context: count that one
+    active = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+    _core.autocast_entered(-_core.autocast_depth() + int(active))
 
 
 def disable() -> None:
@@ -98,6 +124,7 @@ def disable() -> None:
             else:
                 delattr(owner, attr)
         _installed.clear()
+        _core.autocast_entered(-_core.autocast_depth())
 
 
 def _install_lazy_tensor_methods():

@@ -18,6 +18,9 @@ cdef enum NodeFlags:
     NODE_CAST = 1     # in-place op: cast the result to the self dtype
     NODE_DETACH = 2   # recorded under no_grad with inputs requiring grad:
                       # the op reads detached inputs, so no gradient flows
+    NODE_KEEPS_SHAPE = 4  # the result has its first operand's shape (no
+                          # broadcast grew it): structure, since TorchScript
+                          # may then compute it into that operand's storage
 
 # Slot type keys: what a graph needs to know of an external input.
 cdef enum:
@@ -243,6 +246,9 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
             # which optional operands are present is structure (lowering
             # needs it): bits 16+ of attr
             attr |= 1 << (16 + i)
+    if (nops and ops[0].kind != K_ABSENT and ops[0].m.ndim == out.ndim
+            and memcmp(ops[0].m.shape, out.shape, out.ndim * sizeof(int64_t)) == 0):
+        flags |= NODE_KEEPS_SHAPE
     cdef Node *nd = seg.append()
     cdef int32_t idx = seg.n - 1
     nd.op = op

@@ -69,6 +69,67 @@ def attach(view, base, where, detached):
     root.family.members.add(view)
 
 
+def _place(t):
+    """(root, size, stride, offset) of a LazyTensor in its root's storage."""
+    family = t.family
+    if type(family) is Member:
+        return family.root, family.size, family.stride, family.offset
+    size = tuple(t.shape)
+    stride, step = [], 1
+    for n in reversed(size):
+        stride.insert(0, step)
+        step *= max(n, 1)
+    return t, size, tuple(stride), 0
+
+
+def _dense(size, stride):
+    """Non-overlapping and dense: some permutation of the dims is contiguous."""
+    dims = sorted((st, n) for n, st in zip(size, stride) if n != 1)
+    expected = 1
+    for st, n in dims:
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+_INTERNAL = ("unsupported operation: more than one element of the written-to tensor "
+             "refers to a single memory location. Please clone() the tensor before "
+             "performing the operation.")
+_PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to "
+            "tensor refer to a single memory location. Please clone() the tensor before "
+            "performing the operation.")
+
+
+def check_write(target, operands):
+    """Eager's memory-overlap checks for an in-place op on `target`, a view
+    or a base of views, reading `operands`: the errors eager raises, at the
+    call (writing through an expanded view; reading a view that partly
+    overlaps the written one)."""
+    root, size, stride, offset = _place(target)
+    if any(st == 0 and n > 1 for n, st in zip(size, stride)):
+        raise RuntimeError(_INTERNAL)
+    numel = 1
+    for n in size:
+        numel *= n
+    if not numel or not _dense(size, stride):
+        return
+    for other in operands:
+        if other is target or other.family is None:
+            continue
+        o_root, o_size, o_stride, o_offset = _place(other)
+        if o_root is not root:
+            continue
+        o_numel = 1
+        for n in o_size:
+            o_numel *= n
+        if not o_numel or not _dense(o_size, o_stride):
+            continue
+        full = offset == o_offset and numel == o_numel and stride == o_stride
+        if not full and offset < o_offset + o_numel and o_offset < offset + numel:
+            raise RuntimeError(_PARTIAL)
+
+
 def _view_of(root, size, stride, offset, detached):
     # the root's value may have any layout at run time; the geometry is in
     # its contiguous layout

@@ -107,6 +107,13 @@ def assert_same(got, expected, what="result"):
         except AssertionError as exc:
             raise Mismatch(f"{what}: values differ\nlazy:  {got}\neager: {expected}\n{exc}") from None
         return
+    if isinstance(expected, (tuple, list)):
+        # several results (torch.max's values and indices, chunk's parts)
+        if type(got) is not type(expected) or len(got) != len(expected):
+            raise Mismatch(f"{what}: lazy gives {describe(got)}, eager {describe(expected)}")
+        for k, (g, e) in enumerate(zip(got, expected)):
+            assert_same(g, e, f"{what}[{k}]")
+        return
     if type(got) is not type(expected) or got != expected:
         raise Mismatch(f"{what}: lazy gives {got!r}, eager {expected!r}")
 
@@ -200,12 +207,19 @@ def check(fn, *args, lazy=None, returns_self=False, pending=False, expect_record
     def becomes_lazy(key, value):
         return _is_tensor(value) and (lazy_keys is None or key in lazy_keys)
 
-    eager_args = [a.clone() if _is_tensor(a) else a for a in args]
+    def clone(a):
+        if type(a) in (list, tuple):
+            return type(a)(clone(v) for v in a)
+        return a.clone() if _is_tensor(a) else a
+
+    eager_args = [clone(a) for a in args]
     eager_kwargs = {k: v.clone() if _is_tensor(v) else v for k, v in kwargs.items()}
 
     sources = []        # (tensor given to fastlazy.lazy, pristine copy)
 
     def to_lazy_run(key, value):
+        if type(value) in (list, tuple):       # torch.cat's tensors
+            return type(value)(to_lazy_run(key, v) for v in value)
         if not _is_tensor(value):
             return value
         c = value.clone()
@@ -299,6 +313,10 @@ def check(fn, *args, lazy=None, returns_self=False, pending=False, expect_record
                 raise Mismatch("the call was " + ("" if recorded else "not ") + "recorded")
         assert_same(got, expected)
     else:
+        if isinstance(expected, (tuple, list)) and expected and all(map(_is_tensor, expected)):
+            # several results (before reading them, which runs the graph)
+            recorded = isinstance(got, (tuple, list)) and all(
+                type(g) is LazyTensor and not g.is_materialized for g in got)
         assert_same(got, expected)
 
     # arguments afterwards: in-place effects (or none) as in eager
@@ -347,9 +365,12 @@ class T:
     dtype: torch.dtype
     nonzero: bool = False
     special: bool = False
+    index: int = 0          # integers: valid indices below this (class targets)
 
     def make(self):
         d, shape = self.dtype, self.shape
+        if self.index:
+            return torch.randint(0, self.index, shape, dtype=d)
         if d is BOOL:
             t = torch.ones(shape, dtype=BOOL) if self.nonzero else torch.randint(0, 2, shape).bool()
         elif d is U8:
@@ -371,7 +392,8 @@ class T:
 
     def __str__(self):
         return (f"T{list(self.shape)}{SHORT[self.dtype]}"
-                + ("!0" if self.nonzero else "") + ("*" if self.special else ""))
+                + ("!0" if self.nonzero else "") + ("*" if self.special else "")
+                + (f"<{self.index}" if self.index else ""))
 
 
 def seed(text):
@@ -382,12 +404,16 @@ def seed(text):
 
 
 def make_value(spec):
+    if type(spec) in (list, tuple):
+        return type(spec)(make_value(v) for v in spec)
     return spec.make() if isinstance(spec, T) else spec
 
 
 def show(v):
     if isinstance(v, T):
         return str(v)
+    if type(v) in (list, tuple):
+        return "[" + ",".join(show(x) for x in v) + "]"
     if isinstance(v, float) and math.isnan(v):
         return "nan"
     if isinstance(v, torch.dtype):

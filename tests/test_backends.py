@@ -70,6 +70,16 @@ def test_torchscript_reuses_dead_intermediates():
     assert "aten::add(" in source       # the first op must not write into an input
 
 
+def test_torchscript_reuse_is_part_of_the_key():
+    """A graph that computes into an intermediate is never reused for shapes
+    where a broadcast makes the result larger than that intermediate."""
+    for a_shape, b_shape in (((2, 2), (2, 2)), ((1, 2), (2, 1)), ((2, 2), (2, 2))):
+        a, b = torch.rand(a_shape), torch.rand(b_shape)
+        got = (fastlazy.lazy(a) * 2 + fastlazy.lazy(b)).to_eager()
+        assert torch.equal(got, a * 2 + b)
+    assert fastlazy.metrics.counters()["cache_misses"] == 2
+
+
 def test_alternating_graphs_stay_cached():
     a = fastlazy.lazy(torch.rand(8))
     for i in range(10):

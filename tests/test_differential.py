@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import fastlazy
-from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_DROPOUT, R_LAYER_NORM,
-                              R_LINEAR,
+from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_DROPOUT, R_GENERIC,
+                              R_LAYER_NORM, R_LINEAR,
                               R_RTRUEDIV,
                               R_MATMUL, R_MM, R_REDUCE, R_SOFTMAX, TENSORS_ONLY,
                               Attr, Call)
@@ -502,7 +502,124 @@ def dropout_cases(row, form):
     yield Case(row, form, "pending", (T((2, 3), F32), 0.2, False), pending=True)
 
 
+# Generic rows (no C rule; recorded from fake-tensor signatures): argument
+# sets per op, eager-rejected ones included.  The lowering is captured per
+# signature, so the cases vary what a signature holds: shapes, dtypes,
+# views among the arguments, keyword and optional arguments.
+X34, X234 = T((3, 4), F32), T((2, 3, 4), F32)
+IMG, KERNEL = T((2, 3, 6, 6), F32), T((4, 3, 3, 3), F32)
+GENERIC_ARGS = {
+    "view": [((X34, 12), {}), ((X34, -1, 2), {}), ((X234, 6, 4), {}), ((X34, 5), {})],
+    "reshape": [((X34, (4, 3)), {}), ((X234, -1), {}), ((T((0, 3), I64), (3, 0)), {}),
+                ((X34, (5, 2)), {})],
+    "flatten": [((X234,), {}), ((X234, 1), {}), ((X234,), {"start_dim": 0, "end_dim": 1}),
+                ((X234, 3), {})],
+    "transpose": [((X34, 0, 1), {}), ((X234, -1, 0), {}), ((X34, 0, 2), {})],
+    "t": [((X34,), {}), ((T((3,), I64),), {}), ((X234,), {})],
+    "permute": [((X234, (2, 0, 1)), {}), ((X34, (1, 0)), {}), ((X34, (0, 0)), {})],
+    "unsqueeze": [((X34, 0), {}), ((X34, -1), {}), ((T((), F64), 0), {}), ((X34, 3), {})],
+    "squeeze": [((T((3, 1, 4), F32),), {}), ((T((3, 1, 4), F32), 1), {}),
+                ((T((1, 3, 1), I64), (0, 2)), {}), ((X34, 5), {})],
+    "expand": [((T((3, 1), F32), 3, 4), {}), ((T((4,), F32), (2, 4)), {}),
+               ((T((3, 2), F32), 3, 4), {})],
+    "expand_as": [((T((3, 1), F32), X34), {}), ((X34, T((3, 5), F32)), {})],
+    "view_as": [((X34, T((12,), F32)), {}), ((X34, T((5,), F32)), {})],
+    "reshape_as": [((X34, T((2, 6), F32)), {}), ((X34, T((5,), F32)), {})],
+    "contiguous": [((X34,), {})],
+    "chunk": [((T((6, 4), F32), 3), {}), ((T((5, 4), F32), 2, 1), {}), ((X34, 0), {})],
+    "split": [((T((6, 4), F32), 2), {}), ((T((5, 4), F32), [2, 3]), {}),
+              ((X34, [1, 1]), {})],
+    "unbind": [((X34,), {}), ((X234, 1), {})],
+    "narrow": [((X34, 1, 1, 2), {}), ((X34, 0, 2, 5), {})],
+    "select": [((X34, 0, 2), {}), ((X234, -1, 3), {}), ((X34, 0, 7), {})],
+    "cat": [(([X34, T((2, 4), F32)],), {}), (([X34, X34], 1), {}),
+            (([X34, T((3, 4), F64)],), {"dim": 0}), (([X34, T((3, 5), F32)],), {})],
+    "stack": [(([X34, X34],), {}), (([X34, X34], -1), {}), (([X34, T((4, 3), F32)],), {})],
+    "where": [((T((3, 4), BOOL), X34, T((4,), F32)), {}), ((T((3, 4), BOOL), X34, 0.5), {}),
+              ((T((3, 4), BOOL), T((3, 4), I64), T((3, 4), F64)), {})],
+    "lerp": [((X34, T((3, 4), F32), 0.3), {}), ((X34, T((4,), F32), T((3, 4), F32)), {}),
+             ((X34, T((3, 4), F64), 0.5), {})],
+    "addcmul": [((X34, X34, T((4,), F32)), {"value": 0.5}), ((T((3, 4), I64),) * 3, {}),
+                ((X34, X34, T((5,), F32)), {})],
+    "addcdiv": [((X34, X34, T((4,), F32)), {"value": 2}),
+                ((T((3, 4), I64),) * 3, {})],
+    "masked_fill": [((X34, T((3, 4), BOOL), 2.5), {}), ((T((3, 4), I64), T((4,), BOOL), -1), {}),
+                    ((X34, T((3, 4), BOOL), T((), F32)), {}), ((X34, T((3, 4), I64), 1.0), {})],
+    "type_as": [((X34, T((2,), F64)), {}), ((T((3,), I64), X34), {})],
+    "float": [((T((3, 4), I64),), {}), ((X34,), {})],
+    "half": [((X34,), {})],
+    "double": [((T((3, 4), I32),), {})],
+    "bfloat16": [((X34,), {})],
+    "long": [((X34,), {})],
+    "int": [((T((3, 4), F64),), {})],
+    "bool": [((X34,), {})],
+    "rsqrt": [((T((3, 4), F32, special=True),), {}), ((T((3,), I64),), {})],
+    "prod": [((X34,), {}), ((X34, 1), {}), ((T((3, 4), I32), 0), {"keepdim": True}),
+             ((X34, 2), {})],
+    "var": [((X34,), {}), ((X34, 1), {}), ((X234, (0, 2)), {"correction": 0}),
+            ((T((3, 4), I64),), {})],
+    "std": [((X34,), {}), ((X34, 0), {"keepdim": True}), ((T((1,), F32),), {})],
+    "logsumexp": [((X34, 1), {}), ((X234, (0, 1)), {"keepdim": True}), ((T((3, 4), I64), 0), {})],
+    "norm": [((X34,), {}), ((X34, 1), {}), ((X34,), {"p": 1, "dim": 0}),
+             ((X34, "fro"), {})],
+    "argmax": [((X34,), {}), ((X34, 1), {}), ((T((3, 4), I64), 0), {"keepdim": True})],
+    "argmin": [((X34,), {}), ((X234, -1), {})],
+    "max": [((X34,), {}), ((X34, 1), {}), ((X34, T((3, 4), F32)), {}), ((X34, 0, True), {})],
+    "min": [((X34,), {}), ((X234, 2), {}), ((X34, T((4,), F32)), {})],
+    "all": [((T((3, 4), BOOL),), {}), ((X34, 1), {}), ((T((3, 4), I64), 0), {"keepdim": True})],
+    "any": [((T((3, 4), BOOL),), {}), ((X34, 0), {})],
+    "cumsum": [((X34, 1), {}), ((T((3, 4), I32), 0), {}), ((X34, 0), {"dtype": F64})],
+    "addmm": [((T((4,), F32), T((3, 5), F32), T((5, 4), F32)), {}),
+              ((X34, T((3, 2), F32), T((2, 4), F32)), {"beta": 0.5, "alpha": 2}),
+              ((X34, T((3, 2), F32), T((3, 4), F32)), {})],
+    "baddbmm": [((X234, T((2, 3, 5), F32), T((2, 5, 4), F32)), {})],
+    "conv1d": [((T((2, 3, 8), F32), T((4, 3, 3), F32)), {"padding": 1}),
+               ((T((2, 3, 8), F32), T((4, 3, 3), F32), T((4,), F32), 2), {})],
+    "conv2d": [((IMG, KERNEL), {}), ((IMG, KERNEL, T((4,), F32)), {"padding": 1, "stride": 2}),
+               ((IMG, T((6, 1, 3, 3), F32)), {"groups": 3}), ((IMG, T((4, 2, 3, 3), F32)), {})],
+    "max_pool2d": [((IMG, 2), {}), ((IMG, 3, 2, 1), {}), ((IMG, 2), {"return_indices": True})],
+    "avg_pool2d": [((IMG, 2), {}), ((IMG, 3), {"stride": 1, "padding": 1})],
+    "adaptive_avg_pool2d": [((IMG, 1), {}), ((IMG, (2, 3)), {})],
+    "batch_norm": [((IMG, T((3,), F32), T((3,), F32)), {}),
+                   ((IMG, T((3,), F32), T((3,), F32), T((3,), F32), T((3,), F32)),
+                    {"eps": 1e-3})],
+    "group_norm": [((IMG, 3), {}), ((IMG, 1, T((3,), F32), T((3,), F32)), {}), ((IMG, 2), {})],
+    "embedding": [((T((2, 3), I64, index=10), T((10, 4), F32)), {}),
+                  ((T((5,), I64, index=10), T((10, 4), F32)), {"padding_idx": 0}),
+                  ((T((5,), F32), T((10, 4), F32)), {})],
+    "cross_entropy": [((X34, T((3,), I64, index=4)), {}),
+                      ((X34, T((3, 4), F32)), {"label_smoothing": 0.1}),
+                      ((X34, T((3,), I64, index=4)), {"reduction": "sum", "ignore_index": 2})],
+    "mse_loss": [((X34, T((3, 4), F32)), {}), ((X34, T((4,), F32)), {"reduction": "none"})],
+    "nll_loss": [((X34, T((3,), I64, index=4)), {}),
+                 ((X34, T((3,), I64, index=4)), {"reduction": "sum"}),
+                 ((X34, T((4,), I64, index=4)), {})],
+    "scaled_dot_product_attention": [((X234, X234, X234), {}),
+                                     ((X234, X234, X234), {"is_causal": True}),
+                                     ((X234, X234, X234, T((3, 3), BOOL)), {})],
+    "pad": [((X34, (1, 2)), {}), ((IMG, (1, 1, 2, 0)), {"mode": "reflect"}),
+            ((X34, (1, 1)), {"value": 3.5})],
+    "softplus": [((X34,), {}), ((X34, 2, 10), {})],
+    "elu": [((T((3, 4), F32, special=True),), {}), ((X34, 0.5), {})],
+    "hardtanh": [((X34,), {}), ((X34, -0.5, 0.5), {})],
+    "relu6": [((X34,), {})],
+    "mish": [((X34,), {})],
+    "normalize": [((X34,), {}), ((X34, 1.0, 0), {})],
+}
+
+
+def generic_cases(row, form):
+    for args, kwargs in GENERIC_ARGS[row.name[len("generic_"):]]:
+        if not form.takes_kwargs and kwargs:
+            continue
+        yield Case(row, form, "generic", args, kwargs)
+        if isinstance(args[0], T):
+            yield Case(row, form, "pending", args, kwargs, pending=True)
+
+
 def family(row):
+    if row.rule == R_GENERIC:
+        return "generic"
     if row.rule == R_DROPOUT:
         return "dropout"
     if row.rule == R_LAYER_NORM:
@@ -524,7 +641,8 @@ def family(row):
 
 GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_cases,
               "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
-              "layer_norm": layer_norm_cases, "dropout": dropout_cases}
+              "layer_norm": layer_norm_cases, "dropout": dropout_cases,
+              "generic": generic_cases}
 
 
 def cases_of(row, form):
@@ -561,7 +679,8 @@ _FORMS = {row.name: forms_of(row) for row in OPS}
 
 
 def _has_lazy(case):
-    keys = [i for i, a in enumerate(case.args) if isinstance(a, T)]
+    keys = [i for i, a in enumerate(case.args) if isinstance(a, T) or
+            type(a) in (list, tuple) and any(isinstance(v, T) for v in a)]
     keys += [k for k, v in case.kwargs.items() if isinstance(v, T)]
     if case.lazy is not None:
         keys = [k for k in keys if k in case.lazy]
@@ -684,6 +803,11 @@ def _basic_call(row):
     """The simplest call of a row, from its rule family: float32 operands."""
     fam = family(row)
     form = forms_of(row)[0]
+    if fam == "generic":
+        # pending inputs: an op that returns its input (x.contiguous()) returns
+        # a pending node too, and a fallback would have run it
+        args, kwargs = GENERIC_ARGS[row.name[len("generic_"):]][0]
+        return Case(row, form, "basic", args, kwargs, pending=True)
     if fam == "matmul":
         args = tuple(T(s, F32) for s in MATMUL_SHAPES[row.rule][0] if s is not None)
         return Case(row, form, "basic", args)
@@ -797,6 +921,20 @@ def _scalar_program(row):
     before it."""
     fam = family(row)
     form = forms_of(row)[0]
+    if fam == "generic":
+        # the scalar enters through a mul before the op; a list's first tensor
+        # (into the first float tensor argument; the first result)
+        args, kwargs = GENERIC_ARGS[row.name[len("generic_"):]][0]
+        built = [make_value(a) for a in args]
+        if isinstance(args[0], T):
+            tensors = [k for k, a in enumerate(args) if isinstance(a, T)]
+            i = next((k for k in tensors if args[k].dtype.is_floating_point), tensors[0])
+
+            def program(x, s):
+                out = form(*built[:i], x * s, *built[i + 1:], **kwargs)
+                return out[0] if isinstance(out, (tuple, list)) else out
+            return args[i].shape, program
+        return args[0][0].shape, lambda x, s: form([x * s, *built[0][1:]], *built[1:], **kwargs)
     if fam in ("binary", "clamp") and not row.flags & TENSORS_ONLY:
         return (3, 4), lambda x, s: form(x, s)
     if fam == "binary":
@@ -838,7 +976,8 @@ def test_new_scalar_value_hits_the_cache(row):
 CHAIN_DTYPES = (F32, F64, I64, BOOL, I32, U8, BF16, C64)
 CHAIN_SHAPES = ((), (3,), (2, 3), (0, 3), (1, 3), (2, 1, 3))
 CHAIN_SCALARS = (True, 2, -3, 0.5, -1.25, 1 + 1j)
-CHAIN_FORMS = [(row, form) for row in OPS for form in forms_of(row)]
+# (generic rows have programs of their own: tests/test_view_fuzz.py, OpInfo)
+CHAIN_FORMS = [(row, form) for row in OPS for form in forms_of(row) if row.rule != R_GENERIC]
 
 
 def _draw_step(data, row, form, shape, dtype):

@@ -33,3 +33,74 @@ def test_lazy_made_from_a_tensor_is_never_written_by_direct_inplace():
     x.add_(1)
     x.mul_(3)
     assert torch.equal(x.to_eager(), torch.full((3,), 6.0)) and torch.equal(t, torch.ones(3))
+
+
+def test_views_are_recorded_not_run():
+    x = fastlazy.lazy(torch.arange(12.0)) * 1
+    v = x.view(3, 4).t()[1]
+    assert not v.is_materialized and fastlazy.metrics.counters()["fallbacks"] == 0
+    assert torch.equal(v.to_eager(), (torch.arange(12.0).view(3, 4).t()[1]))
+
+
+def test_write_to_base_shows_in_every_live_view():
+    base = torch.arange(12.0).reshape(3, 4)
+    x = fastlazy.lazy(base.clone()) * 1
+    row, col, flat = x[1], x[:, 2], x.view(-1)
+    x.mul_(2)
+    x[0, 0] = -1.0
+    want = base.clone()
+    want.mul_(2)
+    want[0, 0] = -1.0
+    assert torch.equal(row.to_eager(), want[1]) and torch.equal(col.to_eager(), want[:, 2])
+    assert torch.equal(flat.to_eager(), want.view(-1))
+
+
+def test_write_through_one_view_shows_in_the_others():
+    base = torch.arange(12.0).reshape(3, 4)
+    x = fastlazy.lazy(base.clone()) * 1
+    t, row = x.t(), x[2]
+    t[3].fill_(9.0)                 # column 3 of x
+    want = base.clone()
+    want.t()[3].fill_(9.0)
+    assert torch.equal(row.to_eager(), want[2]) and torch.equal(x.to_eager(), want)
+
+
+def test_chunks_are_views():
+    base = torch.arange(8.0)
+    x = fastlazy.lazy(base.clone()) * 1
+    a, b = x.chunk(2)
+    b.add_(100)
+    want = base.clone()
+    want.chunk(2)[1].add_(100)
+    assert torch.equal(x.to_eager(), want) and torch.equal(a.to_eager(), want[:4])
+
+
+def test_partial_overlap_is_eagers_error_at_the_call():
+    x = fastlazy.lazy(torch.arange(4.0)) * 1
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        x[1:].add_(x[:-1])
+    e = torch.arange(4.0)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        e[1:].add_(e[:-1])          # eager's own behaviour, which the above matches
+    assert torch.equal(x.to_eager(), torch.arange(4.0))     # nothing was written
+
+
+def test_write_through_an_expanded_view_is_eagers_error():
+    x = fastlazy.lazy(torch.zeros(1, 4)) * 1
+    with pytest.raises(RuntimeError, match="more than one element"):
+        x.expand(3, 4).add_(1)
+    assert torch.equal(x.to_eager(), torch.zeros(1, 4))
+
+
+def test_full_overlap_is_allowed():
+    x = fastlazy.lazy(torch.arange(4.0)) * 1
+    v = x[:]
+    v.add_(x)
+    assert torch.equal(x.to_eager(), torch.arange(4.0) * 2)
+
+
+def test_eager_tensor_written_by_lazy_argument_keeps_eager_semantics():
+    e = torch.ones(4)
+    y = fastlazy.lazy(torch.arange(4.0)) * 1
+    e[:2].add_(y[:2])
+    assert type(e) is torch.Tensor and torch.equal(e, torch.tensor([1.0, 2.0, 1.0, 1.0]))

@@ -155,15 +155,18 @@ def _reusable(node, by_index):
     is an intermediate read by nobody else, of the result's shape and dtype."""
     expr = node.op.lower
     if (node.op.generic or node.cast or expr.name not in INPLACE_VARIANTS
-            or not isinstance(expr.args[0], int)):
+            or expr.args[0] != 0):
         return False
     kind, index = node.operand(expr.args[0])
     if kind != "node":
         return False
     producer = by_index[index]
     # a generic node's value may be a view of one of its inputs
+    # keeps_shape, not the shapes at hand: the graph is reused for every
+    # shape of this structure, and a broadcast elsewhere must not write
+    # a larger result into the producer
     return (not producer.op.generic and producer.uses == 1 and not producer.is_output
-            and producer.shape == node.shape and producer.dtype == node.dtype)
+            and node.keeps_shape and producer.dtype == node.dtype)
 
 
 def _emit(ir, env, node, inplace, scalars):

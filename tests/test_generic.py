@@ -1,0 +1,125 @@
+"""The generic path: calls without a C rule, recorded from fake-tensor
+signatures cached per call signature (OpInfo covers the ops at large; these
+pin the mechanism)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy import generic, graph_cache
+
+pytestmark = pytest.mark.usefixtures("lazy_on")
+
+
+def counters():
+    return fastlazy.metrics.counters()
+
+
+def test_signature_is_analysed_once():
+    x = fastlazy.lazy(torch.rand(4, 5))
+    torch.cumsum(x, 1).to_eager()
+    signatures, lowerings = generic.signature_count(), len(generic._lowerings)
+    for _ in range(5):
+        y = fastlazy.lazy(torch.rand(4, 5))
+        assert torch.equal(torch.cumsum(y, 1).to_eager(), torch.cumsum(y.to_eager(), 1))
+    assert generic.signature_count() == signatures and len(generic._lowerings) == lowerings
+
+
+def test_shape_independent_lowering_keeps_torchscript_graphs_shape_generic(backend):
+    w = torch.rand(4, 3, 3, 3)
+    for batch in (1, 2, 5):
+        x = torch.rand(batch, 3, 8, 8)
+        got = F.conv2d(fastlazy.lazy(x), w, padding=1).relu()
+        torch.testing.assert_close(got.to_eager(), F.conv2d(x, w, padding=1).relu())
+    assert counters()["cache_misses"] == 1
+    assert counters()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("call, reason", [
+    (lambda x: torch.rand_like(x), "random"),
+    (lambda x: torch.nonzero(x), "depends on the data"),
+    (lambda x: torch.unique(x), "data"),
+])
+def test_impure_calls_run_eagerly_with_a_reason(call, reason):
+    x = fastlazy.lazy(torch.tensor([0.0, 1.0, 1.0, 3.0]))
+    torch.manual_seed(0)
+    got = call(x)
+    torch.manual_seed(0)
+    want = call(x.to_eager())
+    assert torch.equal(got.to_eager(), want)
+    assert counters()["fallbacks"] == 1
+    assert reason in fastlazy.explain()
+
+
+def test_bad_arguments_raise_eagers_error_at_the_call():
+    a, b = fastlazy.lazy(torch.rand(2, 3)), fastlazy.lazy(torch.rand(2, 4))
+    pending = a * 2
+    with pytest.raises(RuntimeError) as lazy_error:
+        torch.cat([a, b], 0)
+    with pytest.raises(RuntimeError) as eager_error:
+        torch.cat([a.to_eager(), b.to_eager()], 0)
+    assert str(lazy_error.value) == str(eager_error.value)
+    assert torch.equal(pending.to_eager(), a.to_eager() * 2)     # the buffer is intact
+    torch.testing.assert_close(torch.cat([a, b], 1).to_eager(),
+                               torch.cat([a.to_eager(), b.to_eager()], 1))
+
+
+def test_several_outputs_run_once(backend):
+    x = torch.rand(3, 5)
+    lx = fastlazy.lazy(x) * 1
+    values, indices = torch.max(lx, 1)
+    parts = lx.split([2, 3], dim=1)
+    assert type(values) is fastlazy.LazyTensor and type(indices) is fastlazy.LazyTensor
+    want = torch.max(x, 1)
+    assert torch.equal(values.to_eager(), want.values) and torch.equal(indices.to_eager(),
+                                                                         want.indices)
+    assert [p.shape for p in parts] == [torch.Size([3, 2]), torch.Size([3, 3])]
+    source = next(reversed(graph_cache._cache.values())).source
+    if backend == "torchscript":
+        assert source.count("aten::max(") == 1
+
+
+def test_identity_results_are_the_argument_itself():
+    x = fastlazy.lazy(torch.rand(3))
+    assert x.float() is x and x.contiguous() is x and x.to(torch.float32) is x
+
+
+def test_dtype_casts_are_recorded():
+    x = fastlazy.lazy(torch.rand(3)) * 4
+    for cast in (lambda t: t.half(), lambda t: t.to(torch.int32), lambda t: t.double(),
+                 lambda t: t.to(dtype=torch.bfloat16)):
+        got = cast(x)
+        assert not got.is_materialized
+        assert torch.equal(got.to_eager(), cast(x.to_eager()))
+    assert counters()["fallbacks"] == 0
+
+
+def test_gradients_flow_through_generic_nodes():
+    w = torch.rand(4, 3, 3, 3, requires_grad=True)
+    x = torch.rand(2, 3, 6, 6)
+    out = F.max_pool2d(F.conv2d(fastlazy.lazy(x), w), 2)
+    assert out.requires_grad
+    out.sum().backward()
+    w_eager = w.detach().clone().requires_grad_()
+    F.max_pool2d(F.conv2d(x, w_eager), 2).sum().backward()
+    torch.testing.assert_close(w.grad, w_eager.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_no_grad_results_do_not_require_grad():
+    w = torch.rand(3, 3, requires_grad=True)
+    with torch.no_grad():
+        out = torch.addmm(fastlazy.lazy(torch.rand(3)), fastlazy.lazy(torch.rand(2, 3)), w)
+    assert not out.requires_grad and not out.to_eager().requires_grad
+
+
+def test_autocast_gives_eagers_dtypes():
+    x, w = torch.rand(4, 8), torch.rand(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = (x @ w + 1).relu()
+        lx = fastlazy.lazy(x)
+        got = (lx @ w + 1).relu()
+        assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got.to_eager(), want)
+    # leaving the context ends it: the C rules record again
+    native = fastlazy.lazy(x) @ w
+    assert native.dtype == torch.float32
