@@ -45,6 +45,14 @@ _REFUSED_TAGS = {
 }
 
 
+# Ops whose schemas do not say that they write (in training) their running
+# statistics arguments.
+_UPDATES_RUNNING_STATS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+    if hasattr(torch.ops.aten, name))
+
+
 class Unsafe(Exception):
     """A call the generic path does not record; the message is the reason."""
 
@@ -163,6 +171,9 @@ def record(func, args, kwargs, name=None, track_views=True):
         if kind[0] == "input":
             flat.append(tensors[kind[1]])
             continue
+        if kind[0] == "none":
+            flat.append(None)
+            continue
         t = next(new)
         if kind[0] == "view" and track_views:
             views.attach(t, tensors[kind[1]], kind[2], kind[3])
@@ -273,14 +284,15 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
     except Exception as exc:     # eager raises too, or the op has no fake kernel
         raise Unsafe(_why(exc)) from None
     leaves, spec = pytree.tree_flatten(out)
-    if not leaves or not all(isinstance(v, torch.Tensor) for v in leaves):
+    results = [v for v in leaves if v is not None]     # (attn_output, None)
+    if not results or not all(isinstance(v, torch.Tensor) for v in results):
         raise Unsafe("returns something other than tensors")
 
     # 2. the aten program
     gm = _trace(func, args, kwargs, examples,
                 [type(t) is LazyTensor and views.geometry(t) is None for t in tensors])
     outputs = list(gm.graph.nodes)[-1].args[0]
-    if len(outputs) != len(leaves):
+    if len(outputs) != len(results):
         raise Unsafe("the traced program's outputs differ from the call's")
 
     sig = Signature()
@@ -288,7 +300,12 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
     sig.kinds = []
     sig.recorded = []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for index, (leaf, node) in enumerate(zip(leaves, outputs)):
+    pairs = enumerate(zip(results, outputs))
+    for leaf in leaves:
+        if leaf is None:
+            sig.kinds.append(("none",))
+            continue
+        index, (leaf, node) = next(pairs)
         same = [i for i, f in enumerate(fakes) if leaf is f]
         if same or node in placeholders:
             i = same[0] if same else placeholders.index(node)
@@ -349,6 +366,19 @@ def _run_small(func, args, kwargs, tensors):
                      f"{type(exc).__name__})") from None
 
 
+_SEEDED = torch.Tag.nondeterministic_seeded
+
+
+def _no_dropout(node):
+    """An attention kernel tagged random for its dropout, called with none."""
+    for k, arg in enumerate(node.target._schema.arguments):
+        if arg.name == "dropout_p":
+            value = (node.args[k] if k < len(node.args)
+                     else node.kwargs.get("dropout_p", arg.default_value))
+            return value == 0
+    return False
+
+
 def _trace(func, args, kwargs, examples, contiguous):
     """The aten program of the call.  Inputs flagged `contiguous` were traced
     as contiguous tensors, but their values may have any layout at run time
@@ -376,8 +406,10 @@ def _trace(func, args, kwargs, examples, contiguous):
             raise Unsafe(f"calls {target} (not an aten op)")
         if target._schema.is_mutable:
             raise Unsafe(f"{target} mutates its input")
+        if target in _UPDATES_RUNNING_STATS and node.args[5] and node.args[3] is not None:
+            raise Unsafe("updates batch-norm running statistics in place (eager buffers)")
         for tag, reason in _REFUSED_TAGS.items():
-            if tag in target.tags:
+            if tag in target.tags and not (tag is _SEEDED and _no_dropout(node)):
                 raise Unsafe(f"{target}: {reason}")
         if target is torch.ops.aten._local_scalar_dense.default:
             raise Unsafe("reads a tensor's value")
@@ -388,7 +420,7 @@ def _trace(func, args, kwargs, examples, contiguous):
                 made = gm.graph.call_function(torch.ops.aten.contiguous.default, (node,))
             node.replace_all_uses_with(made, delete_user_cb=lambda user: user is not made)
     output = list(gm.graph.nodes)[-1]
-    leaves = pytree.tree_leaves(output.args[0])
+    leaves = [v for v in pytree.tree_leaves(output.args[0]) if v is not None]
     if not all(isinstance(v, torch.fx.Node) for v in leaves):
         raise Unsafe("returns something other than tensors")
     output.args = (tuple(leaves),)

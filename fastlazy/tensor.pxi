@@ -195,6 +195,13 @@ cdef class LazyTensor:
     def tolist(self):
         return materialize(self).tolist()
 
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Eager autograd from the value: reading it runs the pending graph,
+        whose outputs carry grad_fn back to the eager leaves."""
+        if type(gradient) is LazyTensor:
+            gradient = materialize(gradient)
+        materialize(self).backward(gradient, retain_graph, create_graph, inputs)
+
     def __repr__(self):
         text = repr(materialize(self))
         return "LazyTensor" + text[len("tensor"):] if text.startswith("tensor") else text

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import fastlazy
+from fastlazy import stats
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
 
@@ -65,6 +66,39 @@ def test_mlp_records_most_ops():
     out.to_eager()
     c = fastlazy.metrics.counters()
     assert c["fallbacks"] == 0 and c["nodes_recorded"] == 8 and c["flushes"] == 1
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_models_record_in_one_graph(name):
+    """Conv, pooling, batch norm (eval), attention: all recorded, one flush."""
+    make, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(*shape)
+    out = model(x.to("lazy"))
+    assert not out.is_materialized
+    torch.testing.assert_close(out.to_eager(), model(x), rtol=1e-4, atol=1e-5)
+    c = fastlazy.metrics.counters()
+    assert c["fallbacks"] == 0 and c["flushes"] == 1
+
+
+def test_training_step_records_all_but_batch_norm_statistics():
+    torch.manual_seed(0)
+    model = cnn().train()
+    x = torch.randn(2, 3, 8, 8)
+    loss = model(x.to("lazy")).pow(2).mean()
+    loss.backward()
+    assert dict(stats.fallbacks_by_op) == {"F.batch_norm": 1}
+
+
+def test_batch_norm_running_statistics_update_at_the_call():
+    torch.manual_seed(0)
+    lazy_bn, eager_bn = nn.BatchNorm2d(3).train(), nn.BatchNorm2d(3).train()
+    x = torch.randn(4, 3, 5, 5)
+    lazy_bn(x.to("lazy") * 2)              # nothing read yet
+    eager_bn(x * 2)
+    torch.testing.assert_close(lazy_bn.running_mean, eager_bn.running_mean)
+    torch.testing.assert_close(lazy_bn.running_var, eager_bn.running_var)
 
 
 def test_no_grad_and_inference_mode_are_honoured():
