@@ -35,6 +35,8 @@ from fastlazy._core import LazyTensor
 
 MAX_INPUTS = 8                # MAX_IN of the core: tensor arguments of one node
 
+# argument types that stand for themselves in a signature (the core's
+# describe_call handles tensors, containers, floats and slices)
 _ATOMS = frozenset({int, bool, str, type(None), type(Ellipsis), torch.dtype,
                     torch.device, torch.layout, torch.memory_format})
 _REFUSED_TAGS = {
@@ -88,6 +90,9 @@ _lock = threading.Lock()
 _signatures: dict = {}
 _lowerings: list = []
 _lowering_ids: dict = {}
+
+
+_core.set_generic_types(Unsafe, _ATOMS)
 
 
 def lowering(index):
@@ -152,10 +157,8 @@ def record(func, args, kwargs, name=None, track_views=True):
     """Record func(*args, **kwargs); the result with LazyTensors in place of
     tensors.  Raises Unsafe for a call it does not take."""
     tensors = []
-    parts = []
-    _describe(args, tensors, parts)
-    _describe(kwargs, tensors, parts)
-    key = (func, tuple(parts), torch.is_grad_enabled(), _autocast_key())
+    key = (func, _core.describe_call(args, kwargs, tensors), torch.is_grad_enabled(),
+           _autocast_key())
     sig = _signatures.get(key)
     if sig is None:
         sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"))
@@ -166,6 +169,11 @@ def record(func, args, kwargs, name=None, track_views=True):
     inputs = tuple([t if type(t) is LazyTensor else _core.lazy(t) for t in tensors])
     new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach)
                if sig.recorded else ())
+    if sig.spec is None:            # one result, recorded: the common case
+        t = next(new)
+        if sig.kinds[0][0] == "view" and track_views:
+            views.attach(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
+        return t
     flat = []
     for kind in sig.kinds:
         if kind[0] == "input":
@@ -181,44 +189,9 @@ def record(func, args, kwargs, name=None, track_views=True):
     return pytree.tree_unflatten(flat, sig.spec)
 
 
-def _describe(x, tensors, parts):
-    """Append x's contribution to the signature; collect its tensors."""
-    t = type(x)
-    if t is LazyTensor:
-        tensors.append(x)
-        parts.append(_core.descriptor(x) + (views.geometry(x),))
-    elif t in _ATOMS:
-        parts.append((t, x))
-    elif t is float:
-        parts.append((float, x.hex()))     # -0.0 and nan are values of their own
-    elif t is tuple or t is list or t is torch.Size:
-        parts.append((t, len(x)))
-        for v in x:
-            _describe(v, tensors, parts)
-    elif t is dict:
-        parts.append((dict, tuple(x)))
-        for v in x.values():
-            _describe(v, tensors, parts)
-    elif t is slice:
-        parts.append(slice)
-        _describe(x.start, tensors, parts)
-        _describe(x.stop, tensors, parts)
-        _describe(x.step, tensors, parts)
-    elif isinstance(x, torch.Tensor):
-        if x.layout is not torch.strided or t not in (torch.Tensor, torch.nn.Parameter):
-            raise Unsafe("a sparse tensor or a tensor subclass")
-        tensors.append(x)
-        parts.append(("eager", x.dtype, tuple(x.shape), x.stride(), x.device,
-                      x.requires_grad))
-    elif t is complex:
-        parts.append((complex, repr(x)))
-    else:
-        raise Unsafe(f"an argument of type {t.__name__}")
-
-
 def _substitute(x, it):
     """x with every tensor replaced by the next item of `it` (the order of
-    _describe)."""
+    describe_call)."""
     t = type(x)
     if t is LazyTensor or isinstance(x, torch.Tensor):
         return next(it)
@@ -242,8 +215,8 @@ def _example(t, make=torch.empty):
     """A real tensor standing for argument t in the fake runs (never
     written, so never touched), with t's view geometry."""
     if type(t) is LazyTensor:
-        dtype_code, shape, device, requires_grad, geometry = (_core.descriptor(t)
-                                                               + (views.geometry(t),))
+        dtype_code, shape, device, requires_grad = _core.descriptor(t)
+        geometry = views.geometry(t)
         dtype, device = t.dtype, t.device
         grad = requires_grad and (dtype.is_floating_point or dtype.is_complex)
         if geometry is None:
@@ -296,6 +269,7 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
         raise Unsafe("the traced program's outputs differ from the call's")
 
     sig = Signature()
+    single = spec.is_leaf() and results[0] is not None
     sig.spec = spec
     sig.kinds = []
     sig.recorded = []
@@ -326,6 +300,8 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
         else:
             sig.kinds.append(("new",))
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
+    if single and sig.kinds[0][0] != "input":
+        sig.spec = None
     _run_small(func, args, kwargs, tensors)
     sig.detach = (not torch.is_grad_enabled()
                   and any(t.requires_grad for t in tensors))

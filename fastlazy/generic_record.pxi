@@ -115,3 +115,75 @@ def adopt(LazyTensor target, LazyTensor source):
         target.value = value
     memcpy(&target.meta, &source.meta, sizeof(Meta))
     target._device = None
+
+
+cdef object _unsafe = None          # fastlazy.generic.Unsafe
+cdef frozenset _atoms = None        # argument types that describe themselves
+
+
+def set_generic_types(unsafe, atoms):
+    global _unsafe, _atoms
+    _unsafe = unsafe
+    _atoms = frozenset(atoms)
+
+
+def describe_call(tuple args, dict kwargs, list tensors):
+    """The signature of a call's arguments (fastlazy.generic): a tuple with
+    each LazyTensor's dtype/shape/device/requires_grad (and view geometry),
+    each eager tensor's metadata, and every other argument's value; the
+    tensors are appended to `tensors` in order.  In C: it runs on every
+    call the generic path records."""
+    cdef list parts = []
+    describe(args, tensors, parts)
+    describe(kwargs, tensors, parts)
+    return tuple(parts)
+
+
+cdef int describe(object x, list tensors, list parts) except -1:
+    cdef type t = type(x)
+    cdef LazyTensor lt
+    cdef Py_ssize_t i
+    if t is LazyTensor:
+        lt = <LazyTensor>x
+        tensors.append(x)
+        shape = PyTuple_New(lt.meta.ndim)
+        for i in range(lt.meta.ndim):
+            v = lt.meta.shape[i]
+            Py_INCREF(v)
+            PyTuple_SET_ITEM(shape, i, v)
+        grad = lt.value.requires_grad if lt.value is not None else lt.meta.requires_grad != 0
+        if lt.family is None:
+            parts.append((lt.meta.dtype, shape, lt.meta.device, grad))
+        else:
+            parts.append((lt.meta.dtype, shape, lt.meta.device, grad, _views.geometry(x)))
+    elif t is tuple or t is list:
+        parts.append((t, len(x)))
+        for v in x:
+            describe(v, tensors, parts)
+    elif t is float:
+        parts.append((float, x.hex()))       # -0.0 and nan are values of their own
+    elif t in _atoms:
+        parts.append((t, x))
+    elif t is dict:
+        parts.append((dict, tuple(x)))
+        for v in (<dict>x).values():
+            describe(v, tensors, parts)
+    elif t is slice:
+        parts.append(slice)
+        describe(x.start, tensors, parts)
+        describe(x.stop, tensors, parts)
+        describe(x.step, tensors, parts)
+    elif t is _Size:
+        parts.append((t, tuple(x)))
+    elif isinstance(x, TensorType):
+        if x.layout is not _torch.strided or (t is not TensorType and
+                                              t is not _torch.nn.Parameter):
+            raise _unsafe("a sparse tensor or a tensor subclass")
+        tensors.append(x)
+        parts.append(("eager", x.dtype, tuple(x.shape), x.stride(), x.device,
+                      x.requires_grad))
+    elif t is complex:
+        parts.append((complex, repr(x)))
+    else:
+        raise _unsafe(f"an argument of type {t.__name__}")
+    return 0
