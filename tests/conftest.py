@@ -45,3 +45,5 @@ def pytest_addoption(parser):
                      help="run the 100,000-iteration long runs")
     parser.addoption("--fuzz-long", action="store_true",
                      help="run the long differential fuzzing profile")
+    parser.addoption("--inductor-all", action="store_true",
+                     help="run every differential case on the inductor backend too")

@@ -773,6 +773,38 @@ def test_op(backend, cases, bug):
 
 
 # --------------------------------------------------------------------------
+# inductor: every case of the suite costs an inductor compile (0.2-1 s per
+# distinct graph), so CI runs a deterministic sample, one case per row beside
+# test_every_row_on_inductor's basic call; `--inductor-all` runs every case.
+
+
+def _inductor_params():
+    import sys
+    every = "--inductor-all" in sys.argv
+    rows = {}
+    for case in ALL_CASES:
+        if known_bug(case, "inductor") is None:
+            rows.setdefault(case.row.name, []).append(case)
+    if not every:       # the sample: per row, the case whose id hashes lowest
+        rows = {name: [min(cases, key=lambda c: zlib.crc32(c.id.encode()))]
+                for name, cases in rows.items()}
+    return [pytest.param(cases, id=name) for name, cases in rows.items()]
+
+
+@pytest.mark.parametrize("cases", _inductor_params())
+def test_op_on_inductor(cases, backend):
+    if backend != DEFAULT_BACKEND:
+        pytest.skip("inductor is tested once, not once per parametrized backend")
+    fastlazy.set_backend("inductor")
+    try:
+        failures = run_cases(cases)
+    finally:
+        fastlazy.set_backend(backend)
+    if failures:
+        pytest.fail(_report(failures, len(cases)), pytrace=False)
+
+
+# --------------------------------------------------------------------------
 # coverage of the table
 
 
