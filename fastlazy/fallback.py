@@ -62,6 +62,7 @@ def run(func, name, args, kwargs, inplace, reason):
         return _run_out(func, args, kwargs)
     if inplace and args and type(args[0]) is LazyTensor:
         target = args[0]
+        views.check_leaf(target, name.endswith("__setitem__"))
         value = target.to_eager()
         if target.family is None and value._is_view():
             # The value views another tensor (x[0], x.view(-1) ran eagerly):

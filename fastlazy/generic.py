@@ -121,6 +121,8 @@ def _record_inplace(func, args, kwargs, name):
     target = args[0] if args else None
     if type(target) is not LazyTensor:
         raise Unsafe("writes an eager tensor (eager semantics)")
+    if target.requires_grad or target.family is not None:
+        views.check_leaf(target, name.endswith("__setitem__"))
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
     if target.family is not None:

@@ -130,6 +130,23 @@ def check_write(target, operands):
             raise RuntimeError(_PARTIAL)
 
 
+def check_leaf(target, through_view=False):
+    """Eager refuses in-place ops on a leaf that requires grad (or a view of
+    one: __setitem__ writes through one) while grad mode is on; a LazyTensor
+    made from such a leaf is it."""
+    if not torch.is_grad_enabled():
+        return
+    family = target.family
+    root = family.root if type(family) is Member else target
+    if root.is_materialized:
+        value = root.to_eager()
+        if value.is_leaf and value.requires_grad:
+            what = ("a leaf Variable" if root is target and not through_view
+                    else "a view of a leaf Variable")
+            raise RuntimeError(f"{what} that requires grad is being used in an in-place "
+                               f"operation.")
+
+
 def _view_of(root, size, stride, offset, detached):
     # the root's value may have any layout at run time; the geometry is in
     # its contiguous layout

@@ -104,3 +104,19 @@ def test_eager_tensor_written_by_lazy_argument_keeps_eager_semantics():
     y = fastlazy.lazy(torch.arange(4.0)) * 1
     e[:2].add_(y[:2])
     assert type(e) is torch.Tensor and torch.equal(e, torch.tensor([1.0, 2.0, 1.0, 1.0]))
+
+
+@pytest.mark.parametrize("write", [lambda t: t.add_(1), lambda t: t.zero_(),
+                                   lambda t: t.__setitem__(0, 1.0),
+                                   lambda t: t[1:].mul_(2)])
+def test_inplace_on_a_leaf_that_requires_grad_is_eagers_error(write):
+    w = torch.rand(3, requires_grad=True)
+    with pytest.raises(RuntimeError) as eager:
+        write(w)
+    with pytest.raises(RuntimeError) as lazy:
+        write(fastlazy.lazy(w))
+    assert str(lazy.value) == str(eager.value)
+    with torch.no_grad():           # allowed there, as in eager
+        x = fastlazy.lazy(w)
+        write(x)
+        assert torch.equal(w, w.detach()) and not torch.equal(x.to_eager(), w)
