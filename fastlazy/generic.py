@@ -34,6 +34,7 @@ from fastlazy import _core, fallback, views
 from fastlazy._core import LazyTensor
 
 MAX_INPUTS = 8                # MAX_IN of the core: tensor arguments of one node
+MAX_SIGNATURES = 20_000       # signatures kept before the cache starts over
 
 # argument types that stand for themselves in a signature (the core's
 # describe_call handles tensors, containers, floats and slices)
@@ -165,6 +166,9 @@ def record(func, args, kwargs, name=None, track_views=True):
     if sig is None:
         sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"))
         with _lock:
+            if len(_signatures) >= MAX_SIGNATURES:
+                # a loop over ever-new shapes: start over rather than grow
+                _signatures.clear()
             _signatures[key] = sig
     if sig.reason is not None:
         raise Unsafe(sig.reason)
