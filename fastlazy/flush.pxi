@@ -121,9 +121,10 @@ cdef int flush(Segment seg, int reason) except -1:
             # history even if the value is read inside torch.no_grad()
             with _enable_grad():
                 program, values = run_graph(seg, key, outs, slot_order)
-        elif detached:
+        elif detached and grad_enabled():
             # recorded under no_grad from inputs that require grad: no output
-            # needs history, so the whole graph runs without it
+            # needs history, so the whole graph runs without it (read inside
+            # no_grad, as in inference loops, it already does)
             with _no_grad():
                 program, values = run_graph(seg, key, outs, slot_order)
         else:
