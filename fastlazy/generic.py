@@ -230,7 +230,10 @@ def _example(t, make=torch.empty):
         numel, stride, offset = geometry
         base = make(numel, dtype=dtype, device=device, requires_grad=grad)
         return base.as_strided(shape, stride, offset)
-    example = make(t.shape, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride())
+    # storage for the eager tensor's strides (a slice x[:, ::2] spans more
+    # elements than it has)
+    span = 0 if 0 in t.shape else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    example = make(span, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride())
     return example.requires_grad_(t.requires_grad)
 
 
@@ -332,16 +335,27 @@ REAL_CHECK_NUMEL = 1 << 20
 
 
 def _run_small(func, args, kwargs, tensors):
-    """Run the call once for real, on zeros, when that is cheap: fake
-    kernels do not make every check the real kernel makes (var of an int64
-    tensor passes on fake tensors), and eager's error belongs at the call.
-    (Zeros are valid indices; an error that depends on the values can only
-    surface when the graph runs, as in every lazy tensor system.)"""
+    """Run the call once for real when that is cheap: fake kernels do not
+    make every check the real kernel makes (var of an int64 tensor passes on
+    fake tensors), and eager's error belongs at the call.  (An error that
+    depends on the values can only surface when the graph runs, as in every
+    lazy tensor system; a call the trial values make fail runs eagerly.)"""
     if sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL:
         return
-    zeros = [_example(t, torch.zeros) for t in tensors]
+    generator = torch.Generator().manual_seed(0)   # the global one is not touched
+
+    def trial_values(shape, dtype, device, requires_grad=False):
+        # floats: normal noise (zeros would make linalg ops see singular
+        # matrices); integers and bools: zeros, which are valid indices
+        if dtype.is_floating_point or dtype.is_complex:
+            t = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+        else:
+            t = torch.zeros(shape, dtype=dtype, device=device)
+        return t.requires_grad_(requires_grad)
+
+    trial = [_example(t, trial_values) for t in tensors]
     try:
-        a, k = _substitute((args, kwargs), iter(zeros))
+        a, k = _substitute((args, kwargs), iter(trial))
         func(*a, **k)
     except Exception as exc:
         raise Unsafe(f"eager judges the arguments (a trial run raised "

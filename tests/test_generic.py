@@ -123,3 +123,19 @@ def test_autocast_gives_eagers_dtypes():
     # leaving the context ends it: the C rules record again
     native = fastlazy.lazy(x) @ w
     assert native.dtype == torch.float32
+
+
+def test_eager_arguments_keep_their_strides():
+    e = torch.arange(24.0).reshape(4, 6)[:, ::2]        # spans more than it holds
+    x = fastlazy.lazy(torch.ones(4, 3))
+    got = torch.cat([x, e], 0)
+    assert not got.is_materialized
+    assert torch.equal(got.to_eager(), torch.cat([torch.ones(4, 3), e]))
+
+
+def test_trial_values_do_not_refuse_linear_algebra():
+    # a trial on zeros would see a singular matrix; the call is recorded
+    got = torch.linalg.inv(fastlazy.lazy(torch.eye(3) * 2))
+    assert not got.is_materialized
+    assert torch.equal(got.to_eager(), torch.eye(3) / 2)
+    assert counters()["fallbacks"] == 0
