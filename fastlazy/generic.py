@@ -23,6 +23,8 @@ bakes sizes in (a reshape to (4, -1) traced as view(4, 6)) gets one per shape.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import threading
 
@@ -259,7 +261,9 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
 
     # 1. the call itself, on fake tensors: eager's checks, results' metadata
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        # (fake_tensor logs a traceback for a call its kernel rejects; the
+        # user gets eager's own exception from the eager run instead)
+        with _quiet(_FAKE_LOG), FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fakes = [mode.from_tensor(e) for e in examples]
             fa, fk = _substitute((args, kwargs), iter(fakes))
             out = func(*fa, **fk)
@@ -316,6 +320,19 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
                   and any(t.requires_grad for t in tensors))
     sig.lowering = _intern(gm, name) if sig.recorded else None
     return sig
+
+
+_FAKE_LOG = logging.getLogger("torch._subclasses.fake_tensor")
+
+
+@contextlib.contextmanager
+def _quiet(logger):
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
 
 
 def _why(exc):

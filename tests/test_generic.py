@@ -139,3 +139,24 @@ def test_trial_values_do_not_refuse_linear_algebra():
     assert not got.is_materialized
     assert torch.equal(got.to_eager(), torch.eye(3) / 2)
     assert counters()["fallbacks"] == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", ["torchscript", "inductor", "eager"])
+def test_generic_ops_and_views_on_cuda(name):
+    """Device constants in captured programs (factory ops, Device arguments
+    in the TorchScript IR) are the inputs' device."""
+    before = fastlazy.backend()
+    fastlazy.set_backend(name)
+    try:
+        x, w = torch.rand(2, 3, 8, 8, device="cuda"), torch.rand(4, 3, 3, 3, device="cuda")
+        lx = fastlazy.lazy(x)
+        out = F.max_pool2d(F.conv2d(lx, w, padding=1), 2).flatten(1)
+        v = out[:, :4]
+        v.mul_(0)
+        want = F.max_pool2d(F.conv2d(x, w, padding=1), 2).flatten(1)
+        want[:, :4].mul_(0)
+        assert out.device.type == "cuda"
+        torch.testing.assert_close(out.to_eager(), want, rtol=1e-3, atol=1e-3)
+    finally:
+        fastlazy.set_backend(before)
