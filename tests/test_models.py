@@ -125,3 +125,63 @@ def test_functional_captured_before_enable_still_records():
     c = fastlazy.metrics.counters()
     assert c["fallbacks"] == 0 and c["nodes_recorded"] == 1
     assert torch.equal(r.to_eager(), torch.relu(x.to_eager()))
+
+
+class _Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.memory = nn.Parameter(torch.randn(2, 3, 16))
+
+    def forward(self, x):
+        return self.layer(x, self.memory)
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        out, weights = self.attn(x, x, x)          # need_weights=True
+        return out + weights.sum()
+
+
+class _First(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)[0]
+
+
+MORE_MODELS = {
+    "lstm": (lambda: _First(nn.LSTM(8, 16, batch_first=True)), (2, 5, 8)),
+    "attention_weights": (_Attention, (2, 5, 16)),
+    "conv1d_groupnorm": (lambda: nn.Sequential(nn.Conv1d(4, 8, 3), nn.GroupNorm(2, 8),
+                                               nn.Mish()), (2, 4, 10)),
+    "upsample": (lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.Upsample(scale_factor=2,
+                                                                         mode="bilinear")),
+                 (1, 3, 4, 4)),
+    "pixel_shuffle": (lambda: nn.Sequential(nn.Conv2d(4, 8, 1), nn.PixelShuffle(2)),
+                      (1, 4, 3, 3)),
+    "decoder": (_Decoder, (2, 5, 16)),
+    "instance_norm": (lambda: nn.InstanceNorm2d(3, affine=True), (2, 3, 5, 5)),
+}
+
+
+@pytest.mark.parametrize("name", list(MORE_MODELS))
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_more_modules_match_eager_and_record(name, train):
+    make, shape = MORE_MODELS[name]
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(*shape)
+    want = run(model, x, lazy=False, train=train)
+    got = run(model, x, lazy=True, train=train)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    assert got[1] == pytest.approx(want[1], rel=1e-4)
+    for g, w in zip(got[2], want[2]):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    assert not stats.fallbacks_by_op, dict(stats.fallbacks_by_op)
