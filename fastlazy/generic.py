@@ -4,11 +4,14 @@ Any torch function called with LazyTensors (conv2d, cat, where, var, a view,
 indexing...) is described by a *signature*: the function, each tensor
 argument's dtype/shape/device/requires_grad (and view geometry), every other
 argument's value, and the grad and autocast modes.  The first call of a
-signature runs the function twice on fake tensors: once to check the call
-(eager would raise: then eager runs it and raises) and read its results'
-metadata, once through make_fx to capture it as a small aten program.  It is
-recorded only if that program is pure -- no op mutates, none is random, no
-output shape depends on data -- and every result is a tensor.
+signature runs the function on fake tensors to check the call (eager would
+raise: then eager runs it and raises) and read its results' metadata,
+through make_fx to capture it as a small aten program, and -- when the
+inputs are small -- once for real, because fake kernels skip some of the
+real kernels' checks.  It is recorded only if that program is pure -- no op
+mutates, none is random, no output shape depends on data -- and every
+result is a tensor (or None).  The signature itself is built in C
+(generic_record.pxi).
 
 The verdict, the result metadata and the aten program are cached per
 signature, so a repeat costs a dict lookup and the node appends; the fake
