@@ -5,6 +5,8 @@
 - P5: the direct shape/dtype rule versus meta-tensor propagation, for an
   elementwise add.
 - P6: a cache-hit flush of a 32-node graph, without the backend's run time.
+- The generic path's cost per recorded call (conv2d, a view) against eager
+  running the same op.
 
 The baseline of each item is recorded as contender "eager", the fastlazy side
 as "fastlazy", so the report shows them in those two columns.
@@ -82,6 +84,32 @@ def test_shape_inference(benchmark, contender):
         a, b = (fastlazy.lazy(torch.rand(SHAPE_N, SHAPE_N)) for _ in range(2))
     with workloads.fastlazy_state(contender == "fastlazy"):
         _time(benchmark, operator.add, a, b)
+
+
+GENERIC_CALLS = {
+    # item: (eager arguments, the call)
+    "conv2d": (lambda: (torch.rand(1, 3, 8, 8), torch.rand(4, 3, 3, 3)),
+               lambda x, w: torch.nn.functional.conv2d(x, w, padding=1)),
+    "view": (lambda: (torch.rand(16, 16),), lambda x: x.view(-1)),
+}
+
+
+@pytest.mark.parametrize("item", list(GENERIC_CALLS))
+@pytest.mark.parametrize("contender", ["eager", "fastlazy"])
+def test_generic_call(benchmark, item, contender):
+    """The generic path on a signature hit: eager running the op versus
+    fastlazy recording it (signature built in C, dict lookup, node append;
+    for a view, registering it with its base).  The result is dropped,
+    nothing runs."""
+    _info(benchmark, f"generic_{item}", contender, n=1, ops=1, mode="trace")
+    make, call = GENERIC_CALLS[item]
+    args = make()
+    if contender == "fastlazy":
+        args = tuple(fastlazy.lazy(a) if k == 0 else a for k, a in enumerate(args))
+    with workloads.fastlazy_state(contender == "fastlazy"):
+        before = fastlazy.metrics.counters()["fallbacks"]
+        _time(benchmark, call, *args)
+        assert fastlazy.metrics.counters()["fallbacks"] == before   # recorded, not run
 
 
 @pytest.fixture
