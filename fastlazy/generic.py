@@ -385,6 +385,25 @@ def _run_small(func, args, kwargs, tensors):
 _SEEDED = torch.Tag.nondeterministic_seeded
 
 
+def _writes_an_input(node, inputs):
+    """Does this in-place aten call write one of the program's inputs (or a
+    view of one)?  Writes into the program's own intermediates (GRU's cells
+    add in place) keep the program pure as seen from outside; the backends
+    run them as written."""
+    for k, arg in enumerate(node.target._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
+        for written in (value if isinstance(value, (list, tuple)) else [value]):
+            fake = written.meta.get("val") if isinstance(written, torch.fx.Node) else None
+            if not isinstance(fake, torch.Tensor):
+                return True             # cannot tell: assume the worst
+            if any(isinstance(i, torch.Tensor) and torch._C._is_alias_of(fake, i)
+                   for i in inputs):
+                return True
+    return False
+
+
 def _no_dropout(node):
     """An attention kernel tagged random for its dropout, called with none."""
     for k, arg in enumerate(node.target._schema.arguments):
@@ -412,6 +431,7 @@ def _trace(func, args, kwargs, examples, contiguous):
         gm = make_fx(program, tracing_mode="fake")(*examples)
     except Exception as exc:
         raise Unsafe(f"not traceable to aten ({type(exc).__name__})") from None
+    inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             raise Unsafe("creates a constant tensor")
@@ -420,7 +440,7 @@ def _trace(func, args, kwargs, examples, contiguous):
         target = node.target
         if not isinstance(target, torch._ops.OpOverload):
             raise Unsafe(f"calls {target} (not an aten op)")
-        if target._schema.is_mutable:
+        if target._schema.is_mutable and _writes_an_input(node, inputs):
             raise Unsafe(f"{target} mutates its input")
         if target in _UPDATES_RUNNING_STATS and node.args[5] and node.args[3] is not None:
             raise Unsafe("updates batch-norm running statistics in place (eager buffers)")

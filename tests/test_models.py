@@ -158,6 +158,8 @@ class _First(nn.Module):
 
 MORE_MODELS = {
     "lstm": (lambda: _First(nn.LSTM(8, 16, batch_first=True)), (2, 5, 8)),
+    # GRU's cells add in place into their own intermediates: still recorded
+    "gru": (lambda: _First(nn.GRU(8, 16)), (5, 2, 8)),
     "attention_weights": (_Attention, (2, 5, 16)),
     "conv1d_groupnorm": (lambda: nn.Sequential(nn.Conv1d(4, 8, 3), nn.GroupNorm(2, 8),
                                                nn.Mish()), (2, 4, 10)),
