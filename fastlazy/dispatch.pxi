@@ -326,7 +326,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if ops[0].kind != K_LAZY:
             return run_eager(entry, args, nargs, kwnames, form, "in-place on an eager tensor")
         self_t = <LazyTensor>p[0]
-        if self_t.meta.requires_grad:
+        if self_t.meta.requires_grad and (self_t.value is not None or self_t.family is not None):
+            # only a materialized value (or a view's root) can be a leaf
             _views.check_leaf(self_t)
         if self_t.family is None and self_t.value is not None and self_t.value._is_view():
             # a view of another tensor (made by an eager fallback such as
