@@ -162,3 +162,24 @@ def test_inductor_async_compile_replays_until_ready(monkeypatch):
         assert fastlazy.metrics.counters()["fallback.inductor: replayed while compiling"] == 1
     finally:
         fastlazy.set_backend("torchscript")
+
+
+@pytest.mark.parametrize("program", [
+    lambda u, s: u / s,                 # uint8 / 0-dim int64
+    lambda u, s: u / 300,               # a Python int the uint8 common dtype cannot hold
+    lambda u, s: 300 / u,
+    lambda u, s: torch.div(u, -1),
+])
+def test_inductor_true_division_of_integers_casts_each_operand(program):
+    """Eager casts each operand of an integer true division from its own
+    dtype to the float result; inductor went through the integral common
+    dtype first (-5 beside uint8 became 251).  Found by --inductor-all."""
+    u = torch.tensor([[3, 250, 7]], dtype=torch.uint8)
+    s = torch.tensor(-5)
+    want = program(u, s)
+    fastlazy.set_backend("inductor")
+    try:
+        got = program(fastlazy.lazy(u), fastlazy.lazy(s)).to_eager()
+    finally:
+        fastlazy.set_backend("torchscript")
+    torch.testing.assert_close(got, want)

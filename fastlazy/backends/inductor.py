@@ -25,7 +25,7 @@ import torch.fx
 from fastlazy import stats
 from fastlazy.backends.base import Backend, Program, builtin, lower
 from fastlazy.backends.eager import EagerBackend
-from fastlazy.optable import SCALAR_ARGS
+from fastlazy.optable import _CHOICE_SHIFT, R_DIV, R_RTRUEDIV, R_TRUEDIV, SCALAR_ARGS
 
 _SCALAR_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64,
                   "complex": torch.complex128}
@@ -160,14 +160,22 @@ def _build_fx(view):
             continue
         common = _common_dtype(node, meta)
         scalar_args = _scalar_arg_slots(node)
+        in_float = _divides_in_float(node)
+        # other / x is reciprocal(x) * other: the scalar meets a float
+        scalar_in_float = in_float or node.op.rule == R_RTRUEDIV
 
-        def operand(inp, node=node, common=common, scalar_args=scalar_args):
+        def operand(inp, node=node, common=common, scalar_args=scalar_args, in_float=in_float,
+                    scalar_in_float=scalar_in_float):
             if meta[inp][2] is None:          # a tensor
                 value = env[inp]
+                if in_float and meta[inp][0] != node.dtype:
+                    value = cast(inp, node.dtype)
                 if node.detach:
                     return graph.call_function(torch.ops.aten.detach.default, (value,))
                 return value
             if inp in scalar_args:            # alpha, negative_slope
+                return cast(inp, node.dtype)
+            if scalar_in_float:
                 return cast(inp, node.dtype)
             return env[inp] if common is None else cast(inp, common)
 
@@ -199,6 +207,16 @@ def _inline(graph, lowering, args):
                 fx.target, torch.fx.node.map_arg(fx.args, values.__getitem__),
                 torch.fx.node.map_arg(fx.kwargs, values.__getitem__))
     return [values[o] for o in lowering.outputs]
+
+
+def _divides_in_float(node):
+    """True division of integral operands: eager casts each operand from its
+    own dtype to the float result dtype.  Inductor would first cast to the
+    integral common dtype (a 0-dim int64 -5 beside a uint8 tensor becomes
+    251), so the operands are cast here."""
+    rule = node.op.rule
+    true_division = rule == R_TRUEDIV or rule == R_DIV and node.attr >> _CHOICE_SHIFT & 15 == 0
+    return true_division and (node.dtype.is_floating_point or node.dtype.is_complex)
 
 
 def _scalar_arg_slots(node):
