@@ -417,24 +417,27 @@ cdef bint inplace_fits(Meta *out, Meta *self_m) noexcept:
     return can_cast_table[out.dtype][self_m.dtype]
 
 
-cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
-                      int form, str reason):
-    """Run the original torch callable on materialized arguments."""
+cdef tuple split_arguments(PyObject **args, Py_ssize_t nargs, object kwnames):
+    """An entry's argument vector as (positional tuple, keyword dict), for
+    the Python-side paths."""
     pos = tuple([<object>args[i] for i in range(nargs)])
     kw = {}
     if kwnames is not None:
         for k in range(len(<tuple>kwnames)):
             kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
+    return pos, kw
+
+
+cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                      int form, str reason):
+    """Run the original torch callable on materialized arguments."""
+    pos, kw = split_arguments(args, nargs, kwnames)
     return _fallback.run_entry_eagerly(entry, form == FORM_INPLACE, pos, kw, reason)
 
 
 cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
                          int form):
-    pos = tuple([<object>args[i] for i in range(nargs)])
-    kw = {}
-    if kwnames is not None:
-        for k in range(len(<tuple>kwnames)):
-            kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
+    pos, kw = split_arguments(args, nargs, kwnames)
     return _generic.call(entry.__wrapped__, entry.qualname, pos, kw, form == FORM_INPLACE)
 
 

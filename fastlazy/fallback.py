@@ -25,16 +25,6 @@ def _materialize(x):
     return x
 
 
-def flat(*items):
-    for x in items:
-        if type(x) in (list, tuple):
-            yield from flat(*x)
-        elif type(x) is dict:
-            yield from flat(*x.values())
-        else:
-            yield x
-
-
 def wrap_result(out):
     """Eager results as LazyTensors (tensors inside tuples/lists too)."""
     if isinstance(out, torch.Tensor):
@@ -62,7 +52,7 @@ def run(func, name, args, kwargs, inplace, reason):
         return _run_out(func, args, kwargs)
     if inplace and args and type(args[0]) is LazyTensor:
         target = args[0]
-        views.check_leaf(target, name.endswith("__setitem__"))
+        views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
         value = target.to_eager()
         if target.family is None and value._is_view():
             # The value views another tensor (x[0], x.view(-1) ran eagerly):
@@ -73,9 +63,6 @@ def run(func, name, args, kwargs, inplace, reason):
             return target
         # Otherwise mutate a copy and rebind the handle: a LazyTensor never
         # writes into the tensor it was made from.
-        if target.family is not None:
-            views.check_write(target, [a for a in flat(args[1:], kwargs)
-                                       if type(a) is LazyTensor])
         clone = value.clone()
         if func(clone, *_materialize(args[1:]), **_materialize(kwargs)) is NotImplemented:
             return NotImplemented     # x += None: Python goes on to raise TypeError

@@ -73,7 +73,6 @@ class Lowering:
         self.index = index
         self.gm = gm
         self.name = name
-        self.source = gm.code
         nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in nodes if n.op == "placeholder"]
         self.outputs = list(nodes[-1].args[0])
@@ -127,13 +126,9 @@ def _record_inplace(func, args, kwargs, name):
     target = args[0] if args else None
     if type(target) is not LazyTensor:
         raise Unsafe("writes an eager tensor (eager semantics)")
-    if target.requires_grad or target.family is not None:
-        views.check_leaf(target, name.endswith("__setitem__"))
+    views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
-    if target.family is not None:
-        views.check_write(target, [a for a in fallback.flat(args[1:], kwargs)
-                                   if type(a) is LazyTensor])
     _core.adopt(target, record(_functional(func), args, kwargs, name, track_views=False))
     if target.family is not None:
         views.after_mutation(target)
@@ -226,10 +221,8 @@ def _example(t, make=torch.empty):
     """A real tensor standing for argument t in the fake runs (never
     written, so never touched), with t's view geometry."""
     if type(t) is LazyTensor:
-        dtype_code, shape, device, requires_grad = _core.descriptor(t)
-        geometry = views.geometry(t)
-        dtype, device = t.dtype, t.device
-        grad = requires_grad and (dtype.is_floating_point or dtype.is_complex)
+        shape, dtype, device, geometry = tuple(t.shape), t.dtype, t.device, views.geometry(t)
+        grad = t.requires_grad and (dtype.is_floating_point or dtype.is_complex)
         if geometry is None:
             return make(shape, dtype=dtype, device=device, requires_grad=grad)
         numel, stride, offset = geometry

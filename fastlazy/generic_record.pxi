@@ -57,14 +57,6 @@ def dtype_code_of(dtype):
     return -1 if d == DT_UNDEF or d == DT_COMPLEX32 else d
 
 
-def descriptor(LazyTensor t):
-    """What a generic signature needs of a LazyTensor: dtype, shape, device,
-    requires_grad (the view geometry is added by fastlazy.views)."""
-    return (t.meta.dtype, tuple([t.meta.shape[i] for i in range(t.meta.ndim)]),
-            t.meta.device, t.value.requires_grad if t.value is not None
-            else bool(t.meta.requires_grad))
-
-
 def record_generic(int lowering, tuple inputs, list outs, bint detach):
     """Append one node per entry of `outs` -- (output index, dtype, shape,
     requires_grad) -- each reading all of `inputs` (LazyTensors); return

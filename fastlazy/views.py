@@ -25,6 +25,7 @@ import weakref
 import torch
 
 from fastlazy import _core
+from fastlazy._core import LazyTensor
 
 
 class Family:
@@ -128,6 +129,26 @@ def check_write(target, operands):
         full = offset == o_offset and numel == o_numel and stride == o_stride
         if not full and offset < o_offset + o_numel and o_offset < offset + numel:
             raise RuntimeError(_PARTIAL)
+
+
+def lazy_operands(*items):
+    """The LazyTensors among call arguments (inside lists and dicts too)."""
+    for x in items:
+        if type(x) in (list, tuple):
+            yield from lazy_operands(*x)
+        elif type(x) is dict:
+            yield from lazy_operands(*x.values())
+        elif type(x) is LazyTensor:
+            yield x
+
+
+def before_write(target, operands, through_view=False):
+    """Eager's refusals of an in-place write to `target` reading `operands`
+    (call arguments), raised at the call: a leaf that requires grad, and
+    memory overlap between views of one root."""
+    check_leaf(target, through_view)
+    if target.family is not None:
+        check_write(target, list(lazy_operands(operands)))
 
 
 def check_leaf(target, through_view=False):

@@ -42,10 +42,8 @@ def run(model, x, lazy, train):
     return (out.to_eager() if lazy else out), loss.item(), [p.grad.clone() for p in model.parameters()] if train else []
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-def test_model_matches_eager(name, train):
-    make, shape = MODELS[name]
+def assert_matches_eager(make, shape, train):
+    """Output, loss and (training) gradients of one model, eager vs lazy."""
     torch.manual_seed(0)
     model = make()
     x = torch.randn(*shape)
@@ -57,6 +55,12 @@ def test_model_matches_eager(name, train):
     assert got[1] == pytest.approx(want[1], rel=1e-4)
     for g, w in zip(got[2], want[2]):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_model_matches_eager(name, train):
+    assert_matches_eager(*MODELS[name], train)
 
 
 def test_mlp_records_most_ops():
@@ -176,14 +180,5 @@ MORE_MODELS = {
 @pytest.mark.parametrize("name", list(MORE_MODELS))
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_more_modules_match_eager_and_record(name, train):
-    make, shape = MORE_MODELS[name]
-    torch.manual_seed(0)
-    model = make()
-    x = torch.randn(*shape)
-    want = run(model, x, lazy=False, train=train)
-    got = run(model, x, lazy=True, train=train)
-    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
-    assert got[1] == pytest.approx(want[1], rel=1e-4)
-    for g, w in zip(got[2], want[2]):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    assert_matches_eager(*MORE_MODELS[name], train)
     assert not stats.fallbacks_by_op, dict(stats.fallbacks_by_op)
