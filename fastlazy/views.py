@@ -155,8 +155,8 @@ def check_leaf(target, through_view=False):
     """Eager refuses in-place ops on a leaf that requires grad (or a view of
     one: __setitem__ writes through one) while grad mode is on; a LazyTensor
     made from such a leaf is it."""
-    if not torch.is_grad_enabled():
-        return
+    if not target.requires_grad or not torch.is_grad_enabled():
+        return                  # a detached view of a leaf may be written, as in eager
     family = target.family
     root = family.root if type(family) is Member else target
     if root.is_materialized:

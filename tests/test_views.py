@@ -120,3 +120,15 @@ def test_inplace_on_a_leaf_that_requires_grad_is_eagers_error(write):
         x = fastlazy.lazy(w)
         write(x)
         assert torch.equal(w, w.detach()) and not torch.equal(x.to_eager(), w)
+
+
+@pytest.mark.parametrize("write", [lambda t: t.add_(1), lambda t: t.zero_(),
+                                   lambda t: t.__setitem__(0, 1.0)])
+def test_a_detached_view_of_a_leaf_may_be_written(write):
+    w = torch.rand(3, requires_grad=True)
+    write(w.detach())                       # eager allows it
+    d = fastlazy.lazy(w).detach()
+    write(d)
+    want = w.detach().clone()
+    write(want)
+    assert torch.equal(d.to_eager(), want)
