@@ -73,11 +73,14 @@ def test_torchscript_reuses_dead_intermediates():
 def test_torchscript_reuse_is_part_of_the_key():
     """A graph that computes into an intermediate is never reused for shapes
     where a broadcast makes the result larger than that intermediate."""
+    failures = graph_cache.compile_failures
     for a_shape, b_shape in (((2, 2), (2, 2)), ((1, 2), (2, 1)), ((2, 2), (2, 2))):
         a, b = torch.rand(a_shape), torch.rand(b_shape)
         got = (fastlazy.lazy(a) * 2 + fastlazy.lazy(b)).to_eager()
         assert torch.equal(got, a * 2 + b)
     assert fastlazy.metrics.counters()["cache_misses"] == 2
+    # and no graph failed to run (the eager backend would cover it up)
+    assert graph_cache.compile_failures == failures
 
 
 def test_alternating_graphs_stay_cached():
