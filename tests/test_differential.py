@@ -710,9 +710,25 @@ class Bug:
     signature: str           # regex every failure message must match
 
 
-# Every bug this suite found is fixed; its cases now run as ordinary cases.
-# A new one goes here as Bug(name, reason, predicate, signature).
-KNOWN_BUGS = ()
+# Every fastlazy bug this suite found is fixed; its cases now run as ordinary
+# cases.  What is left are inductor's own numerics, which torch.compile
+# shares (checked against torch.compile when each was found); eager stays
+# the oracle, so these cases fail on inductor, in exactly this way.
+# A new bug goes here as Bug(name, reason, predicate, signature).
+KNOWN_BUGS = (
+    Bug("inductor-gelu-inf",
+        "eager's vectorized gelu gives nan at +inf (its one-element path gives inf); "
+        "inductor and torch.compile give inf",
+        lambda case, backend: backend == "inductor" and case.row.name == "gelu"
+        and case.group == "special",
+        r"lazy: +tensor\(\[ +nan, +inf,(.|\n)*eager: +tensor\(\[ +nan, +nan,"),
+    Bug("inductor-pow-zerodim-base",
+        "a 0-dim float32 base of a float16 tensor: eager rounds it to float16 before pow; "
+        "inductor drops that round trip, even when the cast is explicit (torch.compile too)",
+        lambda case, backend: backend == "inductor" and case.row.name == "rpow"
+        and case.group == "zerodim" and case.id.endswith("f16,T[]f32"),
+        r"values differ(.|\n)*Greatest relative difference: 0\.00\d"),
+)
 
 
 def known_bug(case, backend):
@@ -758,6 +774,12 @@ def _report(failures, ncases):
 
 @pytest.mark.parametrize("backend, cases, bug", _params(), indirect=["backend"])
 def test_op(backend, cases, bug):
+    check_cases(cases, bug)
+
+
+def check_cases(cases, bug):
+    """Pass if every case matches eager; with a known bug, raise KnownBug if
+    every failure is the bug's (strict xfail), fail on any other."""
     failures = run_cases(cases)
     if bug is None:
         if failures:
@@ -781,27 +803,32 @@ def test_op(backend, cases, bug):
 def _inductor_params():
     import sys
     every = "--inductor-all" in sys.argv
-    rows = {}
+    rows, bugs = {}, {}
     for case in ALL_CASES:
-        if known_bug(case, "inductor") is None:
+        bug = known_bug(case, "inductor")
+        if bug is None:
             rows.setdefault(case.row.name, []).append(case)
+        else:
+            bugs.setdefault(bug, []).append(case)
     if not every:       # the sample: per row, the case whose id hashes lowest
         rows = {name: [min(cases, key=lambda c: zlib.crc32(c.id.encode()))]
                 for name, cases in rows.items()}
-    return [pytest.param(cases, id=name) for name, cases in rows.items()]
+    return ([pytest.param(cases, None, id=name) for name, cases in rows.items()]
+            + [pytest.param(cases, bug, id=f"BUG:{bug.name}",
+                            marks=pytest.mark.xfail(strict=True, raises=KnownBug,
+                                                    reason=bug.reason))
+               for bug, cases in bugs.items()])
 
 
-@pytest.mark.parametrize("cases", _inductor_params())
-def test_op_on_inductor(cases, backend):
+@pytest.mark.parametrize("cases, bug", _inductor_params())
+def test_op_on_inductor(cases, bug, backend):
     if backend != DEFAULT_BACKEND:
         pytest.skip("inductor is tested once, not once per parametrized backend")
     fastlazy.set_backend("inductor")
     try:
-        failures = run_cases(cases)
+        check_cases(cases, bug)
     finally:
         fastlazy.set_backend(backend)
-    if failures:
-        pytest.fail(_report(failures, len(cases)), pytrace=False)
 
 
 # --------------------------------------------------------------------------
