@@ -85,10 +85,23 @@ class Lowering:
 
 
 class Signature:
-    __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach")
+    __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested")
 
     def __init__(self, reason=None):
         self.reason = reason
+        self.nested = None
+
+
+# Functions of a sequence of tensors whose call over many tensors equals the
+# same kind of call over the results for groups of them (cat over groups, then
+# cat; stack over groups, then cat along the same dim): a node holds at most
+# MAX_INPUTS tensors, so a longer sequence (DenseNet's torch.cat of every
+# earlier feature map) is recorded as a tree of such calls.  Copies only, so
+# the tree gives eager's values bit for bit.  name -> the function that joins
+# the groups' results.
+_NESTED = {torch.cat: torch.cat, torch.concat: torch.cat, torch.concatenate: torch.cat,
+           torch.stack: torch.cat, torch.hstack: torch.hstack, torch.vstack: torch.vstack,
+           torch.dstack: torch.dstack}
 
 
 _lock = threading.Lock()
@@ -172,6 +185,8 @@ def record(func, args, kwargs, name=None, track_views=True):
             _signatures[key] = sig
     if sig.reason is not None:
         raise Unsafe(sig.reason)
+    if sig.nested is not None:
+        return _record_nested(func, sig.nested, args, kwargs, name)
     inputs = tuple([t if type(t) is LazyTensor else _core.lazy(t) for t in tensors])
     new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach)
                if sig.recorded else ())
@@ -193,6 +208,33 @@ def record(func, args, kwargs, name=None, track_views=True):
             views.attach(t, tensors[kind[1]], kind[2], kind[3])
         flat.append(t)
     return pytree.tree_unflatten(flat, sig.spec)
+
+
+def _nested_plan(func, args, kwargs):
+    """(sequence, the other positional arguments) of a cat-like call, or
+    Unsafe where the sequence is not the plain first argument."""
+    if "out" in kwargs:
+        raise Unsafe("writes its out= argument")
+    if args:
+        seq, rest = args[0], args[1:]
+    elif "tensors" in kwargs:
+        seq, rest = kwargs["tensors"], ()
+    else:
+        raise Unsafe("no sequence of tensors")
+    if type(seq) not in (list, tuple) or not all(
+            type(t) is LazyTensor or isinstance(t, torch.Tensor) for t in seq):
+        raise Unsafe("the sequence holds something other than tensors")
+    return rest
+
+
+def _record_nested(func, rest, args, kwargs, name):
+    """func over a long sequence as func over groups of MAX_INPUTS tensors,
+    joined by _NESTED[func] (itself nested if there are many groups)."""
+    seq = args[0] if args else kwargs["tensors"]
+    kwargs = {k: v for k, v in kwargs.items() if k != "tensors"}
+    groups = [list(seq[i:i + MAX_INPUTS]) for i in range(0, len(seq), MAX_INPUTS)]
+    parts = [record(func, (group,) + tuple(rest), kwargs, name) for group in groups]
+    return record(_NESTED[func], (parts,) + tuple(rest), kwargs, name)
 
 
 def _substitute(x, it):
@@ -248,7 +290,7 @@ def _analyse(func, args, kwargs, tensors, name):
 def _analyse_or_raise(func, args, kwargs, tensors, name):
     if not any(type(t) is LazyTensor for t in tensors):
         raise Unsafe("no LazyTensor argument at the top of a list")
-    if len(tensors) > MAX_INPUTS:
+    if len(tensors) > MAX_INPUTS and func not in _NESTED:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments")
     if len({t.device for t in tensors if t.dim() > 0}) > 1:
         raise Unsafe("tensors on several devices (eager judges)")
@@ -269,6 +311,12 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
     results = [v for v in leaves if v is not None]     # (attn_output, None)
     if not results or not all(isinstance(v, torch.Tensor) for v in results):
         raise Unsafe("returns something other than tensors")
+    if len(tensors) > MAX_INPUTS:
+        # the whole call was checked on fake tensors just now, so a bad one
+        # raised eager's own error for the whole sequence; record the tree
+        sig = Signature()
+        sig.nested = _nested_plan(func, args, kwargs)
+        return sig
 
     # 2. the aten program
     gm = _trace(func, args, kwargs, examples,

@@ -70,6 +70,58 @@ def test_bad_arguments_raise_eagers_error_at_the_call():
                                torch.cat([a.to_eager(), b.to_eager()], 1))
 
 
+def _many(n, dtypes=(torch.float32,), lazy_every=1):
+    """n tensors of 2 x (1..3) columns, every lazy_every-th one lazy."""
+    eager = [(torch.rand(2, i % 3 + 1) * 10).to(dtypes[i % len(dtypes)]) for i in range(n)]
+    mixed = [fastlazy.lazy(t) if i % lazy_every == 0 else t for i, t in enumerate(eager)]
+    return eager, mixed
+
+
+@pytest.mark.parametrize("n", [9, 17, 100])
+@pytest.mark.parametrize("call", [
+    lambda ts: torch.cat(ts, 1),
+    lambda ts: torch.cat(ts, dim=-1),
+    lambda ts: torch.concat(tensors=ts, dim=1),
+    lambda ts: torch.hstack(ts),
+    lambda ts: torch.stack([t[:, :1] for t in ts], 0),
+    lambda ts: torch.stack([t[:, :1] for t in ts], dim=-1),
+    lambda ts: torch.vstack([t[:, :1] for t in ts]),
+    lambda ts: torch.dstack([t[:, :1] for t in ts]),
+], ids=["cat", "cat-dim-kw", "concat-kw", "hstack", "stack", "stack-last", "vstack", "dstack"])
+def test_more_tensors_than_a_node_holds_are_recorded_as_a_tree(backend, call, n):
+    """DenseNet concatenates every earlier feature map: more tensors than a
+    node's inputs.  Recorded as nested calls, bit for bit eager's result."""
+    eager, mixed = _many(n, dtypes=(torch.float32, torch.float16, torch.int64), lazy_every=2)
+    got = call(mixed)
+    assert type(got) is fastlazy.LazyTensor
+    want = call(eager)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    assert torch.equal(got.to_eager(), want)
+    assert counters()["fallbacks"] == 0
+
+
+def test_a_bad_long_sequence_raises_eagers_error_for_the_whole_call():
+    eager, mixed = _many(12)
+    eager[10] = torch.rand(3, 1)            # rows differ, in the second group
+    mixed[10] = fastlazy.lazy(eager[10])
+    pending = mixed[0] * 2
+    with pytest.raises(RuntimeError) as lazy_error:
+        torch.cat(mixed, 1)
+    with pytest.raises(RuntimeError) as eager_error:
+        torch.cat(eager, 1)
+    assert str(lazy_error.value) == str(eager_error.value)
+    assert "tensor number 10" in str(eager_error.value)
+    assert torch.equal(pending.to_eager(), eager[0] * 2)
+
+
+def test_a_long_cat_into_out_runs_eagerly():
+    eager, mixed = _many(10)
+    out = torch.empty(2, sum(t.shape[1] for t in eager))
+    torch.cat(mixed, 1, out=out)
+    assert torch.equal(out, torch.cat(eager, 1))
+    assert "out=" in fastlazy.explain()
+
+
 def test_several_outputs_run_once(backend):
     x = torch.rand(3, 5)
     lx = fastlazy.lazy(x) * 1
