@@ -85,11 +85,13 @@ class Lowering:
 
 
 class Signature:
-    __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested")
+    __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested",
+                 "constants")
 
     def __init__(self, reason=None):
         self.reason = reason
         self.nested = None
+        self.constants = ()
 
 
 # Functions of a sequence of tensors whose call over many tensors equals the
@@ -188,6 +190,8 @@ def record(func, args, kwargs, name=None, track_views=True):
     if sig.nested is not None:
         return _record_nested(func, sig.nested, args, kwargs, name)
     inputs = tuple([t if type(t) is LazyTensor else _core.lazy(t) for t in tensors])
+    if sig.constants:
+        inputs += tuple([_core.lazy(c) for c in sig.constants])
     new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach)
                if sig.recorded else ())
     if sig.spec is None:            # one result, recorded: the common case
@@ -319,13 +323,17 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
         return sig
 
     # 2. the aten program
-    gm = _trace(func, args, kwargs, examples,
-                [type(t) is LazyTensor and views.geometry(t) is None for t in tensors])
+    gm, constants = _trace(func, args, kwargs, examples,
+                           [type(t) is LazyTensor and views.geometry(t) is None
+                            for t in tensors])
+    if len(tensors) + len(constants) > MAX_INPUTS:
+        raise Unsafe(f"more than {MAX_INPUTS} tensor arguments and constants")
     outputs = list(gm.graph.nodes)[-1].args[0]
     if len(outputs) != len(results):
         raise Unsafe("the traced program's outputs differ from the call's")
 
     sig = Signature()
+    sig.constants = constants
     single = spec.is_leaf() and results[0] is not None
     sig.spec = spec
     sig.kinds = []
@@ -424,6 +432,11 @@ def _run_small(func, args, kwargs, tensors):
 
 
 _SEEDED = torch.Tag.nondeterministic_seeded
+_DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
+# Tagged as data-dependent for one kind of argument only (a boolean mask
+# index); their fake kernels raise for that kind, so a call that got
+# through the fake run has a static output shape (integer indices).
+_SHAPE_FROM_FAKE = frozenset({torch.ops.aten.index.Tensor})
 
 
 def _writes_an_input(node, inputs):
@@ -472,10 +485,9 @@ def _trace(func, args, kwargs, examples, contiguous):
         gm = make_fx(program, tracing_mode="fake")(*examples)
     except Exception as exc:
         raise Unsafe(f"not traceable to aten ({type(exc).__name__})") from None
+    constants = _lift_constants(gm)
     inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
-        if node.op == "get_attr":
-            raise Unsafe("creates a constant tensor")
         if node.op != "call_function" or node.target is operator.getitem:
             continue
         target = node.target
@@ -486,7 +498,8 @@ def _trace(func, args, kwargs, examples, contiguous):
         if target in _UPDATES_RUNNING_STATS and node.args[5] and node.args[3] is not None:
             raise Unsafe("updates batch-norm running statistics in place (eager buffers)")
         for tag, reason in _REFUSED_TAGS.items():
-            if tag in target.tags and not (tag is _SEEDED and _no_dropout(node)):
+            if tag in target.tags and not (tag is _SEEDED and _no_dropout(node)) \
+                    and not (tag is _DYNAMIC_SHAPE and target in _SHAPE_FROM_FAKE):
                 raise Unsafe(f"{target}: {reason}")
         if target is torch.ops.aten._local_scalar_dense.default:
             raise Unsafe("reads a tensor's value")
@@ -502,7 +515,31 @@ def _trace(func, args, kwargs, examples, contiguous):
         raise Unsafe("returns something other than tensors")
     output.args = (tuple(leaves),)
     gm.recompile()
-    return gm
+    return gm, constants
+
+
+def _lift_constants(gm):
+    """The tensors the program made from the call's Python values (x[[0, 2]]
+    traces the list as a constant index tensor), turned into inputs after the
+    call's own: per signature, so per value; the lowerings stay plain aten
+    programs of their inputs."""
+    constants = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(gm, node.target)
+        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            raise Unsafe("creates a constant that is not a dense tensor")
+        with gm.graph.inserting_after(placeholders[-1]):
+            placeholder = gm.graph.placeholder(f"constant{len(constants)}")
+        placeholder.meta.update(node.meta)
+        placeholders.append(placeholder)
+        node.replace_all_uses_with(placeholder)
+        gm.graph.erase_node(node)
+        delattr(gm, node.target)
+        constants.append(value)
+    return tuple(constants)
 
 
 def _intern(gm, name):

@@ -122,6 +122,70 @@ def test_a_long_cat_into_out_runs_eagerly():
     assert "out=" in fastlazy.explain()
 
 
+INDICES = {
+    "list": lambda x: x[[0, 2]],
+    "lists": lambda x: x[[0, 2], [1, -1]],
+    "list in dim 1": lambda x: x[:, [-1, 0, 0]],
+    "with None and Ellipsis": lambda x: x[None, [1, 1], ..., 2],
+    "eager index tensor": lambda x: x[torch.tensor([3, 0])],
+    "lazy index tensor": lambda x: x[fastlazy.lazy(torch.tensor([[3], [0]]))]
+    if type(x) is fastlazy.LazyTensor else x[torch.tensor([[3], [0]])],
+}
+
+
+@pytest.mark.parametrize("index", INDICES.values(), ids=INDICES.keys())
+def test_integer_advanced_indexing_is_recorded(backend, index):
+    """aten.index is tagged data-dependent for its boolean masks only; a
+    Python list index traces as a constant tensor, which becomes an input."""
+    e = torch.arange(24.0).reshape(4, 6)
+    got = index(fastlazy.lazy(e))
+    assert type(got) is fastlazy.LazyTensor
+    want = index(e)
+    assert got.shape == want.shape and torch.equal(got.to_eager(), want)
+    assert counters()["fallbacks"] == 0
+
+
+def test_a_new_list_index_is_a_new_signature_not_a_stale_constant(backend):
+    e = torch.arange(24.0).reshape(4, 6)
+    for index in ([0, 2], [3, 1], [3, 1], [2]):
+        assert torch.equal(fastlazy.lazy(e)[index].to_eager(), e[index])
+    assert counters()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("mask", [lambda e: e > 5, lambda e: [True, False, True, False]],
+                         ids=["tensor mask", "bool list"])
+def test_boolean_mask_indexing_runs_eagerly(mask):
+    e = torch.arange(24.0).reshape(4, 6)
+    got = fastlazy.lazy(e)[mask(e)]
+    assert torch.equal(got.to_eager(), e[mask(e)])
+    assert "output shape depends on the data" in fastlazy.explain()
+
+
+def test_an_out_of_range_list_index_raises_eagers_error_at_the_call():
+    e = torch.arange(24.0).reshape(4, 6)
+    with pytest.raises(IndexError) as lazy_error:
+        fastlazy.lazy(e)[[0, 7]]
+    with pytest.raises(IndexError) as eager_error:
+        e[[0, 7]]
+    assert str(lazy_error.value) == str(eager_error.value)
+
+
+def test_writes_through_integer_indices_and_their_gradients(backend):
+    e = torch.arange(24.0).reshape(4, 6)
+    got, want = fastlazy.lazy(e.clone()), e.clone()
+    for t in (got, want):
+        t[[0, 2]] = torch.full((6,), 7.0)
+        t[torch.tensor([1, 3]), 2] = 5.0
+        t[:, [0, 4]] += 1
+    assert torch.equal(got.to_eager(), want)
+    w = torch.rand(4, 6, requires_grad=True)
+    (fastlazy.lazy(e) * w)[[1, 3, 3]].sum().backward()
+    w_eager = w.detach().clone().requires_grad_()
+    (e * w_eager)[[1, 3, 3]].sum().backward()
+    assert torch.equal(w.grad, w_eager.grad)
+    assert counters()["fallbacks"] == 0
+
+
 def test_several_outputs_run_once(backend):
     x = torch.rand(3, 5)
     lx = fastlazy.lazy(x) * 1
