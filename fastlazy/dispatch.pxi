@@ -464,3 +464,8 @@ def set_method(str name, object entry):
 
 def set_torch_function(object orig, object entry):
     _torch_function_table[orig] = entry
+
+
+def set_metadata_query(object func, object method):
+    """torch function `func` of one LazyTensor answered by `method`."""
+    _metadata_queries[func] = method

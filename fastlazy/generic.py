@@ -414,10 +414,12 @@ def _run_small(func, args, kwargs, tensors):
     generator = torch.Generator().manual_seed(0)   # the global one is not touched
 
     def trial_values(shape, dtype, device, requires_grad=False):
-        # floats: normal noise (zeros would make linalg ops see singular
-        # matrices); integers and bools: zeros, which are valid indices
+        # floats: uniform in [0, 1), valid where eager checks a value's range
+        # (binary_cross_entropy's probabilities, multinomial's weights) and
+        # nonsingular (zeros would make linalg ops see singular matrices);
+        # integers and bools: zeros, which are valid indices
         if dtype.is_floating_point or dtype.is_complex:
-            t = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+            t = torch.rand(shape, generator=generator, dtype=dtype).to(device)
         else:
             t = torch.zeros(shape, dtype=dtype, device=device)
         return t.requires_grad_(requires_grad)

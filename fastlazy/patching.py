@@ -162,3 +162,5 @@ def _install_lazy_tensor_fallbacks():
 
 _install_lazy_tensor_methods()
 _install_lazy_tensor_fallbacks()
+for _query in ("is_complex", "is_floating_point", "numel"):
+    _core.set_metadata_query(getattr(torch, _query), getattr(LazyTensor, _query))

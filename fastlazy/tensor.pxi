@@ -7,6 +7,10 @@ cdef object _Size = None
 cdef object _device_type = None
 cdef object _fallback = None        # fastlazy.fallback module
 cdef dict _torch_function_table = {}  # original torch callable -> Entry
+# torch functions answered from a LazyTensor's metadata: through the generic
+# path they would return a bool, which is not recordable, and materialize
+# the value for a question about its dtype (torch.masked's ops ask)
+cdef dict _metadata_queries = {}
 cdef object _entry_type = None        # the Entry type of _entry.h
 cdef object _tensor_getitem = None    # torch.Tensor.__getitem__
 
@@ -169,6 +173,9 @@ cdef class LazyTensor:
     def is_complex(self):
         return is_complex(self.meta.dtype)
 
+    def is_signed(self):
+        return self.dtype.is_signed
+
     def element_size(self):
         return self.dtype.itemsize
 
@@ -298,6 +305,9 @@ cdef class LazyTensor:
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        query = _metadata_queries.get(func)
+        if query is not None and len(args) == 1 and not kwargs and type(args[0]) is LazyTensor:
+            return query(args[0])
         entry = _torch_function_table.get(func)
         if kwargs is None:
             kwargs = {}

@@ -186,6 +186,30 @@ def test_writes_through_integer_indices_and_their_gradients(backend):
     assert counters()["fallbacks"] == 0
 
 
+def test_metadata_questions_are_answered_without_running_anything():
+    x = fastlazy.lazy(torch.rand(3, 4)) * 2
+    assert torch.is_floating_point(x) and not torch.is_complex(x) and torch.numel(x) == 12
+    assert x.is_signed() and not (fastlazy.lazy(torch.zeros(2, dtype=torch.uint8)) + 1).is_signed()
+    assert not x.is_materialized
+    assert counters()["fallbacks"] == 0 and counters()["flushes"] == 0
+
+
+def test_calls_that_check_value_ranges_are_recorded(backend):
+    """The trial run's values lie in [0, 1), where binary_cross_entropy's
+    probabilities must; a value outside raises eager's error when read."""
+    p, y = torch.rand(4, 3), torch.rand(4, 3).round()
+    got = F.binary_cross_entropy(torch.sigmoid(fastlazy.lazy(p)), y)
+    assert type(got) is fastlazy.LazyTensor
+    torch.testing.assert_close(got.to_eager(), F.binary_cross_entropy(torch.sigmoid(p), y))
+    assert counters()["fallbacks"] == 0
+    bad = F.binary_cross_entropy(fastlazy.lazy(p) * 3, y)
+    with pytest.raises(RuntimeError) as lazy_error:
+        bad.to_eager()
+    with pytest.raises(RuntimeError) as eager_error:
+        F.binary_cross_entropy(p * 3, y)
+    assert str(lazy_error.value) == str(eager_error.value)
+
+
 def test_several_outputs_run_once(backend):
     x = torch.rand(3, 5)
     lx = fastlazy.lazy(x) * 1
