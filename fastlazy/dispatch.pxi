@@ -292,7 +292,14 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         fast = same_meta_binary(op, args, &out)
         if fast is not None:
             return fast
+    # A call the C rule does not take (an argument pattern, type or value
+    # it does not cover) goes to the generic path, which records it if it
+    # is pure and eager accepts it, and runs it eagerly otherwise.  In-place
+    # calls the rule refuses only after the checks below that keep eager
+    # semantics (an eager self, a fallback's view).
     if not parse_args(op, args, nargs, kwnames, p):
+        if form != FORM_INPLACE:
+            return call_generic(entry, args, nargs, kwnames, form, True)
         return run_eager(entry, args, nargs, kwnames, form, "argument pattern (keywords, count, out=)")
     cdef int kind
     for i in range(nops):
@@ -302,6 +309,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         kind = classify(&ops[i], p[i])
         # 0: a type no rule takes; 2: None, where the param may not be None
         if kind == 0 or kind == 2 and not (op_nullable[op] >> i & 1):
+            if form != FORM_INPLACE:
+                return call_generic(entry, args, nargs, kwnames, form, True)
             return run_eager(entry, args, nargs, kwnames, form, "argument type")
     for i in range(op_nrequired[op]):
         if p[i] == NULL or ops[i].kind == K_ABSENT and not op_raw[op] >> i & 1:
@@ -334,7 +343,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             # x[0] or x.view(-1)): writing through it must reach its base
             return run_eager(entry, args, nargs, kwnames, form, "in-place through a view")
     if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
-        return run_eager(entry, args, nargs, kwnames, form, "rule: eager would refuse or the rule does not cover it")
+        return call_generic(entry, args, nargs, kwnames, form, True)
     if not out.requires_grad:
         for i in range(nops):
             if is_tensor(&ops[i]) and ops[i].m.requires_grad:
@@ -436,9 +445,10 @@ cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kw
 
 
 cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
-                         int form):
+                         int form, bint ruled=False):
     pos, kw = split_arguments(args, nargs, kwnames)
-    return _generic.call(entry.__wrapped__, entry.qualname, pos, kw, form == FORM_INPLACE)
+    return _generic.call(entry.__wrapped__, entry.qualname, pos, kw, form == FORM_INPLACE,
+                         ruled)
 
 
 def make_entry(object orig, str name, int op, int form):

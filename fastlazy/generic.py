@@ -123,18 +123,19 @@ def signature_count():
     return len(_signatures)
 
 
-def call(func, name, args, kwargs, inplace):
+def call(func, name, args, kwargs, inplace, ruled=False):
     """An entry point's call (or a __torch_function__ call) with LazyTensor
-    arguments and no C rule: record it if it is pure, else run it eagerly."""
+    arguments and no C rule (`ruled`: its row's C rule does not take these
+    arguments): record it if it is pure, else run it eagerly."""
     try:
-        out = (_record_inplace if inplace else record)(func, args, kwargs, name)
+        out = (_record_inplace if inplace else record)(func, args, kwargs, name, ruled=ruled)
     except Unsafe as exc:
         return fallback.run(func, name, args, kwargs, inplace, str(exc))
     _core.count("generic_calls")
     return out
 
 
-def _record_inplace(func, args, kwargs, name):
+def _record_inplace(func, args, kwargs, name, ruled=False):
     """An in-place call on a LazyTensor, functionalized: its out-of-place
     version is recorded and the LazyTensor rebound to the result (then the
     write is carried to its views, or to its base)."""
@@ -144,7 +145,8 @@ def _record_inplace(func, args, kwargs, name):
     views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
-    _core.adopt(target, record(_functional(func), args, kwargs, name, track_views=False))
+    _core.adopt(target, record(_functional(func), args, kwargs, name, track_views=False,
+                               ruled=ruled))
     if target.family is not None:
         views.after_mutation(target)
     return None if name.endswith("__setitem__") else target
@@ -171,15 +173,16 @@ def _functional(func):
     return wrapper
 
 
-def record(func, args, kwargs, name=None, track_views=True):
+def record(func, args, kwargs, name=None, track_views=True, ruled=False):
     """Record func(*args, **kwargs); the result with LazyTensors in place of
     tensors.  Raises Unsafe for a call it does not take."""
     tensors = []
     key = (func, _core.describe_call(args, kwargs, tensors), torch.is_grad_enabled(),
-           _autocast_key())
+           _autocast_key(), ruled)
     sig = _signatures.get(key)
     if sig is None:
-        sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"))
+        sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"),
+                       ruled)
         with _lock:
             if len(_signatures) >= MAX_SIGNATURES:
                 # a loop over ever-new shapes: start over rather than grow
@@ -281,17 +284,17 @@ def _example(t, make=torch.empty):
     return example.requires_grad_(t.requires_grad)
 
 
-def _analyse(func, args, kwargs, tensors, name):
+def _analyse(func, args, kwargs, tensors, name, ruled):
     held = _core.hold_pending()
     try:
-        return _analyse_or_raise(func, args, kwargs, tensors, name)
+        return _analyse_or_raise(func, args, kwargs, tensors, name, ruled)
     except Unsafe as exc:
         return Signature(str(exc))
     finally:
         _core.release_pending(held)
 
 
-def _analyse_or_raise(func, args, kwargs, tensors, name):
+def _analyse_or_raise(func, args, kwargs, tensors, name, ruled):
     if not any(type(t) is LazyTensor for t in tensors):
         raise Unsafe("no LazyTensor argument at the top of a list")
     if len(tensors) > MAX_INPUTS and func not in _NESTED:
@@ -367,7 +370,7 @@ def _analyse_or_raise(func, args, kwargs, tensors, name):
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
     if single and sig.kinds[0][0] != "input":
         sig.spec = None
-    _run_small(func, args, kwargs, tensors)
+    _run_small(func, args, kwargs, tensors, results, ruled)
     sig.detach = (not torch.is_grad_enabled()
                   and any(t.requires_grad for t in tensors))
     sig.lowering = _intern(gm, name) if sig.recorded else None
@@ -403,13 +406,21 @@ def _why(exc):
 REAL_CHECK_NUMEL = 1 << 20
 
 
-def _run_small(func, args, kwargs, tensors):
+def _run_small(func, args, kwargs, tensors, fakes, ruled):
     """Run the call once for real when that is cheap: fake kernels do not
     make every check the real kernel makes (var of an int64 tensor passes on
     fake tensors), and eager's error belongs at the call.  (An error that
     depends on the values can only surface when the graph runs, as in every
-    lazy tensor system; a call the trial values make fail runs eagerly.)"""
+    lazy tensor system; a call the trial values make fail runs eagerly.)
+    Nor do they always agree with the real kernel on the results' dtype
+    (pow of a bool tensor and a bool is int64 on fake tensors, bool in
+    eager): such a call runs eagerly too.  Without a trial run, a call its
+    row's C rule does not take (these are the corners where fake kernels
+    and eager part ways) runs eagerly."""
     if sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL:
+        if ruled:
+            raise Unsafe("its C rule does not take these arguments, and they are too "
+                         "large for a trial run")
         return
     generator = torch.Generator().manual_seed(0)   # the global one is not touched
 
@@ -427,10 +438,13 @@ def _run_small(func, args, kwargs, tensors):
     trial = [_example(t, trial_values) for t in tensors]
     try:
         a, k = _substitute((args, kwargs), iter(trial))
-        func(*a, **k)
+        out = func(*a, **k)
     except Exception as exc:
         raise Unsafe(f"eager judges the arguments (a trial run raised "
                      f"{type(exc).__name__})") from None
+    real = [v for v in pytree.tree_leaves(out) if v is not None]
+    if [(v.dtype, v.shape) for v in real] != [(v.dtype, v.shape) for v in fakes]:
+        raise Unsafe("the fake kernel's result metadata differs from eager's")
 
 
 _SEEDED = torch.Tag.nondeterministic_seeded

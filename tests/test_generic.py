@@ -210,6 +210,34 @@ def test_calls_that_check_value_ranges_are_recorded(backend):
     assert str(lazy_error.value) == str(eager_error.value)
 
 
+RULE_CORNERS = {
+    "sum over no dims": lambda t: torch.sum(t, dim=()),
+    "sum to int32": lambda t: torch.sum(t, 0, dtype=torch.int32),
+    "amax over no dims": lambda t: torch.amax(t, dim=()),
+}
+
+
+@pytest.mark.parametrize("call", RULE_CORNERS.values(), ids=RULE_CORNERS.keys())
+def test_calls_a_c_rule_does_not_take_go_to_the_generic_path(backend, call):
+    e = torch.rand(3, 4) * 10
+    got = call(fastlazy.lazy(e))
+    want = call(e)
+    assert type(got) is fastlazy.LazyTensor and got.dtype == want.dtype
+    assert torch.equal(got.to_eager(), want)
+    assert counters()["generic_calls"] == 1 and counters()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("n", [4, 1100], ids=["trial run", "too large for a trial run"])
+def test_where_fake_kernels_and_eager_disagree_the_call_runs_eagerly(n):
+    """pow(bool tensor, True) is int64 on fake tensors, bool in eager: the C
+    rule refuses it, and the generic path must not trust the fake run."""
+    b = torch.rand(n, n) > 0.5
+    got = torch.pow(fastlazy.lazy(b), True)
+    assert got.dtype == torch.bool
+    assert torch.equal(got.to_eager(), torch.pow(b, True))
+    assert counters()["fallbacks"] == 1
+
+
 def test_several_outputs_run_once(backend):
     x = torch.rand(3, 5)
     lx = fastlazy.lazy(x) * 1
