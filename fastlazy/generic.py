@@ -449,6 +449,9 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled):
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 _DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
+# (squeeze_ on the program's own intermediate, as quantile does, is as
+# pure as seen from outside as any other write to an intermediate)
+_INPLACE_VIEW = torch.Tag.inplace_view
 # Tagged as data-dependent for one kind of argument only (a boolean mask
 # index); their fake kernels raise for that kind, so a call that got
 # through the fake run has a static output shape (integer indices).
@@ -515,7 +518,8 @@ def _trace(func, args, kwargs, examples, contiguous):
             raise Unsafe("updates batch-norm running statistics in place (eager buffers)")
         for tag, reason in _REFUSED_TAGS.items():
             if tag in target.tags and not (tag is _SEEDED and _no_dropout(node)) \
-                    and not (tag is _DYNAMIC_SHAPE and target in _SHAPE_FROM_FAKE):
+                    and not (tag is _DYNAMIC_SHAPE and target in _SHAPE_FROM_FAKE) \
+                    and not (tag is _INPLACE_VIEW and not _writes_an_input(node, inputs)):
                 raise Unsafe(f"{target}: {reason}")
         if target is torch.ops.aten._local_scalar_dense.default:
             raise Unsafe("reads a tensor's value")
