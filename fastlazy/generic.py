@@ -99,8 +99,8 @@ class Signature:
 # cat; stack over groups, then cat along the same dim): a node holds at most
 # MAX_INPUTS tensors, so a longer sequence (DenseNet's torch.cat of every
 # earlier feature map) is recorded as a tree of such calls.  Copies only, so
-# the tree gives eager's values bit for bit.  name -> the function that joins
-# the groups' results.
+# the tree gives eager's values bit for bit.  function -> the function that
+# joins the groups' results.
 _NESTED = {torch.cat: torch.cat, torch.concat: torch.cat, torch.concatenate: torch.cat,
            torch.stack: torch.cat, torch.hstack: torch.hstack, torch.vstack: torch.vstack,
            torch.dstack: torch.dstack}
@@ -218,8 +218,9 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False):
 
 
 def _nested_plan(func, args, kwargs):
-    """(sequence, the other positional arguments) of a cat-like call, or
-    Unsafe where the sequence is not the plain first argument."""
+    """The positional arguments after the sequence of a cat-like call (its
+    dim), for _record_nested; Unsafe where the sequence is not a plain list
+    of tensors or the call writes out=."""
     if "out" in kwargs:
         raise Unsafe("writes its out= argument")
     if args:
@@ -447,14 +448,16 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled):
         raise Unsafe("the fake kernel's result metadata differs from eager's")
 
 
+# Exceptions to _REFUSED_TAGS: an attention kernel tagged random for its
+# dropout, called with none (_no_dropout); an in-place view op on the
+# program's own intermediate (quantile's squeeze_), as pure as seen from
+# outside as any other write to an intermediate; and ops tagged
+# data-dependent for one kind of argument only (a boolean mask index), whose
+# fake kernels raise for that kind, so a call that got through the fake run
+# has a static output shape (integer indices).
 _SEEDED = torch.Tag.nondeterministic_seeded
-_DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
-# (squeeze_ on the program's own intermediate, as quantile does, is as
-# pure as seen from outside as any other write to an intermediate)
 _INPLACE_VIEW = torch.Tag.inplace_view
-# Tagged as data-dependent for one kind of argument only (a boolean mask
-# index); their fake kernels raise for that kind, so a call that got
-# through the fake run has a static output shape (integer indices).
+_DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
 _SHAPE_FROM_FAKE = frozenset({torch.ops.aten.index.Tensor})
 
 
