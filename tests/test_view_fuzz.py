@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastlazy
 
+# (index_list is advanced indexing: a copy, which later writes must not reach)
 VIEWS = ["select", "slice", "transpose", "unsqueeze", "diagonal", "flatten_input",
-         "narrow"]
-WRITES = ["add_", "mul_", "sub_", "setitem", "zero_", "clamp_"]
+         "narrow", "index_list"]
+WRITES = ["add_", "mul_", "sub_", "setitem", "setitem_list", "zero_", "clamp_"]
 
 
 @st.composite
@@ -54,6 +55,10 @@ def _view(name, x, i, n_inputs, a):
         return x.diagonal(0, 0, -1) if x.dim() >= 2 else x[:1]
     if name == "narrow":
         return x.narrow(d, 0, max(x.shape[d] - 1, 0))
+    if name == "index_list":
+        if x.dim() >= 2 and x.shape[1]:
+            return x[:, [-1, 0]]
+        return x[[i % x.shape[0]]] if x.shape[0] else x
     # view(-1) only of an input, which is contiguous in eager too
     return x.view(-1) if a < n_inputs else x[:]
 
@@ -64,6 +69,12 @@ def _write(name, x, y, i, flag):
             x.fill_(i)
         else:
             x[i % max(x.shape[0], 1)] = 2.5 if flag and x.dtype.is_floating_point else i
+        return x
+    if name == "setitem_list":
+        if x.dim() == 0 or x.shape[0] == 0:
+            return x.zero_()
+        # distinct rows: with repeated ones eager's write order would decide
+        x[sorted({0, x.shape[0] - 1})] = 2.5 if flag and x.dtype.is_floating_point else i
         return x
     if name == "zero_":
         return x.zero_()
