@@ -1,6 +1,6 @@
 """Where P3's ceiling lies: W1 at n=1000, 32 ops, one thread, with inductor.
 
-    python benchmarks/w1_ceiling.py
+    python benchmarks/w1_ceiling.py [--threads N]
 
 Times, side by side in one process, eager and torch.compile (the same
 inductor kernels fastlazy's inductor backend gets) on three programs over
@@ -13,7 +13,10 @@ the nine 1000x1000 inputs:
   least any fused kernel of this workload can cost.
 
 eager's time over the last line is the best speedup any fusion can reach.
+The bench runs every contender at one intra-op thread; --threads runs both
+sides here at N.
 """
+import argparse
 import time
 
 import torch
@@ -45,7 +48,9 @@ def best_ms(fn, args, calls=20, rounds=5):
 
 
 def main():
-    torch.set_num_threads(1)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    torch.set_num_threads(parser.parse_args().threads)
     args = workloads.inputs(1000)
     eager_chain = best_ms(workloads.chain(32), args, calls=5)
     print(f"eager W1 chain, 32 ops: {eager_chain:.2f} ms")
