@@ -298,9 +298,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     # calls the rule refuses only after the checks below that keep eager
     # semantics (an eager self, a fallback's view).
     if not parse_args(op, args, nargs, kwnames, p):
-        if form != FORM_INPLACE:
-            return call_generic(entry, args, nargs, kwnames, form, True)
-        return run_eager(entry, args, nargs, kwnames, form, "argument pattern (keywords, count, out=)")
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern (keywords, count, out=)")
     cdef int kind
     for i in range(nops):
         if p[i] == NULL or op_raw[op] >> i & 1:
@@ -309,9 +307,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         kind = classify(&ops[i], p[i])
         # 0: a type no rule takes; 2: None, where the param may not be None
         if kind == 0 or kind == 2 and not (op_nullable[op] >> i & 1):
-            if form != FORM_INPLACE:
-                return call_generic(entry, args, nargs, kwnames, form, True)
-            return run_eager(entry, args, nargs, kwnames, form, "argument type")
+            return not_taken(entry, args, nargs, kwnames, form, "argument type")
     for i in range(op_nrequired[op]):
         if p[i] == NULL or ops[i].kind == K_ABSENT and not op_raw[op] >> i & 1:
             return run_eager(entry, args, nargs, kwnames, form, "None for a required operand")
@@ -442,6 +438,16 @@ cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kw
     """Run the original torch callable on materialized arguments."""
     pos, kw = split_arguments(args, nargs, kwnames)
     return _fallback.run_entry_eagerly(entry, form == FORM_INPLACE, pos, kw, reason)
+
+
+cdef object not_taken(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                      int form, str reason):
+    """A call its C rule's argument parsing does not take: the generic path,
+    but in-place eagerly (before the checks that keep eager semantics for
+    an eager self or a fallback's view have run)."""
+    if form == FORM_INPLACE:
+        return run_eager(entry, args, nargs, kwnames, form, reason)
+    return call_generic(entry, args, nargs, kwnames, form, True)
 
 
 cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,

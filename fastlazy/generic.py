@@ -90,7 +90,7 @@ class Signature:
 
     def __init__(self, reason=None):
         self.reason = reason
-        self.nested = None
+        self.nested = False
         self.constants = ()
 
 
@@ -190,8 +190,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False):
             _signatures[key] = sig
     if sig.reason is not None:
         raise Unsafe(sig.reason)
-    if sig.nested is not None:
-        return _record_nested(func, sig.nested, args, kwargs, name)
+    if sig.nested:
+        return _record_nested(func, args, kwargs, name)
     inputs = tuple([t if type(t) is LazyTensor else _core.lazy(t) for t in tensors])
     if sig.constants:
         inputs += tuple([_core.lazy(c) for c in sig.constants])
@@ -217,14 +217,14 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False):
     return pytree.tree_unflatten(flat, sig.spec)
 
 
-def _nested_plan(func, args, kwargs):
-    """The positional arguments after the sequence of a cat-like call (its
-    dim), for _record_nested; Unsafe where the sequence is not a plain list
-    of tensors or the call writes out=."""
+def _sequence(args, kwargs):
+    """(the tensors, the positional arguments after them) of a cat-like
+    call; Unsafe where they are not a plain list of tensors or the call
+    writes out=."""
     if "out" in kwargs:
         raise Unsafe("writes its out= argument")
     if args:
-        seq, rest = args[0], args[1:]
+        seq, rest = args[0], tuple(args[1:])
     elif "tensors" in kwargs:
         seq, rest = kwargs["tensors"], ()
     else:
@@ -232,17 +232,17 @@ def _nested_plan(func, args, kwargs):
     if type(seq) not in (list, tuple) or not all(
             type(t) is LazyTensor or isinstance(t, torch.Tensor) for t in seq):
         raise Unsafe("the sequence holds something other than tensors")
-    return rest
+    return seq, rest
 
 
-def _record_nested(func, rest, args, kwargs, name):
+def _record_nested(func, args, kwargs, name):
     """func over a long sequence as func over groups of MAX_INPUTS tensors,
     joined by _NESTED[func] (itself nested if there are many groups)."""
-    seq = args[0] if args else kwargs["tensors"]
+    seq, rest = _sequence(args, kwargs)
     kwargs = {k: v for k, v in kwargs.items() if k != "tensors"}
     groups = [list(seq[i:i + MAX_INPUTS]) for i in range(0, len(seq), MAX_INPUTS)]
-    parts = [record(func, (group,) + tuple(rest), kwargs, name) for group in groups]
-    return record(_NESTED[func], (parts,) + tuple(rest), kwargs, name)
+    parts = [record(func, (group,) + rest, kwargs, name) for group in groups]
+    return record(_NESTED[func], (parts,) + rest, kwargs, name)
 
 
 def _substitute(x, it):
@@ -322,8 +322,9 @@ def _analyse_or_raise(func, args, kwargs, tensors, name, ruled):
     if len(tensors) > MAX_INPUTS:
         # the whole call was checked on fake tensors just now, so a bad one
         # raised eager's own error for the whole sequence; record the tree
+        _sequence(args, kwargs)
         sig = Signature()
-        sig.nested = _nested_plan(func, args, kwargs)
+        sig.nested = True
         return sig
 
     # 2. the aten program

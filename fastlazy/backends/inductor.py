@@ -173,9 +173,7 @@ def _build_fx(view):
                 if node.detach:
                     return graph.call_function(torch.ops.aten.detach.default, (value,))
                 return value
-            if inp in scalar_args:            # alpha, negative_slope
-                return cast(inp, node.dtype)
-            if scalar_in_float:
+            if inp in scalar_args or scalar_in_float:   # alpha, negative_slope; true division
                 return cast(inp, node.dtype)
             return env[inp] if common is None else cast(inp, common)
 
