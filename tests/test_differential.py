@@ -731,6 +731,11 @@ KNOWN_BUGS = (
 )
 
 
+def _xfail(bug):
+    """A known bug's items must fail, and only in the bug's way."""
+    return pytest.mark.xfail(strict=True, raises=KnownBug, reason=bug.reason)
+
+
 def known_bug(case, backend):
     for bug in KNOWN_BUGS:
         if bug.applies(case, backend):
@@ -749,9 +754,7 @@ def _params():
                 key += f"|BUG:{bug.name}"
             groups.setdefault((key, bug), []).append(case)
         for (key, bug), cases in groups.items():
-            marks = ()
-            if bug is not None:
-                marks = pytest.mark.xfail(strict=True, raises=KnownBug, reason=bug.reason)
+            marks = () if bug is None else _xfail(bug)
             params.append(pytest.param(backend_name, cases, bug, marks=marks,
                                        id=f"{key}|{backend_name}"))
     return params
@@ -814,9 +817,7 @@ def _inductor_params():
         rows = {name: [min(cases, key=lambda c: zlib.crc32(c.id.encode()))]
                 for name, cases in rows.items()}
     return ([pytest.param(cases, None, id=name) for name, cases in rows.items()]
-            + [pytest.param(cases, bug, id=f"BUG:{bug.name}",
-                            marks=pytest.mark.xfail(strict=True, raises=KnownBug,
-                                                    reason=bug.reason))
+            + [pytest.param(cases, bug, id=f"BUG:{bug.name}", marks=_xfail(bug))
                for bug, cases in bugs.items()])
 
 
