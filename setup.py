@@ -17,7 +17,15 @@ extensions = [
         include_dirs=["fastlazy"],
         extra_compile_args=["-O3"] if not debug else ["-O0", "-g"],
         define_macros=[("CYTHON_TRACE", "1")] if debug else [],
-    )
+    ),
+    # the native backend's executor and its one-row linear kernel
+    Extension(
+        "fastlazy._steps",
+        ["fastlazy/_steps.pyx"],
+        include_dirs=["fastlazy"],
+        extra_compile_args=["-O3"] if not debug else ["-O0", "-g"],
+        define_macros=[("CYTHON_TRACE", "1")] if debug else [],
+    ),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives,

@@ -3,6 +3,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import fastlazy
+from helpers import BACKENDS
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def lazy_on():
         fastlazy.disable()
 
 
-@pytest.fixture(params=["torchscript", "eager"])
+@pytest.fixture(params=BACKENDS)
 def backend(request):
     """Run a test once per backend."""
     before = fastlazy.backend()

@@ -27,7 +27,7 @@ from fastlazy import _core, graph_cache
 from fastlazy._core import LazyTensor
 from fastlazy.optable import OPS
 
-BACKENDS = ("torchscript", "eager")
+BACKENDS = ("torchscript", "native", "eager")
 DEFAULT_BACKEND = "torchscript"
 
 

@@ -326,7 +326,7 @@ def test_trial_values_do_not_refuse_linear_algebra():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("name", ["torchscript", "inductor", "eager"])
+@pytest.mark.parametrize("name", ["torchscript", "inductor", "native", "eager"])
 def test_generic_ops_and_views_on_cuda(name):
     """Device constants in captured programs (factory ops, Device arguments
     in the TorchScript IR) are the inputs' device."""

@@ -7,10 +7,11 @@ import os
 from fastlazy.backends.base import Backend, Program
 from fastlazy.backends.eager import EagerBackend
 from fastlazy.backends.inductor import InductorBackend
+from fastlazy.backends.native import NativeBackend
 from fastlazy.backends.torchscript import TorchScriptBackend
 
 _REGISTRY = {"torchscript": TorchScriptBackend, "inductor": InductorBackend,
-             "eager": EagerBackend}
+             "native": NativeBackend, "eager": EagerBackend}
 _instances: dict[str, Backend] = {}
 
 

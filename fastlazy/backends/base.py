@@ -10,6 +10,14 @@ import torch
 from fastlazy.optable import AttrValue, Call, Opt, TrailingDims
 
 
+# aten ops whose `<name>_` variant computes the same thing into its first
+# argument (same shape and dtype as the result, checked per node).
+INPLACE_VARIANTS = frozenset({
+    "add", "sub", "mul", "div", "pow", "clamp", "neg", "abs", "relu", "exp",
+    "log", "sqrt", "sigmoid", "tanh",
+})
+
+
 class Program:
     """A compiled graph.
 
@@ -75,3 +83,22 @@ def builtin(name):
         if fn is not None:
             return fn
     return getattr(torch.ops.aten, name)
+
+
+def reusable(node, by_index):
+    """May node compute into its first input's storage?  Only if that input
+    is an intermediate read by nobody else, of the result's shape and dtype."""
+    expr = node.op.lower
+    if (node.op.generic or node.cast or expr.name not in INPLACE_VARIANTS
+            or expr.args[0] != 0):
+        return False
+    kind, index = node.operand(expr.args[0])
+    if kind != "node":
+        return False
+    producer = by_index[index]
+    # a generic node's value may be a view of one of its inputs
+    # keeps_shape, not the shapes at hand: the graph is reused for every
+    # shape of this structure, and a broadcast elsewhere must not write
+    # a larger result into the producer
+    return (not producer.op.generic and producer.uses == 1 and not producer.is_output
+            and node.keeps_shape and producer.dtype == node.dtype)

@@ -33,12 +33,17 @@ class EagerBackend(Backend):
         return Program([s.position for s in view.slots], run, False, str(view))
 
 
-def _closure(expr, node):
-    """env -> value of a row's lowering expression for one node."""
+def _same(inp):
+    return inp
+
+
+def _closure(expr, node, where=_same):
+    """env -> value of a row's lowering expression for one node; an input
+    ('node', i) or ('slot', k) is read at env[where(input)]."""
     if isinstance(expr, Call):
         fn = builtin(expr.name)
-        args = [_closure(a, node) for a in expr.args]
-        kwargs = [(k, _closure(v, node)) for k, v in expr.kwargs]
+        args = [_closure(a, node, where) for a in expr.args]
+        kwargs = [(k, _closure(v, node, where)) for k, v in expr.kwargs]
 
         def call(env):
             return fn(*[a(env) for a in args], **{k: v(env) for k, v in kwargs})
@@ -46,11 +51,12 @@ def _closure(expr, node):
     if isinstance(expr, AttrValue):
         return _constant(expr.value(node))
     if isinstance(expr, TrailingDims):
-        source, k = _closure(expr.index, node), node.attr & 15
+        source, k = _closure(expr.index, node, where), node.attr & 15
         return lambda env: list(source(env).shape[-k:])
     inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
     if inp is None:
         return _constant(expr.default)
+    inp = where(inp)
     if node.detach:
         def detached(env):
             value = env[inp]

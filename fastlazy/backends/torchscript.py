@@ -5,7 +5,9 @@ With CUDA tensors (or a torch built with LLVM) the profiling executor runs it
 and NNC (TensorExpr) fuses the elementwise chains.  On CPU without LLVM (PyPI
 wheels) nothing can fuse, so the graph is made cheap to interpret instead:
 the legacy executor (no profiling or guard nodes) and in-place aten variants
-that reuse the storage of intermediates nobody else reads.
+that reuse the storage of intermediates nobody else reads.  A graph with a
+linear layer recorded on one row (batch-1 inference) goes to the native
+backend instead, whose kernel for that layer TorchScript cannot call.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import operator
 import torch
 import torch.fx
 
-from fastlazy.backends.base import Backend, Program, lower
+from fastlazy.backends import native
+from fastlazy.backends.base import Backend, Program, lower, reusable
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
 # tests/test_backends.py checks it against what the tracer emits.
@@ -24,13 +27,6 @@ SCALAR_TYPE = {
     torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.complex32: 8,
     torch.complex64: 9, torch.complex128: 10, torch.bool: 11, torch.bfloat16: 15,
 }
-
-# aten ops whose `<name>_` variant computes the same thing into its first
-# argument (same shape and dtype as the result, checked per node).
-INPLACE_VARIANTS = frozenset({
-    "add", "sub", "mul", "div", "pow", "clamp", "neg", "abs", "relu", "exp",
-    "log", "sqrt", "sigmoid", "tanh",
-})
 
 _TS_TYPES = {"tensor": "Tensor", "int": "int", "float": "float", "complex": "complex"}
 
@@ -103,6 +99,8 @@ class TorchScriptBackend(Backend):
             torch._C._jit_override_can_fuse_on_cpu(True)
 
     def compile(self, view) -> Program:
+        if not self._fuses(view) and native.takes_one_row(view):
+            return native.NativeBackend().compile(view)
         ir = _IR()
         env = {}
         params = []
@@ -131,7 +129,7 @@ class TorchScriptBackend(Backend):
             if node.op.generic:
                 env[("node", node.index)] = _emit_generic(ir, env, node, generic_outs)
                 continue
-            env[("node", node.index)] = _emit(ir, env, node, reuse and _reusable(node, by_index),
+            env[("node", node.index)] = _emit(ir, env, node, reuse and reusable(node, by_index),
                                               scalars)
         outs = [env[("node", i)] for i in view.outputs]
         if len(outs) > 1:
@@ -148,25 +146,6 @@ class TorchScriptBackend(Backend):
 
     def _fuses(self, view):
         return self.llvm or any(s.kind == "tensor" and s.value.is_cuda for s in view.slots)
-
-
-def _reusable(node, by_index):
-    """May node compute into its first input's storage?  Only if that input
-    is an intermediate read by nobody else, of the result's shape and dtype."""
-    expr = node.op.lower
-    if (node.op.generic or node.cast or expr.name not in INPLACE_VARIANTS
-            or expr.args[0] != 0):
-        return False
-    kind, index = node.operand(expr.args[0])
-    if kind != "node":
-        return False
-    producer = by_index[index]
-    # a generic node's value may be a view of one of its inputs
-    # keeps_shape, not the shapes at hand: the graph is reused for every
-    # shape of this structure, and a broadcast elsewhere must not write
-    # a larger result into the producer
-    return (not producer.op.generic and producer.uses == 1 and not producer.is_output
-            and node.keeps_shape and producer.dtype == node.dtype)
 
 
 def _emit(ir, env, node, inplace, scalars):

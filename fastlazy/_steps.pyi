@@ -1,0 +1,26 @@
+"""Type stubs for the native backend's executor (fastlazy/_steps.pyx)."""
+from typing import Any, Callable, Optional
+
+ACT_NONE: int
+ACT_RELU: int
+
+def kernel_calls() -> int: ...
+def use_vector_kernel(on: bool) -> bool: ...
+
+class Step:
+    def set_frees(self, frees: list[int]) -> None: ...
+
+class CallStep(Step):
+    def __init__(self, out: int, fn: Callable[..., Any], args: tuple, holes: list[tuple[int, int]],
+                 kwargs: dict, kwholes: list[tuple[str, int]], cast: Optional[Any]) -> None: ...
+
+class PyStep(Step):
+    def __init__(self, out: int, compute: Callable[[list], Any]) -> None: ...
+
+class LinearStep(Step):
+    def __init__(self, out: int, x: int, w: int, b: int, act: int,
+                 fallback: Callable[..., Any], rank: int, keep: bool) -> None: ...
+
+class StepProgram:
+    def __init__(self, ninputs: int, nvalues: int, steps: list[Step], outputs: tuple[int, ...]) -> None: ...
+    def __call__(self, *inputs: Any) -> list: ...

@@ -1,0 +1,216 @@
+"""The native backend: fastlazy's own executor for CPU without a fuser.
+
+Without LLVM, TorchScript on CPU only interprets, at about 1.25 µs per op;
+eager's Python call of the same op costs about 1.0 µs, most of it torch's
+own argument parsing and dispatch.  This backend turns the graph into steps
+(fastlazy/_steps.pyx) that a C loop runs: each a call of torch's builtin with
+its argument tuple assembled in C, so a step costs what the torch call costs.
+Results are eager's, call for call (the same builtins the eager backend
+replays), with one exception:
+
+A linear layer on one row of float32 (batch-1 inference), followed or not by
+a relu, runs fastlazy's own kernel (fastlazy/small_linear.h), which is about
+twice as fast as torch's BLAS call for that shape and applies the relu in the
+same pass.  It accumulates in a different order, so it agrees with eager to
+rounding, as another BLAS would.  Graphs that build autograd history never
+take it.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+from fastlazy import _steps
+from fastlazy.backends.base import Backend, Program, builtin, reusable
+from fastlazy.backends.eager import _closure
+from fastlazy.optable import AttrValue, Opt
+
+
+def takes_one_row(view):
+    """Was a linear layer of `view` recorded on one row that the kernel
+    takes?  The torchscript backend runs such graphs here when nothing
+    fuses: TorchScript cannot call the kernel."""
+    by_index = {n.index: n for n in view.nodes}
+    for index in kernel_steps(view):
+        x = by_index[index].operand(0)
+        rows = (by_index[x[1]].shape if x[0] == "node" else view.slot(x[1]).value.shape)
+        if math.prod(rows[:-1]) == 1:
+            return True
+    return False
+
+
+class NativeBackend(Backend):
+    name = "native"
+
+    def compile(self, view) -> Program:
+        return Program([s.position for s in view.slots], build(view), False, str(view))
+
+
+def kernel_steps(view):
+    """{linear node index: (relu node index or None, keep, rank of x)} for
+    the linear layers of `view` the one-row kernel may take (float32, CPU,
+    no autograd, a 2-d weight).  The kernel still checks
+    each call's sizes: a graph serves every shape of its structure.  keep:
+    the step's value is read only as the input row of other kernel steps,
+    so its buffer may serve every call (LinearStep)."""
+    if view.grad or not all(s.kind != "tensor" or s.value.is_cpu for s in view.slots):
+        return {}
+    shape = {("slot", s.index): tuple(s.value.shape) for s in view.slots if s.kind == "tensor"}
+    shape.update((("node", n.index), tuple(n.shape)) for n in view.nodes)
+    readers = {}
+    for node in view.nodes:
+        for inp in set(node.inputs):
+            readers.setdefault(inp, []).append(node)
+    found = {}
+    for node in view.nodes:
+        if not _plain(node, "linear") or node.dtype != torch.float32:
+            continue
+        x, w, b = (node.operand(k) for k in range(3))
+        if not (len(shape[x]) >= 1 and len(shape[w]) == 2 and (b is None or len(shape[b]) == 1)):
+            continue
+        users = readers.get(("node", node.index), [])
+        relu = users[0] if len(users) == 1 and not node.is_output else None
+        if relu is not None and not (_plain(relu, "relu") and relu.op.lower.args == (0,)):
+            relu = None
+        found[node.index] = relu, len(shape[x])
+    steps = {}
+    for index, (relu, x_rank) in found.items():
+        last = relu or next(n for n in view.nodes if n.index == index)
+        keep = not last.is_output and all(
+            n.index in found and n.inputs[0] == ("node", last.index)
+            and ("node", last.index) not in n.inputs[1:]
+            for n in readers.get(("node", last.index), []))
+        steps[index] = (relu.index if relu is not None else None, keep, x_rank)
+    return steps
+
+
+def _plain(node, name):
+    return (not node.op.generic and node.op.lower.name == name and not node.cast
+            and not node.detach)
+
+
+def build(view) -> _steps.StepProgram:
+    """The steps of `view`, values numbered inputs first, then nodes."""
+    where = {("slot", s.index): p for p, s in enumerate(view.slots)}
+
+    def value(key):
+        where[key] = len(where)
+        return where[key]
+
+    fused = kernel_steps(view)
+    by_index = {n.index: n for n in view.nodes}
+    absorbed = {relu for relu, _, _ in fused.values() if relu is not None}
+    steps, reads = [], []
+    generic_memo = {}      # (lowering, inputs) -> value index of its output tuple
+    for node in view.nodes:
+        if node.index in absorbed:
+            continue
+        if node.index in fused:
+            relu, keep, x_rank = fused[node.index]
+            out = value(("node", node.index if relu is None else relu))
+            if relu is not None:
+                where[("node", node.index)] = out
+            step, inputs = _linear_step(node, out, relu is not None, keep, x_rank, where)
+        elif node.op.generic:
+            key = (node.op.index, node.inputs)
+            if key not in generic_memo:
+                memo = generic_memo[key] = value(key)
+                steps.append(_steps.PyStep(memo, _generic_program(node, where)))
+                reads.append([where[i] for i in node.inputs])
+            out = value(("node", node.index))
+            step = _steps.CallStep(out, operator.getitem, (None, node.output), [(0, generic_memo[key])],
+                                   {}, [], node.dtype if node.cast else None)
+            inputs = [generic_memo[key]]
+        else:
+            out = value(("node", node.index))
+            inplace = not view.grad and reusable(node, by_index)
+            step, inputs = _call_step(node, out, where, inplace)
+        steps.append(step)
+        reads.append(inputs)
+    outputs = tuple(where[("node", i)] for i in view.outputs)
+    _set_frees(steps, reads, len(view.slots), set(outputs))
+    return _steps.StepProgram(len(view.slots), len(where), steps, outputs)
+
+
+def _call_step(node, out, where, inplace):
+    """One torch call, or a closure where the lowering is more than one.
+    inplace: call the Tensor method `<name>_`, which computes into the first
+    operand (an intermediate that dies here)."""
+    expr = node.op.lower
+    cast = node.dtype if node.cast else None
+    if node.detach or not all(_flat(a) for a in (*expr.args, *(v for _, v in expr.kwargs))):
+        compute = _closure(expr, node, where.__getitem__)
+        if cast is not None:
+            def compute(values, inner=compute):
+                return inner(values).to(cast)
+        return _steps.PyStep(out, compute), [where[i] for i in node.inputs]
+    args, holes, kwargs, kwholes = [], [], {}, []
+    for pos, a in enumerate(expr.args):
+        args.append(_argument(a, node, where, lambda src, pos=pos: holes.append((pos, src))))
+    for name, a in expr.kwargs:
+        kwargs[name] = _argument(a, node, where, lambda src, name=name: kwholes.append((name, src)))
+        # a keyword left at its default (an absent optional operand, or None
+        # for an optional argument) is dropped: torch's argument parser
+        # takes about 0.3 µs per keyword it is given
+        if kwargs[name] is None or (isinstance(a, Opt) and node.operand(a.index) is None):
+            del kwargs[name]
+    inputs = [src for _, src in holes + kwholes]
+    fn = getattr(torch._C.TensorBase, expr.name + "_") if inplace else builtin(expr.name)
+    return _steps.CallStep(out, fn, tuple(args), holes, kwargs, kwholes, cast), inputs
+
+
+def _flat(expr):
+    return isinstance(expr, (int, Opt, AttrValue))
+
+
+def _argument(expr, node, where, hole):
+    """The constant of an argument, or None after registering it as a hole."""
+    if isinstance(expr, AttrValue):
+        return expr.value(node)
+    inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
+    if inp is None:
+        return expr.default
+    hole(where[inp])
+    return None
+
+
+def _generic_program(node, where):
+    program, inputs, detach = node.op.gm, [where[i] for i in node.inputs], node.detach
+
+    def run(values):
+        args = [values[i] for i in inputs]
+        if detach:
+            args = [a.detach() for a in args]
+        return program(*args)
+    return run
+
+
+def _linear_step(node, out, relu, keep, x_rank, where):
+    x, w, b = (node.operand(k) for k in range(3))
+    linear, act = builtin("linear"), builtin("relu")
+    if relu:
+        def fallback(x, w, b):
+            return act(linear(x, w, b))
+    else:
+        fallback = linear
+    inputs = [where[x], where[w]] + ([where[b]] if b is not None else [])
+    step = _steps.LinearStep(out, where[x], where[w], where[b] if b is not None else -1,
+                             _steps.ACT_RELU if relu else _steps.ACT_NONE, fallback, x_rank, keep)
+    return step, inputs
+
+
+def _set_frees(steps, reads, ninputs, keep):
+    """Drop each intermediate after the last step that reads it."""
+    last = {}
+    for k, inputs in enumerate(reads):
+        for i in inputs:
+            last[i] = k
+    frees = [[] for _ in steps]
+    for i, k in last.items():
+        if i >= ninputs and i not in keep:
+            frees[k].append(i)
+    for step, dropped in zip(steps, frees):
+        if dropped:
+            step.set_frees(dropped)

@@ -1,0 +1,231 @@
+"""The native backend's own machinery: the one-row linear kernel (both its
+AVX2 and portable versions) against eager, the cases it must leave to torch,
+the buffers it keeps between calls, and the torchscript backend handing it
+batch-1 graphs.  (The differential suite runs every op on the native backend
+through helpers.BACKENDS.)"""
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fastlazy
+from fastlazy import _steps
+from fastlazy._core import LazyTensor
+from helpers import assert_same
+
+pytestmark = pytest.mark.usefixtures("lazy_on")
+
+ISAS = ["vector", "portable"]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    was = _steps.use_vector_kernel(request.param == "vector")
+    yield request.param
+    _steps.use_vector_kernel(was)
+
+
+@pytest.fixture(autouse=True)
+def native(lazy_on):
+    before = fastlazy.backend()
+    fastlazy.set_backend("native")
+    yield
+    fastlazy.mark_step()
+    fastlazy.set_backend(before)
+
+
+def kernel_runs(fn):
+    """fn's result and how many layers the kernel computed for it."""
+    before = _steps.kernel_calls()
+    out = fn()
+    if isinstance(out, LazyTensor):
+        out = out.to_eager()
+    return out, _steps.kernel_calls() - before
+
+
+# (out_features, in_features): below, at and around the 8x8 vector blocks
+SIZES = [(1, 1), (3, 7), (8, 8), (17, 9), (37, 19), (256, 256), (9, 300), (1000, 1000)]
+
+
+@pytest.mark.parametrize("n,k", SIZES, ids=[f"{n}x{k}" for n, k in SIZES])
+@pytest.mark.parametrize("act", ["relu", "none"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_one_row_matches_eager(isa, n, k, act, bias):
+    torch.manual_seed(n * 1000 + k)
+    x, w = torch.randn(1, k), torch.randn(n, k)
+    b = torch.randn(n) if bias else None
+
+    def layer(x, w=w, b=b):
+        y = F.linear(x, w, b)
+        return F.relu(y) if act == "relu" else y
+    with torch.no_grad():
+        got, runs = kernel_runs(lambda: layer(fastlazy.lazy(x)))
+    assert runs == 1
+    within_rounding(got, layer(x), layer, x, w, b)
+
+
+def within_rounding(got, want, layer, x, w, b):
+    """got is eager's result up to the order of its sums: both lie within
+    the classical bound of a k-term float32 dot product, (k + 1) * 2^-24
+    times the sum of the absolute terms, of the float64 result.  (A relu
+    after the sum moves no value further from its exact one.)"""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    double = (lambda t: None if t is None else t.double())
+    exact = layer(double(x), double(w), double(b))
+    terms = F.linear(x.double().abs(), w.double().abs(), None if b is None else b.double().abs())
+    bound = (x.shape[-1] + 1) * 2.0 ** -24 * terms
+    for name, value in (("kernel", got), ("eager", want)):
+        error = (value.double() - exact).abs()
+        assert (error <= bound).all(), f"{name}: error {error.max()} over the bound"
+
+
+@pytest.mark.parametrize("shape", [(5,), (1, 5), (1, 1, 5)], ids=str)
+def test_one_row_of_any_rank(shape):
+    x, w, b = torch.randn(shape), torch.randn(4, 5), torch.randn(4)
+    with torch.no_grad():
+        got, runs = kernel_runs(lambda: torch.relu(F.linear(fastlazy.lazy(x), w, b)))
+    assert runs == 1
+    assert_same(got, torch.relu(F.linear(x, w, b)))
+
+
+def test_special_values_pass_through_like_eager(isa):
+    x = torch.tensor([[float("nan"), 1.0, -2.0, float("inf"), 0.5, 0.0, 3.0, -1.0, 2.0]])
+    w = torch.zeros(10, 9)
+    w[0, 0] = 1         # row 0 sees the nan
+    w[1, 3] = 1         # row 1 sees +inf
+    w[2, 3] = -1        # row 2 sees -inf: relu gives 0
+    w[3:, 1:3] = torch.randn(7, 2)
+    with torch.no_grad():
+        got, runs = kernel_runs(lambda: F.relu(F.linear(fastlazy.lazy(x), w)))
+        want = F.relu(F.linear(x, w))
+    assert runs == 1
+    assert_same(got, want)
+
+
+def _strided_row():
+    return torch.randn(1, 10)[:, ::2]
+
+
+CASES_FOR_TORCH = {
+    # the kernel takes one contiguous row of float32 and a contiguous 2-d weight
+    "two rows": (lambda: torch.randn(2, 5), lambda: torch.randn(4, 5)),
+    "strided row": (_strided_row, lambda: torch.randn(4, 5)),
+    "transposed weight": (lambda: torch.randn(1, 5), lambda: torch.randn(5, 4).t()),
+    "weight over 2^20 elements": (lambda: torch.randn(1, 1100), lambda: torch.randn(1000, 1100)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES_FOR_TORCH))
+def test_other_calls_are_torch_bit_for_bit(case):
+    make_x, make_w = CASES_FOR_TORCH[case]
+    x, w = make_x(), make_w()
+    b = torch.randn(w.shape[0])
+    with torch.no_grad():
+        got, runs = kernel_runs(lambda: F.relu(F.linear(fastlazy.lazy(x), w, b)))
+    assert runs == 0
+    assert torch.equal(got, F.relu(F.linear(x, w, b)))
+
+
+def test_float64_and_autograd_stay_with_torch():
+    x, w = torch.randn(1, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    with torch.no_grad():
+        got, runs = kernel_runs(lambda: F.linear(fastlazy.lazy(x), w))
+    assert runs == 0 and torch.equal(got, F.linear(x, w))
+
+    w = torch.randn(4, 5, requires_grad=True)
+    x = torch.randn(1, 5)
+    got, runs = kernel_runs(lambda: F.linear(fastlazy.lazy(x), w).sum())
+    assert runs == 0
+    got.backward()
+    assert torch.equal(w.grad, x.expand(4, 5))
+
+
+def mlp(depth=4, width=16):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers).eval()
+
+
+def test_kept_buffers_never_reach_a_result():
+    """Intermediates between two kernel steps live in buffers the program
+    keeps between calls; a result of an earlier call must not change."""
+    model = mlp()
+    x1, x2 = torch.randn(1, 16), torch.randn(1, 16)
+    with torch.no_grad():
+        first, runs = kernel_runs(lambda: model(fastlazy.lazy(x1)))
+        second, _ = kernel_runs(lambda: model(fastlazy.lazy(x2)))
+        again, _ = kernel_runs(lambda: model(fastlazy.lazy(x1)))
+        assert runs == 4
+        assert_same(first, model(x1))
+        assert_same(second, model(x2))
+        assert torch.equal(first, again)
+
+
+def test_an_intermediate_that_is_also_read_keeps_its_own_value():
+    """A layer's output that the user also holds (and views) is no kept
+    buffer."""
+    model = mlp(depth=3)
+    xs = [torch.randn(1, 16) for _ in range(3)]
+    results = []
+    with torch.no_grad():
+        for x in xs:
+            hidden = model[:2](fastlazy.lazy(x))
+            view = hidden.view(-1)
+            out = model[2:](hidden)
+            results.append((view, out))
+        fastlazy.mark_step()
+        for x, (view, out) in zip(xs, results):
+            assert_same(view, model[:2](x).view(-1))
+            assert_same(out, model(x))
+
+
+def test_threads_running_one_program_at_once():
+    model = mlp(depth=8, width=64)
+    inputs = [torch.randn(1, 64) for _ in range(8)]
+    with torch.no_grad():
+        want = [model(x) for x in inputs]
+    errors = []
+
+    def worker(k):
+        try:
+            with torch.no_grad():
+                for _ in range(200):
+                    got = model(fastlazy.lazy(inputs[k])).to_eager()
+                    if not torch.allclose(got, want[k], rtol=1e-5, atol=1e-6):
+                        errors.append(f"thread {k}: wrong result")
+                        return
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"thread {k}: {exc!r}")
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_torchscript_hands_batch_one_graphs_to_the_kernel():
+    """The default backend cannot call the kernel from TorchScript: a graph
+    recorded on one row runs natively, one recorded on a batch stays
+    TorchScript.  (Size-1 dims are part of a graph's key, so the two are
+    separate graphs in either order.)"""
+    fastlazy.set_backend("torchscript")
+    model = mlp()
+    one, batch = torch.randn(1, 16), torch.randn(5, 16)
+    with torch.no_grad():
+        for x, kernel in ((one, 4), (batch, 0), (one, 4), (batch, 0)):
+            got, runs = kernel_runs(lambda: model(fastlazy.lazy(x)))
+            assert runs == kernel
+            assert_same(got, model(x))
+
+
+def test_portable_kernel_can_be_chosen_and_restored():
+    was = _steps.use_vector_kernel(False)
+    try:
+        assert _steps.use_vector_kernel(False) is False
+    finally:
+        _steps.use_vector_kernel(was)
