@@ -18,9 +18,10 @@ take it.
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
+
+import torch.fx
 
 from fastlazy import _steps
 from fastlazy.backends.base import Backend, Program, builtin, reusable
@@ -39,6 +40,10 @@ def takes_one_row(view):
         if math.prod(rows[:-1]) == 1:
             return True
     return False
+
+
+_to = torch._C.TensorBase.to
+_detach = torch._C.TensorBase.detach
 
 
 class NativeBackend(Backend):
@@ -116,13 +121,14 @@ def build(view) -> _steps.StepProgram:
         elif node.op.generic:
             key = (node.op.index, node.inputs)
             if key not in generic_memo:
-                memo = generic_memo[key] = value(key)
-                steps.append(_steps.PyStep(memo, _generic_program(node, where)))
-                reads.append([where[i] for i in node.inputs])
+                generic_memo[key] = _generic_steps(node, where, value, steps, reads)
+            source = generic_memo[key][node.output]
+            if not node.cast:
+                where[("node", node.index)] = source
+                continue
             out = value(("node", node.index))
-            step = _steps.CallStep(out, operator.getitem, (None, node.output), [(0, generic_memo[key])],
-                                   {}, [], node.dtype if node.cast else None)
-            inputs = [generic_memo[key]]
+            step = _steps.CallStep(out, _to, (None, node.dtype), [(0, source)], {}, [], None)
+            inputs = [source]
         else:
             out = value(("node", node.index))
             inplace = not view.grad and reusable(node, by_index)
@@ -176,14 +182,67 @@ def _argument(expr, node, where, hole):
     return None
 
 
-def _generic_program(node, where):
-    program, inputs, detach = node.op.gm, [where[i] for i in node.inputs], node.detach
+def _generic_steps(node, where, value, steps, reads):
+    """A generic node's aten program inlined as steps (as TorchScript
+    inlines it): one torch call per aten op, no GraphModule call.  Returns
+    the value indices of the program's outputs."""
+    fx_values = {}
+    for fx, inp in zip(node.op.placeholders, node.inputs):
+        fx_values[fx] = where[inp]
+        if node.detach:
+            out = value(("detached", node.op.index, node.inputs, fx.name))
+            steps.append(_steps.CallStep(out, _detach, (None,), [(0, fx_values[fx])], {}, [], None))
+            reads.append([fx_values[fx]])
+            fx_values[fx] = out
+    for fx in node.op.gm.graph.nodes:
+        if fx.op != "call_function":
+            continue
+        out = fx_values[fx] = value(("fx", node.op.index, node.inputs, fx.name))
+        args, holes, kwargs, kwholes = [], [], {}, []
+        flat = True
+        for pos, a in enumerate(fx.args):
+            flat &= _fx_argument(a, fx_values, args, lambda src, pos=pos: holes.append((pos, src)))
+        for name, a in fx.kwargs.items():
+            kw = []
+            flat &= _fx_argument(a, fx_values, kw, lambda src, name=name: kwholes.append((name, src)))
+            if kw:
+                kwargs[name] = kw[0]
+        if not flat:
+            # an argument is a list holding values (cat's tensors): a closure
+            steps.append(_steps.PyStep(out, _fx_closure(fx, fx_values)))
+            reads.append([fx_values[n] for n in fx.all_input_nodes])
+            continue
+        for name, _ in kwholes:
+            kwargs.pop(name, None)
+        fn = getattr(fx.target, "_op", fx.target)     # an OpOverload's own builtin
+        steps.append(_steps.CallStep(out, fn, tuple(args), holes, kwargs, kwholes, None))
+        reads.append([src for _, src in holes + kwholes])
+    return [fx_values[o] for o in node.op.outputs]
+
+
+def _fx_argument(a, fx_values, args, hole):
+    """Append an FX argument's constant (None for a value, registered as a
+    hole); False if it is a container that holds values."""
+    if isinstance(a, torch.fx.Node):
+        hole(fx_values[a])
+        args.append(None)
+        return True
+    args.append(a)
+    return not (isinstance(a, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in a))
+
+
+def _fx_closure(fx, fx_values):
+    fn = fx.target
+
+    def resolve(a, values):
+        if isinstance(a, torch.fx.Node):
+            return values[fx_values[a]]
+        if isinstance(a, (list, tuple)):
+            return type(a)(resolve(v, values) for v in a)
+        return a
 
     def run(values):
-        args = [values[i] for i in inputs]
-        if detach:
-            args = [a.detach() for a in args]
-        return program(*args)
+        return fn(*resolve(fx.args, values), **{k: resolve(v, values) for k, v in fx.kwargs.items()})
     return run
 
 
