@@ -5,8 +5,10 @@ eager's Python call of the same op costs about 1.0 µs, most of it torch's
 own argument parsing and dispatch.  This backend turns the graph into steps
 (fastlazy/_steps.pyx) that a C loop runs: each a call of torch's builtin with
 its argument tuple assembled in C, so a step costs what the torch call costs.
-Results are eager's, call for call (the same builtins the eager backend
-replays), with one exception:
+Results are eager's, call for call: the builtins the eager backend replays,
+their in-place variants where the torchscript backend uses them (an
+intermediate nobody else reads), and a generic node's aten ops inlined, as
+TorchScript inlines them.  With one exception:
 
 A linear layer on one row of float32 (batch-1 inference), followed or not by
 a relu, runs fastlazy's own kernel (fastlazy/small_linear.h), which is about
@@ -20,26 +22,12 @@ from __future__ import annotations
 import math
 
 import torch
-
 import torch.fx
 
 from fastlazy import _steps
 from fastlazy.backends.base import Backend, Program, builtin, reusable
 from fastlazy.backends.eager import _closure
 from fastlazy.optable import AttrValue, Opt
-
-
-def takes_one_row(view):
-    """Was a linear layer of `view` recorded on one row that the kernel
-    takes?  The torchscript backend runs such graphs here when nothing
-    fuses: TorchScript cannot call the kernel."""
-    by_index = {n.index: n for n in view.nodes}
-    for index in kernel_steps(view):
-        x = by_index[index].operand(0)
-        rows = (by_index[x[1]].shape if x[0] == "node" else view.slot(x[1]).value.shape)
-        if math.prod(rows[:-1]) == 1:
-            return True
-    return False
 
 
 _to = torch._C.TensorBase.to
@@ -56,10 +44,10 @@ class NativeBackend(Backend):
 def kernel_steps(view):
     """{linear node index: (relu node index or None, keep, rank of x)} for
     the linear layers of `view` the one-row kernel may take (float32, CPU,
-    no autograd, a 2-d weight).  The kernel still checks
-    each call's sizes: a graph serves every shape of its structure.  keep:
-    the step's value is read only as the input row of other kernel steps,
-    so its buffer may serve every call (LinearStep)."""
+    no autograd, a 2-d weight).  The kernel still checks each call's sizes:
+    a graph serves every shape of its structure.  keep: the step's value is
+    read only as the input row of other kernel steps, so its buffer may
+    serve every call (LinearStep)."""
     if view.grad or not all(s.kind != "tensor" or s.value.is_cpu for s in view.slots):
         return {}
     shape = {("slot", s.index): tuple(s.value.shape) for s in view.slots if s.kind == "tensor"}
@@ -89,6 +77,19 @@ def kernel_steps(view):
             for n in readers.get(("node", last.index), []))
         steps[index] = (relu.index if relu is not None else None, keep, x_rank)
     return steps
+
+
+def takes_one_row(view):
+    """Was a linear layer of `view` recorded on one row that the kernel
+    takes?  The torchscript backend runs such graphs here when nothing
+    fuses: TorchScript cannot call the kernel."""
+    by_index = {n.index: n for n in view.nodes}
+    for index in kernel_steps(view):
+        x = by_index[index].operand(0)
+        rows = (by_index[x[1]].shape if x[0] == "node" else view.slot(x[1]).value.shape)
+        if math.prod(rows[:-1]) == 1:
+            return True
+    return False
 
 
 def _plain(node, name):
@@ -198,37 +199,24 @@ def _generic_steps(node, where, value, steps, reads):
         if fx.op != "call_function":
             continue
         out = fx_values[fx] = value(("fx", node.op.index, node.inputs, fx.name))
-        args, holes, kwargs, kwholes = [], [], {}, []
-        flat = True
-        for pos, a in enumerate(fx.args):
-            flat &= _fx_argument(a, fx_values, args, lambda src, pos=pos: holes.append((pos, src)))
-        for name, a in fx.kwargs.items():
-            kw = []
-            flat &= _fx_argument(a, fx_values, kw, lambda src, name=name: kwholes.append((name, src)))
-            if kw:
-                kwargs[name] = kw[0]
-        if not flat:
-            # an argument is a list holding values (cat's tensors): a closure
+        if any(_holds_values(a) for a in (*fx.args, *fx.kwargs.values())):
+            # a list of values as an argument (cat's tensors): a closure
             steps.append(_steps.PyStep(out, _fx_closure(fx, fx_values)))
             reads.append([fx_values[n] for n in fx.all_input_nodes])
             continue
-        for name, _ in kwholes:
-            kwargs.pop(name, None)
+        holes = [(pos, fx_values[a]) for pos, a in enumerate(fx.args) if isinstance(a, torch.fx.Node)]
+        kwholes = [(name, fx_values[a]) for name, a in fx.kwargs.items()
+                   if isinstance(a, torch.fx.Node)]
+        args = tuple(None if isinstance(a, torch.fx.Node) else a for a in fx.args)
+        kwargs = {name: a for name, a in fx.kwargs.items() if not isinstance(a, torch.fx.Node)}
         fn = getattr(fx.target, "_op", fx.target)     # an OpOverload's own builtin
-        steps.append(_steps.CallStep(out, fn, tuple(args), holes, kwargs, kwholes, None))
+        steps.append(_steps.CallStep(out, fn, args, holes, kwargs, kwholes, None))
         reads.append([src for _, src in holes + kwholes])
     return [fx_values[o] for o in node.op.outputs]
 
 
-def _fx_argument(a, fx_values, args, hole):
-    """Append an FX argument's constant (None for a value, registered as a
-    hole); False if it is a container that holds values."""
-    if isinstance(a, torch.fx.Node):
-        hole(fx_values[a])
-        args.append(None)
-        return True
-    args.append(a)
-    return not (isinstance(a, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in a))
+def _holds_values(a):
+    return isinstance(a, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in a)
 
 
 def _fx_closure(fx, fx_values):
@@ -260,7 +248,7 @@ def _linear_step(node, out, relu, keep, x_rank, where):
     return step, inputs
 
 
-def _set_frees(steps, reads, ninputs, keep):
+def _set_frees(steps, reads, ninputs, outputs):
     """Drop each intermediate after the last step that reads it."""
     last = {}
     for k, inputs in enumerate(reads):
@@ -268,7 +256,7 @@ def _set_frees(steps, reads, ninputs, keep):
             last[i] = k
     frees = [[] for _ in steps]
     for i, k in last.items():
-        if i >= ninputs and i not in keep:
+        if i >= ninputs and i not in outputs:
             frees[k].append(i)
     for step, dropped in zip(steps, frees):
         if dropped:
