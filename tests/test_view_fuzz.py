@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastlazy
+from helpers import BACKENDS
 
 # (index_list is advanced indexing: a copy, which later writes must not reach)
 VIEWS = ["select", "slice", "transpose", "unsqueeze", "diagonal", "flatten_input",
@@ -120,7 +121,7 @@ def check(shape, dtype, n_inputs, steps):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, msg=f"pool[{k}]")
 
 
-@pytest.fixture(params=["torchscript", "eager"])
+@pytest.fixture(params=BACKENDS)
 def view_backend(request, lazy_on):
     fastlazy.set_backend(request.param)
     yield
