@@ -55,8 +55,8 @@ def use_vector_kernel(bint on):
     return bool(was)
 
 cdef object _to = torch._C.TensorBase.to        # never fastlazy's entry point
-cdef object _empty = torch._C._VariableFunctions.empty   # float32, CPU: the defaults
-cdef object _float32 = torch.float32
+# w's dtype and device (float32, CPU), whatever torch's defaults are set to
+cdef object _new_empty = torch._C.TensorBase.new_empty
 # The kernel reads the whole weight once per row: above this many weight
 # elements the product is memory-bound and the BLAS (threaded) is as good.
 cdef Py_ssize_t KERNEL_MAX_WEIGHT = 1 << 20
@@ -68,6 +68,8 @@ cdef class Step:
     cdef Py_ssize_t *frees       # values last read by this step: dropped after it
 
     def set_frees(self, list frees):
+        free(self.frees)
+        self.frees, self.nfrees = NULL, 0
         self.frees = <Py_ssize_t *>malloc(max(len(frees), 1) * sizeof(Py_ssize_t))
         if self.frees == NULL:
             raise MemoryError()
@@ -200,7 +202,7 @@ cdef class LinearStep(Step):
             return self.fallback(x, w, b)
         y = self.kept
         if y is None or not exclusive or self.kept_n != n:
-            y = _empty(*self.lead, n)
+            y = _new_empty(w, *self.lead, n)
             if self.keep and exclusive:
                 self.kept, self.kept_n = y, n
         cdef size_t bp = b.data_ptr() if b is not None else 0

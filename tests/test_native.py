@@ -255,3 +255,16 @@ def test_an_intermediate_is_dropped_after_its_last_reader():
     _set_frees(steps, [[0], [1], [2]], ninputs=1, outputs={3})
     program = _steps.StepProgram(1, 4, steps, (3,))
     assert program(torch.zeros(1))[0].item() is True
+
+
+def test_default_dtype_does_not_reach_the_kernel_output():
+    x, w = torch.randn(1, 6), torch.randn(3, 6)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            got, runs = kernel_runs(lambda: F.linear(fastlazy.lazy(x), w))
+    finally:
+        torch.set_default_dtype(before)
+    assert runs == 1
+    assert_same(got, F.linear(x, w))
