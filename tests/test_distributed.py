@@ -49,6 +49,11 @@ def train_rank(rank, store, out_dir):
     torch.save({"losses": losses, "params": [p.detach() for p in ddp.module.parameters()],
                 "fallbacks": dict(fastlazy.stats.fallbacks_by_op)},
                os.path.join(out_dir, f"rank{rank}.pt"))
+    # Both ranks reach here before either tears its group down: a rank that
+    # closes its gloo connections while the other still holds them can make
+    # the other's gloo thread throw, and the process abort ("terminate
+    # called without an active exception"), about once in ten runs.
+    dist.barrier()
     dist.destroy_process_group()
 
 
