@@ -227,14 +227,22 @@ def p3(results):
 
 
 def p4(results):
+    """Judged on the interleaved measurement where the run has one (see
+    benchmarks/test_w3.py); the table's two columns are timed one after the
+    other and are shown beside it."""
     parts, ok = [], True
     for item in ("x+y", "mlp"):
         row = _w3(item)
         why = _missing(results, row, "eager", "fastlazy")
         if why:
             return why, "n/a"
-        slower = results.get(row, "fastlazy") / results.get(row, "eager") - 1
-        parts.append(f"{item}: {slower:+.1%}")
+        sequential = results.get(row, "fastlazy") / results.get(row, "eager") - 1
+        slower = results.info.get((row, "fastlazy"), {}).get("interleaved_slowdown")
+        if slower is None:
+            parts.append(f"{item}: {sequential:+.1%}")
+            slower = sequential
+        else:
+            parts.append(f"{item}: {slower:+.1%} interleaved ({sequential:+.1%} in the table)")
         ok = ok and slower <= 0.03
     return "; ".join(parts), _verdict(ok)
 
