@@ -268,3 +268,20 @@ def test_default_dtype_does_not_reach_the_kernel_output():
         torch.set_default_dtype(before)
     assert runs == 1
     assert_same(got, F.linear(x, w))
+
+
+def test_kept_buffers_across_inference_mode_and_no_grad():
+    """A buffer kept from a call under inference_mode is an inference
+    tensor; a later call under no_grad reads it again (and the fallback hands
+    it to torch)."""
+    model = mlp()
+    x = torch.randn(1, 16)
+    with torch.no_grad():
+        want = model(x)
+    with torch.inference_mode():
+        first, runs = kernel_runs(lambda: model(fastlazy.lazy(x)))
+    with torch.no_grad():
+        second, again = kernel_runs(lambda: model(fastlazy.lazy(x)))
+    assert runs == 4 and again == 4
+    assert_same(first, want)
+    assert_same(second, want)
