@@ -38,9 +38,14 @@ cdef Py_ssize_t _kernel_calls = 0
 
 
 def kernel_calls():
-    """How many linear layers the kernel has computed (tests tell the kernel
-    from the fallback with it)."""
+    """How many linear layers the kernel has computed since the last
+    reset_kernel_calls() (fastlazy.metrics' kernel_layers)."""
     return _kernel_calls
+
+
+def reset_kernel_calls():
+    global _kernel_calls
+    _kernel_calls = 0
 
 
 def use_vector_kernel(bint on):

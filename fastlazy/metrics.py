@@ -5,7 +5,7 @@ everything.
 """
 from __future__ import annotations
 
-from fastlazy import _core, graph_cache, recompiles, stats
+from fastlazy import _core, _steps, graph_cache, recompiles, stats
 
 
 def counters() -> dict:
@@ -13,7 +13,9 @@ def counters() -> dict:
 
     Keys: nodes_recorded, flushes, cache_hits, cache_misses, materializations,
     fallbacks, empty_flushes, flush_reason.<reason>, fallback.<op>,
-    compiles, compile_seconds, cache_size, cache_evictions, compile_failures.
+    compiles, compile_seconds, cache_size, cache_evictions, compile_failures,
+    kernel_layers (linear layers computed by the native backend's one-row
+    kernel; 0 means torch computed every one).
     """
     d = _core.counter_values()
     for name, n in sorted(stats.fallbacks_by_op.items()):
@@ -25,6 +27,7 @@ def counters() -> dict:
     d["cache_size"] = graph_cache.size()
     d["cache_evictions"] = graph_cache.evictions
     d["compile_failures"] = graph_cache.compile_failures
+    d["kernel_layers"] = _steps.kernel_calls()
     return d
 
 
@@ -35,6 +38,7 @@ def reset() -> None:
     recompiles.reset()
     graph_cache.evictions = 0
     graph_cache.compile_failures = 0
+    _steps.reset_kernel_calls()
 
 
 def report() -> str:

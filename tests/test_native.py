@@ -223,6 +223,17 @@ def test_torchscript_hands_batch_one_graphs_to_the_kernel():
             assert_same(got, model(x))
 
 
+def test_metrics_count_the_kernel_layers():
+    model = mlp(depth=3)
+    fastlazy.metrics.reset()
+    with torch.no_grad():
+        model(fastlazy.lazy(torch.randn(1, 16))).to_eager()
+        model(fastlazy.lazy(torch.randn(2, 16))).to_eager()
+    assert fastlazy.metrics.counters()["kernel_layers"] == 3
+    fastlazy.metrics.reset()
+    assert fastlazy.metrics.counters()["kernel_layers"] == 0
+
+
 def test_portable_kernel_can_be_chosen_and_restored():
     was = _steps.use_vector_kernel(False)
     try:
