@@ -6,8 +6,10 @@ A step is one torch call with its argument tuple built in C from constants
 and earlier values (CallStep), a Python closure for the few lowerings that
 are not a single call (PyStep), or fastlazy's own one-row linear kernel
 (LinearStep).  fastlazy.backends.native decides which; this file only runs
-them.  The C loop is why this beats TorchScript's interpreter on CPU without
-a fuser: a call here costs what eager's Python call costs, minus Python.
+them.  A call here costs about what eager's call of the same op costs,
+torch's argument parsing included (TorchScript's interpreter, which skips
+the parsing, is a little cheaper per op): what the executor buys is a place
+to run kernels TorchScript cannot call.
 """
 from cpython.dict cimport PyDict_Copy, PyDict_SetItem
 from cpython.object cimport PyObject
