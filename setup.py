@@ -10,23 +10,20 @@ directives = {"language_level": 3, "embedsignature": True, "binding": True}
 if debug:
     directives.update(boundscheck=True, wraparound=True, linetrace=True)
 
-extensions = [
-    Extension(
-        "fastlazy._core",
-        ["fastlazy/_core.pyx"],
+
+def extension(name):
+    """fastlazy.<name> from fastlazy/<name>.pyx, with the build's flags."""
+    return Extension(
+        f"fastlazy.{name}",
+        [f"fastlazy/{name}.pyx"],
         include_dirs=["fastlazy"],
         extra_compile_args=["-O3"] if not debug else ["-O0", "-g"],
         define_macros=[("CYTHON_TRACE", "1")] if debug else [],
-    ),
-    # the native backend's executor and its one-row linear kernel
-    Extension(
-        "fastlazy._steps",
-        ["fastlazy/_steps.pyx"],
-        include_dirs=["fastlazy"],
-        extra_compile_args=["-O3"] if not debug else ["-O0", "-g"],
-        define_macros=[("CYTHON_TRACE", "1")] if debug else [],
-    ),
-]
+    )
+
+
+# the core; the native backend's executor and its one-row linear kernel
+extensions = [extension("_core"), extension("_steps")]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives,
                             annotate=debug))
