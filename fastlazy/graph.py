@@ -97,10 +97,6 @@ class GraphView:
             return Slot(k, position, SCALAR_KINDS[key & 3] if not key & 16 else "bool", value)
         return Slot(k, position, "tensor", value)
 
-    def slot(self, index):
-        """The slot of segment slot `index`."""
-        return next(s for s in self.slots if s.index == index)
-
     def slot_order(self):
         return tuple(s.index for s in self.slots)
 

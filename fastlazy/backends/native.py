@@ -42,12 +42,12 @@ class NativeBackend(Backend):
 
 
 def kernel_steps(view):
-    """{linear node index: (relu node index or None, keep, rank of x)} for
-    the linear layers of `view` the one-row kernel may take (float32, CPU,
-    no autograd, a 2-d weight).  The kernel still checks each call's sizes:
-    a graph serves every shape of its structure.  keep: the step's value is
-    read only as the input row of other kernel steps, so its buffer may
-    serve every call (LinearStep)."""
+    """{linear node index: (relu node index or None, keep, recorded shape of
+    x)} for the linear layers of `view` the one-row kernel may take
+    (float32, CPU, no autograd, a 2-d weight).  The kernel still checks each
+    call's sizes: a graph serves every shape of its structure.  keep: the
+    step's value is read only as the input row of other kernel steps, so its
+    buffer may serve every call (LinearStep)."""
     if view.grad or not all(s.kind != "tensor" or s.value.is_cpu for s in view.slots):
         return {}
     shape = {("slot", s.index): tuple(s.value.shape) for s in view.slots if s.kind == "tensor"}
@@ -67,15 +67,15 @@ def kernel_steps(view):
         relu = users[0] if len(users) == 1 and not node.is_output else None
         if relu is not None and not (_plain(relu, "relu") and relu.op.lower.args == (0,)):
             relu = None
-        found[node.index] = relu, len(shape[x])
+        found[node.index] = node, relu, shape[x]
     steps = {}
-    for index, (relu, x_rank) in found.items():
-        last = relu or next(n for n in view.nodes if n.index == index)
+    for index, (node, relu, x_shape) in found.items():
+        last = relu or node
         keep = not last.is_output and all(
             n.index in found and n.inputs[0] == ("node", last.index)
             and ("node", last.index) not in n.inputs[1:]
             for n in readers.get(("node", last.index), []))
-        steps[index] = (relu.index if relu is not None else None, keep, x_rank)
+        steps[index] = (relu.index if relu is not None else None, keep, x_shape)
     return steps
 
 
@@ -83,13 +83,7 @@ def takes_one_row(view):
     """Was a linear layer of `view` recorded on one row that the kernel
     takes?  The torchscript backend runs such graphs here when nothing
     fuses: TorchScript cannot call the kernel."""
-    by_index = {n.index: n for n in view.nodes}
-    for index in kernel_steps(view):
-        x = by_index[index].operand(0)
-        rows = (by_index[x[1]].shape if x[0] == "node" else view.slot(x[1]).value.shape)
-        if math.prod(rows[:-1]) == 1:
-            return True
-    return False
+    return any(math.prod(x_shape[:-1]) == 1 for _, _, x_shape in kernel_steps(view).values())
 
 
 def _plain(node, name):
@@ -114,11 +108,11 @@ def build(view) -> _steps.StepProgram:
         if node.index in absorbed:
             continue
         if node.index in fused:
-            relu, keep, x_rank = fused[node.index]
+            relu, keep, x_shape = fused[node.index]
             out = value(("node", node.index if relu is None else relu))
             if relu is not None:
                 where[("node", node.index)] = out
-            step, inputs = _linear_step(node, out, relu is not None, keep, x_rank, where)
+            step, inputs = _linear_step(node, out, relu is not None, keep, len(x_shape), where)
         elif node.op.generic:
             key = (node.op.index, node.inputs)
             if key not in generic_memo:
