@@ -208,19 +208,32 @@ def test_threads_running_one_program_at_once():
     assert not errors
 
 
-def test_torchscript_hands_batch_one_graphs_to_the_kernel():
+def test_torchscript_hands_batch_one_graphs_to_the_kernel(monkeypatch):
     """The default backend cannot call the kernel from TorchScript: a graph
-    recorded on one row runs natively, one recorded on a batch stays
-    TorchScript.  (Size-1 dims are part of a graph's key, so the two are
-    separate graphs in either order.)"""
+    whose first recording had one row runs natively; one first recorded on
+    a batch stays TorchScript.  A graph's key does not hold its shapes, so
+    the first recording decides for every later call of any batch size."""
+    from fastlazy.backends import native as native_backend
+    built = []
+    build = native_backend.build
+    monkeypatch.setattr(native_backend, "build", lambda view: built.append(view) or build(view))
     fastlazy.set_backend("torchscript")
-    model = mlp()
     one, batch = torch.randn(1, 16), torch.randn(5, 16)
+    model = mlp()
     with torch.no_grad():
-        for x, kernel in ((one, 4), (batch, 0), (one, 4), (batch, 0)):
+        # one row first: native; the batch reuses that program, torch's calls
+        for x, kernel in ((one, 4), (batch, 0), (one, 4)):
             got, runs = kernel_runs(lambda: model(fastlazy.lazy(x)))
             assert runs == kernel
             assert_same(got, model(x))
+        assert len(built) == 1
+        # a batch first: TorchScript, one row then runs there too
+        model = mlp(depth=3)
+        for x in (batch, one):
+            got, runs = kernel_runs(lambda: model(fastlazy.lazy(x)))
+            assert runs == 0
+            assert_same(got, model(x))
+    assert len(built) == 1
 
 
 def test_metrics_count_the_kernel_layers():

@@ -7,7 +7,8 @@ wheels) nothing can fuse, so the graph is made cheap to interpret instead:
 the legacy executor (no profiling or guard nodes) and in-place aten variants
 that reuse the storage of intermediates nobody else reads.  A graph with a
 linear layer recorded on one row (batch-1 inference) goes to the native
-backend instead, whose kernel for that layer TorchScript cannot call.
+backend instead, whose kernel for that layer TorchScript cannot call; the
+graph is shape-generic, so its first recording decides for later calls.
 """
 from __future__ import annotations
 
