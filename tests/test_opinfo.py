@@ -73,18 +73,10 @@ def _compare(got, want):
 OPINFO_BACKENDS = ("torchscript", "native")
 
 
-@pytest.fixture(params=OPINFO_BACKENDS)
-def opinfo_backend(request, lazy_on):
-    before = fastlazy.backend()
-    fastlazy.set_backend(request.param)
-    yield request.param
-    fastlazy.mark_step()
-    fastlazy.set_backend(before)
-
-
+@pytest.mark.parametrize("backend", OPINFO_BACKENDS, indirect=True)
 @pytest.mark.parametrize("op", list(ops()), ids=lambda op: op.name)
-def test_opinfo_op(op, opinfo_backend):
-    counted = opinfo_backend == OPINFO_BACKENDS[0]
+def test_opinfo_op(op, backend, lazy_on):
+    counted = backend == OPINFO_BACKENDS[0]
     samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))[:SAMPLES_PER_OP]
     if not samples:
         pytest.skip("no samples")
@@ -108,7 +100,7 @@ def test_opinfo_op(op, opinfo_backend):
             _compare(got, want)
         except Exception as exc:
             RESULTS["failed"] += 1
-            FAILED.append(f"{op.name} ({opinfo_backend}): {type(exc).__name__}: {str(exc)[:120]}")
+            FAILED.append(f"{op.name} ({backend}): {type(exc).__name__}: {str(exc)[:120]}")
             raise
     c = fastlazy.metrics.counters()
     RESULTS["fallback" if not c["nodes_recorded"] else
