@@ -17,7 +17,6 @@ from hypothesis import given, strategies as st
 
 import fastlazy
 from fastlazy.optable import OPS, R_REDUCE
-from helpers import BACKENDS
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.uint8, torch.bool]
@@ -139,15 +138,8 @@ def check(inputs, steps):
             torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-6, atol=1e-7)
 
 
-@pytest.fixture(params=BACKENDS)
-def fuzz_backend(request, lazy_on):
-    fastlazy.set_backend(request.param)
-    yield
-    fastlazy.set_backend("torchscript")
-
-
 @given(program=programs())
-def test_random_programs(fuzz_backend, program):
+def test_random_programs(backend, lazy_on, program):
     check(*program)
 
 

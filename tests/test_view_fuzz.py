@@ -16,7 +16,6 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastlazy
-from helpers import BACKENDS
 
 # (index_list is advanced indexing: a copy, which later writes must not reach)
 VIEWS = ["select", "slice", "transpose", "unsqueeze", "diagonal", "flatten_input",
@@ -121,16 +120,9 @@ def check(shape, dtype, n_inputs, steps):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, msg=f"pool[{k}]")
 
 
-@pytest.fixture(params=BACKENDS)
-def view_backend(request, lazy_on):
-    fastlazy.set_backend(request.param)
-    yield
-    fastlazy.set_backend("torchscript")
-
-
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=programs())
-def test_views_and_inplace_match_eager(view_backend, program):
+def test_views_and_inplace_match_eager(backend, lazy_on, program):
     check(*program)
 
 
