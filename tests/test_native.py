@@ -15,7 +15,10 @@ from fastlazy import _steps
 from fastlazy._core import LazyTensor
 from helpers import assert_same
 
-pytestmark = pytest.mark.usefixtures("lazy_on")
+# every test runs on the native backend (conftest's backend fixture), with
+# fastlazy enabled and its counters zeroed
+pytestmark = [pytest.mark.parametrize("backend", ["native"], indirect=True),
+              pytest.mark.usefixtures("backend", "lazy_on")]
 
 ISAS = ["vector", "portable"]
 
@@ -25,15 +28,6 @@ def isa(request):
     was = _steps.use_vector_kernel(request.param == "vector")
     yield request.param
     _steps.use_vector_kernel(was)
-
-
-@pytest.fixture(autouse=True)
-def native(lazy_on):
-    before = fastlazy.backend()
-    fastlazy.set_backend("native")
-    yield
-    fastlazy.mark_step()
-    fastlazy.set_backend(before)
 
 
 def kernel_runs(fn):
