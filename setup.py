@@ -16,7 +16,7 @@ def extension(name):
     return Extension(
         f"fastlazy.{name}",
         [f"fastlazy/{name}.pyx"],
-        include_dirs=["fastlazy"],
+        include_dirs=["fastlazy", "fastlazy/csrc"],
         extra_compile_args=["-O3"] if not debug else ["-O0", "-g"],
         define_macros=[("CYTHON_TRACE", "1")] if debug else [],
     )

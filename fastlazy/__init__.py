@@ -13,26 +13,17 @@ debug.render_ir_graph.
 """
 from __future__ import annotations
 
-import atexit as _atexit
 import contextlib as _contextlib
-import os as _os
 
+from fastlazy import boot as _boot
 from fastlazy import _core
-from fastlazy import fallback as _fallback
+from fastlazy import closures as _closures
+from fastlazy import debug, metrics, optable
 from fastlazy import graph_cache as _graph_cache
-from fastlazy import sites as _sites
+from fastlazy import patching as _patching
+from fastlazy._core import LazyTensor, lazy
 
-_core.init(_fallback, _graph_cache, _sites.site_of_call)
-
-from fastlazy import generic as _generic  # noqa: E402
-from fastlazy import views as _views  # noqa: E402
-
-_core.set_generic(_generic, _views)
-
-from fastlazy import closures as _closures  # noqa: E402
-from fastlazy import debug, metrics, optable  # noqa: E402
-from fastlazy import patching as _patching  # noqa: E402
-from fastlazy._core import LazyTensor, lazy  # noqa: E402
+_boot.boot()
 
 __all__ = ["LazyTensor", "lazy", "enable", "disable", "enabled", "mark_step",
            "wait_device_ops", "sync_multi", "to_cpu", "add_step_closure",
@@ -43,8 +34,8 @@ __all__ = ["LazyTensor", "lazy", "enable", "disable", "enabled", "mark_step",
 def enable(backend: str | None = None) -> "_contextlib.AbstractContextManager":
     """Patch torch's entry points so that calls with a LazyTensor record.
 
-    Idempotent.  `backend` ("torchscript", "inductor" or "eager") picks the
-    backend (default: $FASTLAZY_BACKEND or "torchscript").  Also a context
+    Idempotent.  `backend` ("torchscript", "inductor", "native" or "eager")
+    picks the backend (default: $FASTLAZY_BACKEND or "torchscript").  Also a context
     manager: ``with fastlazy.enable(): ...`` disables again on exit if it
     was not enabled before.
     """
@@ -136,14 +127,3 @@ def backend() -> str:
     """The active backend's name."""
     return _graph_cache.backend_name()
 
-
-def _configure_from_environment():
-    if _os.environ.get("FASTLAZY_SYNC") == "1":
-        # every op runs at its call, node by node: bisect a wrong result
-        _graph_cache.set_backend("eager")
-        _core.set_flush_threshold(1)
-    if _os.environ.get("FASTLAZY_METRICS") == "1":
-        _atexit.register(lambda: print(metrics.report()))
-
-
-_configure_from_environment()

@@ -1,20 +1,132 @@
-# Declarations shared by every part of the compiled core (see _core.pyx).
-# Only types live here: the node struct, the tensor metadata struct, and the
-# fields of the two extension types.
+# The compiled core's interface: every constant it shares with Python, its
+# types, and the cdef functions its parts (fastlazy/csrc/*.pxi, included by
+# _core.pyx) call across files.
+#
+# The `cpdef enum`s are the one definition of each shared constant: Python
+# modules read them from fastlazy._core (named enums as IntEnum classes, the
+# anonymous one as module attributes) instead of copying the numbers.
 
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
 from cpython.object cimport PyObject
 
-cdef enum:
+# -- limits and reserved opcodes --
+
+cpdef enum:
     # Tensors of more dimensions than this are not recorded; ops on them run
     # eagerly (counted as a fallback).
     MAX_NDIM = 8
     # Inputs of one node: tensor operands and scalar payloads (alpha, min, max),
     # or the tensor arguments of a generic call (torch.cat of up to 8).
     MAX_IN = 8
+    # Opcodes: rows of fastlazy.optable.OPS, then the generic node's.
+    MAX_OPS = 512
+    GENERIC_OP = 511
+    # Parameters of one op-table row.
+    MAX_PARAMS = 5
+    # dtype codes (csrc/dtypes.pxi): 0 bool ... 12 complex128
+    NDTYPES = 13
+
+
+cdef extern from "_entry.h":
+    # How an entry point treats its first argument (written once, in C,
+    # where the entry type reads it).
+    cpdef enum Form "fl_form":
+        FORM_CALL
+        FORM_INPLACE
+
+
+# Rules: what kind of shape/dtype logic an op needs.  Op-table rows name one.
+cpdef enum Rule:
+    R_UNARY = 0         # same dtype as the input
+    R_UNARY_FLOAT = 1   # integral inputs compute in the default float dtype
+    R_ABS = 2           # complex inputs give their real dtype
+    R_BINARY = 3        # result_type of the operands (alpha checked)
+    R_TRUEDIV = 4       # result_type, integral -> default float
+    R_DIV = 5           # div with rounding_mode
+    R_COMPARE = 6       # bool result
+    R_POW = 7
+    R_CLAMP = 8
+    R_REDUCE = 9        # sum, mean, amax, amin: dim / keepdim / dtype
+    R_SOFTMAX = 10      # softmax, log_softmax: dim / dtype
+    R_MM = 11
+    R_BMM = 12
+    R_MATMUL = 13
+    R_LINEAR = 14
+    R_RTRUEDIV = 15     # other / self, as eager computes it: self.reciprocal() * other
+    R_LAYER_NORM = 16   # normalized_shape is structure, read by the rule
+    R_DROPOUT = 17      # the input itself when not training (eager returns it)
+    R_GENERIC = 18      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 19
+
+
+# Op flags (an op-table row's `flags`).
+cpdef enum OpFlag:
+    OPF_NO_BOOL = 1        # a bool operand makes eager raise (sub)
+    OPF_TENSORS_ONLY = 2   # every operand must be a tensor (maximum)
+    OPF_INT_TO_INT64 = 8   # reductions: integral inputs accumulate in int64
+    OPF_EMPTY_ERROR = 16   # reductions: eager raises on an empty reduction
+
+
+# dtype categories; a row's `cats` is a mask of them.
+cpdef enum Category:
+    CAT_BOOL = 1
+    CAT_INT = 2
+    CAT_FLOAT = 4
+    CAT_COMPLEX = 8
+
+
+# Node.flags
+cpdef enum NodeFlag:
+    NODE_CAST = 1     # in-place op: cast the result to the self dtype
+    NODE_DETACH = 2   # recorded under no_grad with inputs requiring grad:
+                      # the op reads detached inputs, so no gradient flows
+    NODE_KEEPS_SHAPE = 4  # the result has its first operand's shape (no
+                          # broadcast grew it): structure, since a backend
+                          # may then compute it into that operand's storage
+
+
+# Node.attr: the structural arguments of a node, packed.
+#   reductions: bits 0-7 dim mask, KEEPDIM, DIM_GIVEN, bits 10-14 dtype code + 1
+#   softmax:    bits 0-3 dim, bits 10-14 dtype code + 1
+#   layer_norm: bits 0-3 len(normalized_shape)
+#   every row:  bit ABSENT_SHIFT + i: optional operand i was not given;
+#               bits CHOICE_SHIFT..+3: index of the choice param's value
+#   generic:    bits 0-19 lowering id, bits GENERIC_OUT_SHIFT+: output index
+cpdef enum:  # AttrLayout
+    ATTR_DIM_MASK = 0xFF
+    ATTR_SMALL_MASK = 15
+    ATTR_KEEPDIM = 1 << 8
+    ATTR_DIM_GIVEN = 1 << 9
+    ATTR_DTYPE_SHIFT = 10
+    ATTR_DTYPE_MASK = 31
+    ATTR_ABSENT_SHIFT = 16
+    ATTR_GENERIC_OUT_SHIFT = 20
+    ATTR_CHOICE_SHIFT = 24
+
+
+# Python scalar kinds (an operand's `scalar`, and the low bits of a scalar
+# slot's key).
+cpdef enum ScalarType:
+    SC_BOOL = 0
+    SC_INT = 1
+    SC_FLOAT = 2
+    SC_COMPLEX = 3
+
+
+# Slot keys: what a graph needs to know of an external input.
+#   tensor: SLOT_TENSOR | dtype+1 | ndim << 8 | device << 16 | requires_grad << 24
+#   scalar: SLOT_SCALAR | ScalarType, or SLOT_SCALAR | SLOT_BOOL_CONSTANT | value
+#           (a bool is a constant of the graph)
+cpdef enum SlotKey:
+    SLOT_TENSOR = 1 << 29
+    SLOT_SCALAR = 1 << 30
+    SLOT_BOOL_CONSTANT = 16
+
+
+# -- types --
 
 ctypedef struct Meta:
-    int8_t dtype          # dtype code (see dtypes.pxi); -1 for a Python scalar
+    int8_t dtype          # dtype code (see csrc/dtypes.pxi); -1 for a Python scalar
     int8_t ndim
     int8_t device         # device code: 0 cpu, 1 + index for cuda:index
     int8_t requires_grad
@@ -23,13 +135,41 @@ ctypedef struct Meta:
 ctypedef struct Node:
     uint64_t hash[2]      # structural hash of the DAG ending here (128 bits)
     int32_t inputs[MAX_IN]  # >= 0: node index; < 0: external slot ~ref
-    int16_t op            # opcode (row of fastlazy.optable.OPS)
+    int16_t op            # opcode (row of fastlazy.optable.OPS, or GENERIC_OP)
     int8_t nin
-    int8_t flags          # NODE_* flags, e.g. in-place cast to self dtype
+    int8_t flags          # NodeFlag
     int32_t uses          # consumers recorded so far (for dropping dead tails)
-    int32_t attr          # structural argument (rounding mode); bit 16+i: operand i absent
+    int32_t attr          # AttrLayout
     Meta meta
     PyObject *owner       # the LazyTensor holding this value (borrowed), or NULL
+
+# One argument of a call, sorted by csrc/operands.pxi.
+cdef enum OperandKind:
+    K_ABSENT = 0      # optional argument not given, or None where the row allows it
+    K_LAZY = 1
+    K_TENSOR = 2      # eager torch.Tensor
+    K_SCALAR = 3      # Python bool, int, float or complex
+
+ctypedef struct Operand:
+    int kind
+    int scalar         # ScalarType, for K_SCALAR
+    PyObject *obj      # borrowed argument
+    Meta *m            # metadata (points into `own` or into a LazyTensor)
+    Meta own
+
+
+cdef class NodeRecord:
+    """One recorded node, as the backends and debugging tools read it."""
+    cdef readonly int32_t index
+    cdef readonly int op          # opcode: a row of the op table, or GENERIC_OP
+    cdef readonly tuple inputs    # ('node', i) | ('slot', k)
+    cdef readonly int32_t attr    # packed as AttrLayout says
+    cdef readonly int flags       # NodeFlag
+    cdef readonly object dtype
+    cdef readonly tuple shape
+    cdef readonly bint live       # a LazyTensor holds it
+    cdef readonly bint requires_grad
+    cdef readonly int32_t uses    # consumers among the nodes it was taken with
 
 
 cdef class Segment:
@@ -38,7 +178,7 @@ cdef class Segment:
     cdef int32_t cap
     cdef readonly uint64_t epoch
     cdef readonly list inputs # external values: tensors and Python scalars
-    cdef readonly list input_keys  # per slot: a small int describing its type
+    cdef readonly list input_keys  # per slot: its SlotKey
     cdef uint64_t *slot_hash  # per slot: hash of its type (C mirror of input_keys)
     cdef int64_t *slot_version  # per slot: the tensor's _version when recorded, or -1
     cdef int32_t nslots
@@ -54,6 +194,7 @@ cdef class Segment:
     cdef void release(self) noexcept
     cdef void drop_owner(self, int32_t idx) noexcept
     cdef int check_versions(self, tuple slots) except -1
+    cdef NodeRecord record_of(self, int32_t i)
 
 
 cdef class LazyTensor:
@@ -70,3 +211,57 @@ cdef class LazyTensor:
     cdef object __weakref__
 
     cdef int _wrap_dim(self, dim) except -1
+
+
+cdef class Hooks:
+    """The Python functions the core calls up into, installed once by
+    fastlazy's boot (`_core.install(hooks)`)."""
+    # a call with a LazyTensor and no C rule that takes it:
+    # (func, name, args, kwargs, inplace, ruled) -> result
+    cdef public object record_call
+    # a call to run eagerly: (func, name, args, kwargs, inplace, reason) -> result
+    cdef public object run_eagerly
+    # LazyTensor.to: (tensor, args, kwargs) -> result
+    cdef public object tensor_to
+    # writes through views (fastlazy.views): check_leaf(t),
+    # check_write(t, operands), after_mutation(t), geometry(t)
+    cdef public object check_leaf
+    cdef public object check_write
+    cdef public object after_mutation
+    cdef public object geometry
+    # the graph cache: compile_and_run(seg, key, outs) on a miss;
+    # recover(seg, index, error) after a failed run; `programs` the cache
+    # itself (key -> Program), read by the core on a hit
+    cdef public object compile_and_run
+    cdef public object recover
+    cdef public object programs
+    # () -> "file:line" of the user's call
+    cdef public object site_of_call
+    # the exception the generic path's signatures raise for a call they do
+    # not describe, and the argument types that describe themselves
+    cdef public object unsafe
+    cdef public object atoms
+
+
+# -- functions the parts share --
+
+# csrc/operands.pxi
+cdef int meta_from_tensor(Meta *m, object t) except -1
+cdef int classify(Operand *o, PyObject *p) except -1
+# csrc/rules.pxi
+cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
+                    int *attr) except -1
+# csrc/segment.pxi
+cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
+                       int flags, LazyTensor rebind)
+# csrc/tensor.pxi
+cdef object materialize(LazyTensor t)
+cdef void detach_handle(LazyTensor t) noexcept
+cdef LazyTensor try_wrap(object value)
+cdef LazyTensor wrap_value(object value)
+# csrc/dispatch.pxi
+cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kwnames)
+# csrc/flush.pxi
+cdef int flush(Segment seg, int reason) except -1
+cdef int run_segment_for(LazyTensor t) except -1
+cdef int flush_pending() except -1

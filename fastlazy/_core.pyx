@@ -2,18 +2,39 @@
 # cython: embedsignature=True, binding=True
 """fastlazy's compiled core: LazyTensor, the node buffer, the rules and the
 lazy-first entry points, in one translation unit so that `cdef inline` calls
-cross the included files at C speed."""
+cross the included files at C speed.
+
+The parts, in csrc/, in the order a call goes through them:
+
+    _entry.h            the patched entry point (C): a LazyTensor argument?
+    dispatch.pxi        lazy_call: match the arguments, apply the rule, record
+    optable.pxi         what each opcode's rule needs of its op-table row
+    operands.pxi        arguments sorted into operands with their metadata
+    rules.pxi           every shape and dtype rule
+    dtypes.pxi          dtype codes and type promotion tables
+    segment.pxi         the node buffer: record() appends a node
+    tensor.pxi          LazyTensor, and the installers of its methods
+    generic_record.pxi  the C half of the generic path (calls with no rule)
+    flush.pxi           a value is needed: key the live graph, run it
+    counters.pxi        the hot counters and their Python API
+
+_core.pxd declares the constants the core shares with Python, the types, and
+the functions the parts call across files.  The core calls up into Python
+only through the one Hooks object that fastlazy's boot installs.
+"""
 
 cimport cython
 import sys
 import threading
+
+import torch
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
 
 cdef extern from "Python.h":
     void PyType_Modified(PyTypeObject *)
 
-# The entry-point type, written in C (see _entry.h for why).
+# The entry-point type, written in C (see csrc/_entry.h for why).
 cdef extern from "_entry.h":
     ctypedef object (*fl_handler_t)(object, PyObject**, Py_ssize_t, object)
     int fl_entry_setup(type lazy_type, fl_handler_t handler,
@@ -23,43 +44,65 @@ cdef extern from "_entry.h":
     int fl_entry_op(object e)
     int fl_entry_form(object e)
 
-include "dtypes.pxi"
-include "counters.pxi"
-include "rules.pxi"
-include "segment.pxi"
-include "tensor.pxi"
-include "shape_rules.pxi"
-include "dispatch.pxi"
-include "flush.pxi"
-include "generic_record.pxi"
-
+# torch, bound once to C variables: no module dictionary lookups per call
+cdef object _torch = torch
+cdef object _Size = torch.Size
+cdef object _device_type = torch.device
+cdef object _enable_grad = torch.enable_grad
+cdef object _no_grad = torch.no_grad
 cdef object _new_lock = threading.Lock
-cdef object _enable_grad = None
-cdef object _no_grad = None
-cdef object _site_of_call = None
+
+include "csrc/counters.pxi"
+include "csrc/dtypes.pxi"
+include "csrc/optable.pxi"
+include "csrc/operands.pxi"
+include "csrc/rules.pxi"
+include "csrc/segment.pxi"
+include "csrc/tensor.pxi"
+include "csrc/dispatch.pxi"
+include "csrc/generic_record.pxi"
+include "csrc/flush.pxi"
 
 
-def init(fallback_module, graph_cache_module, site_of_call):
-    """Bind torch and the Python-side helpers once (called by fastlazy)."""
-    global _torch, _Size, _device_type, TensorType, _fallback, _graph_cache
-    global _is_grad_enabled, _site_of_call, _enable_grad, _no_grad, _tensor_getitem
-    import torch
-    _tensor_getitem = torch.Tensor.__getitem__
-    _torch = torch
-    _Size = torch.Size
-    _device_type = torch.device
-    TensorType = torch.Tensor
-    _is_grad_enabled = torch.is_grad_enabled
-    _enable_grad = torch.enable_grad
-    _no_grad = torch.no_grad
-    _fallback = fallback_module
-    _graph_cache = graph_cache_module
-    _site_of_call = site_of_call
-    init_dtypes()
-    fl_entry_setup(LazyTensor, lazy_call, flush_pending)
-    global _entry_type
-    _entry_type = type(fl_entry_new(lazy, "probe", -1, 0))
+# -- the upward interface --
 
+@cython.final
+cdef class Hooks:
+    def __init__(self, **functions):
+        for name, value in functions.items():
+            setattr(self, name, value)
+
+    def missing(self):
+        """Names of the hooks not set yet."""
+        return [name for name in HOOK_NAMES if getattr(self, name) is None]
+
+
+HOOK_NAMES = ("record_call", "run_eagerly", "tensor_to", "check_leaf", "check_write",
+              "after_mutation", "geometry", "compile_and_run", "recover", "programs",
+              "site_of_call", "unsafe", "atoms")
+
+cdef Hooks _hooks = None
+
+
+def install(Hooks hooks):
+    """Install the Python functions the core calls (once, from the boot)."""
+    global _hooks, _move_to_end
+    missing = hooks.missing()
+    if missing:
+        raise ValueError(f"fastlazy core hooks not set: {', '.join(missing)}")
+    hooks.atoms = frozenset(hooks.atoms)
+    _hooks = hooks
+    _move_to_end = hooks.programs.move_to_end
+
+
+# -- set up at import: the dtype tables and the entry type --
+
+init_dtypes()
+fl_entry_setup(LazyTensor, lazy_call, flush_pending)
+cdef object _entry_type = type(fl_entry_new(sys.intern, "probe", -1, 0))
+
+
+# -- making LazyTensors --
 
 def lazy(value):
     """A LazyTensor holding `value` (an eager tensor; not copied, never
@@ -97,22 +140,3 @@ def pending_in(LazyTensor t):
 
 def dtype_of_code(int code):
     return DTYPES[code]
-
-
-cdef object _orig_to = None
-
-
-def make_to_entry(orig):
-    """Tensor.to that also understands the device string "lazy"."""
-    global _orig_to
-    _orig_to = orig
-    return _tensor_to
-
-
-def _tensor_to(self, *args, **kwargs):
-    if (len(args) == 1 and type(args[0]) is str and args[0] == "lazy" and not kwargs
-            or not args and len(kwargs) == 1 and kwargs.get("device") == "lazy"):
-        return lazy(self)
-    if kwargs:
-        return _orig_to(self, *args, **kwargs)
-    return _orig_to(self, *args)

@@ -15,7 +15,7 @@ def _view(tensors=None):
     tensors when None)."""
     seg = _core.current()
     if tensors is None:
-        return GraphView(seg, _core.live_outputs(seg))
+        return GraphView(seg, seg.live())
     outs = []
     for t in tensors:
         pending = _core.pending_in(t) if type(t) is LazyTensor else None

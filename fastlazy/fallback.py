@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy import _core, stats, views
+from fastlazy import _core, metrics, views
 from fastlazy._core import LazyTensor
 
 
@@ -39,13 +39,9 @@ def wrap_result(out):
     return out
 
 
-def wrap_eager(value):
-    return _core.lazy(value)
-
-
 def run(func, name, args, kwargs, inplace, reason):
     _core.count("fallbacks")
-    stats.count_fallback(name, reason)
+    metrics.count_fallback(name, reason)
     out = kwargs.get("out")
     if type(out) is LazyTensor or (type(out) in (tuple, list)
                                    and any(type(o) is LazyTensor for o in out)):
@@ -94,17 +90,6 @@ def _run_out(func, args, kwargs):
     return out
 
 
-def run_entry_eagerly(entry, inplace, args, kwargs, reason):
-    """Called by the core when an entry point's call is not recorded."""
-    return run(entry.__wrapped__, entry.qualname, args, kwargs, inplace, reason)
-
-
-def dunder(name, self, args, inplace=False):
-    """A LazyTensor operator without a row in the op table: the generic path."""
-    from fastlazy import generic
-    return generic.call(getattr(torch.Tensor, name), name, (self,) + args, {}, inplace)
-
-
 # Tensor properties that are views: recorded by the generic path.
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 
@@ -142,5 +127,5 @@ def lazy_to(self, args, kwargs):
         # a dtype cast (or memory format): recorded like any pure call
         from fastlazy import generic
         return generic.call(torch._C.TensorBase.to, "Tensor.to", (self,) + args, kwargs, False)
-    stats.count_fallback("to", "device move (gives an eager tensor)")
+    metrics.count_fallback("to", "device move (gives an eager tensor)")
     return self.to_eager().to(*args, **kwargs)

@@ -38,12 +38,12 @@ import torch.utils._pytree as pytree
 from fastlazy import _core, fallback, views
 from fastlazy._core import LazyTensor
 
-MAX_INPUTS = 8                # MAX_IN of the core: tensor arguments of one node
+MAX_INPUTS = _core.MAX_IN     # tensor arguments of one node
 MAX_SIGNATURES = 20_000       # signatures kept before the cache starts over
 
 # argument types that stand for themselves in a signature (the core's
 # describe_call handles tensors, containers, floats and slices)
-_ATOMS = frozenset({int, bool, str, type(None), type(Ellipsis), torch.dtype,
+ATOMS = frozenset({int, bool, str, type(None), type(Ellipsis), torch.dtype,
                     torch.device, torch.layout, torch.memory_format})
 _REFUSED_TAGS = {
     torch.Tag.nondeterministic_seeded: "random (runs eagerly so seeded runs match eager)",
@@ -112,15 +112,9 @@ _lowerings: list = []
 _lowering_ids: dict = {}
 
 
-_core.set_generic_types(Unsafe, _ATOMS)
-
 
 def lowering(index):
     return _lowerings[index]
-
-
-def signature_count():
-    return len(_signatures)
 
 
 def call(func, name, args, kwargs, inplace, ruled=False):
@@ -355,7 +349,7 @@ def _analyse_or_raise(func, args, kwargs, tensors, name, ruled):
             i = same[0] if same else placeholders.index(node)
             sig.kinds.append(("input", i))
             continue
-        if leaf.dim() > 8 or _core.dtype_code_of(leaf.dtype) < 0:
+        if leaf.dim() > _core.MAX_NDIM or _core.dtype_code_of(leaf.dtype) < 0:
             raise Unsafe("a result LazyTensor cannot hold (dtype or rank)")
         aliased = [i for i, f in enumerate(fakes) if torch._C._is_alias_of(leaf, f)]
         if aliased:

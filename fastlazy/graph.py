@@ -9,12 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from fastlazy import generic
+from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
+                            ATTR_SMALL_MASK, GENERIC_OP, NodeFlag, ScalarType, SlotKey)
 from fastlazy.optable import OPS, Op
 
-SLOT_TENSOR = 1 << 30
-SLOT_SCALAR = 2 << 30
-SCALAR_KINDS = ("bool", "int", "float", "complex")
-GENERIC_OP, GENERIC_OUT_SHIFT = 511, 20       # the core's generic_record.pxi
+_LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
 
 
 @dataclass(frozen=True)
@@ -33,12 +32,18 @@ class Node:
     output: int = 0      # generic nodes: which output of the lowering
     keeps_shape: bool = False  # the result has its first operand's shape
 
+    def choice(self):
+        """Index of the row's choice parameter's value (div's rounding_mode)
+        among the row's values."""
+        return self.attr >> ATTR_CHOICE_SHIFT & ATTR_SMALL_MASK
+
     def operand(self, position):
         """The input for operand `position` of the op, or None if absent
         (absent optional operands are not stored: attr bit 16+position)."""
-        if self.attr >> (16 + position) & 1:
+        if self.attr >> (ATTR_ABSENT_SHIFT + position) & 1:
             return None
-        present = sum(1 for p in range(position) if not self.attr >> (16 + p) & 1)
+        present = sum(1 for p in range(position)
+                      if not self.attr >> (ATTR_ABSENT_SHIFT + p) & 1)
         return self.inputs[present]
 
 
@@ -50,30 +55,24 @@ class Slot:
     value: object        # the value at compile time (a bool slot is a constant)
 
 
-def _op(raw):
-    if raw[0] == GENERIC_OP:
-        return generic.lowering(raw[2] & ((1 << GENERIC_OUT_SHIFT) - 1))
-    return OPS[raw[0]]
+def _op(record):
+    if record.op == GENERIC_OP:
+        return generic.lowering(record.attr & _LOWERING_MASK)
+    return OPS[record.op]
 
 
 class GraphView:
     def __init__(self, seg, outputs):
-        raw = [seg.node(i) for i in range(len(seg))]
-        needed = set(outputs)
-        for i in range(len(raw) - 1, -1, -1):
-            if i in needed:
-                needed.update(r for kind, r in raw[i][1] if kind == "node")
-        uses = dict.fromkeys(needed, 0)
-        for i in needed:
-            for kind, r in raw[i][1]:
-                if kind == "node":
-                    uses[r] += 1
+        # the core's canonical form of the graph: the needed nodes and the
+        # slots in parameter order are those of the cache key
+        records, slot_order = seg.graph(outputs)
         outset = set(outputs)
         self.nodes = [
-            Node(i, _op(raw[i]), raw[i][1], raw[i][2], bool(raw[i][3] & 1),
-                 bool(raw[i][3] & 2), raw[i][4], raw[i][5], uses[i], i in outset,
-                 raw[i][7], raw[i][2] >> GENERIC_OUT_SHIFT & 255, bool(raw[i][3] & 4))
-            for i in sorted(needed)
+            Node(r.index, _op(r), r.inputs, r.attr, bool(r.flags & NodeFlag.NODE_CAST),
+                 bool(r.flags & NodeFlag.NODE_DETACH), r.dtype, r.shape, r.uses,
+                 r.index in outset, r.requires_grad, r.attr >> ATTR_GENERIC_OUT_SHIFT & 255,
+                 bool(r.flags & NodeFlag.NODE_KEEPS_SHAPE))
+            for r in records
         ]
         # Without an output that needs autograd history the graph runs under
         # no_grad as a whole, so per-node detaching is moot.
@@ -82,19 +81,16 @@ class GraphView:
             self.nodes = [dataclasses.replace(n, detach=False) if n.detach else n
                           for n in self.nodes]
         self.outputs = list(outputs)
-        # slots in order of first use: the same canonical order as the core's
-        # cache key (flush.pxi canonical_key), so a program compiled for one
-        # recording takes its inputs in the right order for every other
-        used = list(dict.fromkeys(r for n in self.nodes for kind, r in n.inputs
-                                  if kind == "slot"))
-        self.slots = [self._slot(seg, k, p) for p, k in enumerate(used)]
+        self.slots = [self._slot(seg, k, p) for p, k in enumerate(slot_order)]
         self.segment_sites = [seg.site(n.index) for n in self.nodes]
 
     @staticmethod
     def _slot(seg, k, position):
         key, value = seg.slot(k)
-        if key & SLOT_SCALAR:
-            return Slot(k, position, SCALAR_KINDS[key & 3] if not key & 16 else "bool", value)
+        if key & SlotKey.SLOT_SCALAR:
+            if key & SlotKey.SLOT_BOOL_CONSTANT:
+                return Slot(k, position, "bool", value)
+            return Slot(k, position, ScalarType(key & 3).name[3:].lower(), value)
         return Slot(k, position, "tensor", value)
 
     def slot_order(self):

@@ -9,21 +9,20 @@ from __future__ import annotations
 import collections
 import time
 
-from fastlazy import _core, backends, recompiles, stats
+from fastlazy import _core, backends, metrics, recompiles
 from fastlazy.graph import GraphView
 from fastlazy.sites import site_of_call
 
-_cache: collections.OrderedDict = collections.OrderedDict()
+# key -> Program; the core reads it on every flush (a hit runs in C)
+programs: collections.OrderedDict = collections.OrderedDict()
 _backend = None
 _capacity = 1024
-evictions = 0
-compile_failures = 0
 
 
 def set_backend(name: str) -> None:
     global _backend
     _backend = backends.get(name)
-    _core.set_backend(_backend.name, _backend.specializes_shapes, _cache)
+    _core.set_backend_key(_backend.name, _backend.specializes_shapes)
 
 
 def backend_name() -> str:
@@ -39,38 +38,40 @@ def set_capacity(n: int) -> None:
     if n < 1:
         raise ValueError("graph cache capacity must be at least 1")
     _capacity = n
-    _trim()
+    while len(programs) > _capacity:
+        programs.popitem(last=False)
+        metrics.count_event("cache_evictions")
+    metrics.set_gauge("cache_size", len(programs))
 
 
 def clear() -> None:
-    _cache.clear()
+    programs.clear()
+    metrics.set_gauge("cache_size", 0)
     recompiles.forget()
 
 
 def size() -> int:
-    return len(_cache)
+    return len(programs)
 
 
-def _trim():
-    global evictions
-    while len(_cache) > _capacity:
-        _cache.popitem(last=False)
-        evictions += 1
+def _insert(key, program):
+    programs[key] = program
+    while len(programs) > _capacity:
+        programs.popitem(last=False)
+        metrics.count_event("cache_evictions")
+    metrics.set_gauge("cache_size", len(programs))
 
 
-def run(seg, key, outputs, slot_order):
+def compile_and_run(seg, key, outputs):
     """Compile and run the graph of `outputs` in `seg` (the core calls this
     on a cache miss; hits run in the core)."""
     _core.count("cache_misses")
     view = GraphView(seg, outputs)
-    if view.slot_order() != slot_order:
-        raise AssertionError(f"fastlazy internal error: slot order {view.slot_order()} "
-                             f"differs from the core's {slot_order}")
+    slot_order = view.slot_order()
     recompiles.explain(view, _backend.name, _backend.specializes_shapes,
                        site_of_call() if recompiles.warn_after else None)
     program = _compile(_backend, view)
-    _cache[key] = program
-    _trim()
+    _insert(key, program)
     used = [slot_order[p] for p in program.slots]
     seg._check_versions(used)
     inputs = seg.inputs
@@ -83,7 +84,7 @@ def run(seg, key, outputs, slot_order):
         # of an aten op it cannot type): run it on the eager backend, which
         # raises eager's own error if the values really cannot be computed.
         program = _fallback_program(view, exc)
-        _cache[key] = program
+        _insert(key, program)
         return program.run([inputs[slot_order[p]] for p in program.slots])
 
 
@@ -95,14 +96,13 @@ def _compile(backend, view):
         if backend.name == "eager":
             raise
         program = _fallback_program(view, exc)
-    stats.add_compile_time(time.perf_counter() - start)
+    metrics.add_compile_time(time.perf_counter() - start)
     return program
 
 
 def _fallback_program(view, exc):
-    global compile_failures
-    compile_failures += 1
-    stats.count_fallback(f"compile:{_backend.name}:{type(exc).__name__}")
+    metrics.count_event("compile_failures")
+    metrics.count_fallback(f"compile:{_backend.name}:{type(exc).__name__}")
     return backends.get("eager").compile(view)
 
 
@@ -118,5 +118,3 @@ def recover(seg, index, error):
         raise RuntimeError(
             f"fastlazy: this LazyTensor's value could not be computed: {exc}") from error
 
-
-set_backend(backends.default_name())

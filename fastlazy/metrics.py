@@ -1,11 +1,53 @@
 """Counters: what was recorded, flushed, compiled and run eagerly.
 
-`counters()` is a plain dict; `report()` a readable table; `reset()` zeroes
-everything.
+The hot counters (nodes recorded, flushes, cache hits...) are C integers in
+the core (csrc/counters.pxi); the rest are kept here, counted by the modules
+that see the events.  `counters()` is a plain dict of both; `report()` a
+readable table; `reset()` zeroes everything.
 """
 from __future__ import annotations
 
-from fastlazy import _core, _steps, graph_cache, recompiles, stats
+import collections
+import threading
+
+from fastlazy import _core, _steps, recompiles
+
+_lock = threading.Lock()
+fallbacks_by_op: collections.Counter = collections.Counter()
+fallback_reasons: collections.Counter = collections.Counter()   # (op, reason) -> n
+compile_seconds: list[float] = []
+recompile_reasons: collections.Counter = collections.Counter()
+_events: collections.Counter = collections.Counter()    # cache_evictions, compile_failures
+_gauges: dict = {"cache_size": 0}
+
+
+def count_fallback(name: str, reason: str = "") -> None:
+    """A call of `name` ran eagerly (a fallback), for `reason`."""
+    with _lock:
+        fallbacks_by_op[name] += 1
+        if reason:
+            fallback_reasons[name, reason] += 1
+
+
+def add_compile_time(seconds: float) -> None:
+    with _lock:
+        compile_seconds.append(seconds)
+
+
+def count_recompile(reason: str) -> None:
+    with _lock:
+        recompile_reasons[reason] += 1
+
+
+def count_event(name: str) -> None:
+    """cache_evictions or compile_failures."""
+    with _lock:
+        _events[name] += 1
+
+
+def set_gauge(name: str, value) -> None:
+    """A level rather than a count (cache_size): reset() leaves it."""
+    _gauges[name] = value
 
 
 def counters() -> dict:
@@ -18,15 +60,16 @@ def counters() -> dict:
     kernel; 0 means torch computed every one).
     """
     d = _core.counter_values()
-    for name, n in sorted(stats.fallbacks_by_op.items()):
-        d["fallback." + name] = n
-    for reason, n in sorted((recompiles.by_reason + stats.recompile_reasons).items()):
-        d["recompile." + reason] = n
-    d["compiles"] = len(stats.compile_seconds)
-    d["compile_seconds"] = sum(stats.compile_seconds)
-    d["cache_size"] = graph_cache.size()
-    d["cache_evictions"] = graph_cache.evictions
-    d["compile_failures"] = graph_cache.compile_failures
+    with _lock:
+        for name, n in sorted(fallbacks_by_op.items()):
+            d["fallback." + name] = n
+        for reason, n in sorted((recompiles.by_reason + recompile_reasons).items()):
+            d["recompile." + reason] = n
+        d["compiles"] = len(compile_seconds)
+        d["compile_seconds"] = sum(compile_seconds)
+        d["cache_size"] = _gauges["cache_size"]
+        d["cache_evictions"] = _events["cache_evictions"]
+        d["compile_failures"] = _events["compile_failures"]
     d["kernel_layers"] = _steps.kernel_calls()
     return d
 
@@ -34,10 +77,13 @@ def counters() -> dict:
 def reset() -> None:
     """Zero every counter (the graph cache itself is kept)."""
     _core.reset_counters()
-    stats.reset()
+    with _lock:
+        fallbacks_by_op.clear()
+        fallback_reasons.clear()
+        compile_seconds.clear()
+        recompile_reasons.clear()
+        _events.clear()
     recompiles.reset()
-    graph_cache.evictions = 0
-    graph_cache.compile_failures = 0
     _steps.reset_kernel_calls()
 
 
@@ -59,7 +105,8 @@ def report() -> str:
 def explain() -> str:
     """Which calls ran eagerly instead of being recorded since the last
     reset(), and why, most frequent first."""
-    rows = sorted(stats.fallback_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    with _lock:
+        rows = sorted(fallback_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
     if not rows:
         return "every call with a LazyTensor argument was recorded"
     width = max(len(op) for (op, _), _ in rows)

@@ -1,7 +1,7 @@
 """The op table: one row per recorded op, the single source of truth.
 
 A row says which rule computes the op's output shape and dtype (the rules are
-C code in rules.pxi/dispatch.pxi), which aten expression it lowers to (every
+C code in csrc/rules.pxi), which aten expression it lowers to (every
 backend lowers from the same expression), which torch entry points record it,
 and what its parameters are.  Patching, LazyTensor's methods, the backends and
 the parametrized tests all read this table; adding an op is adding a row.
@@ -11,21 +11,16 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from fastlazy import _core
+from fastlazy._core import (ATTR_DIM_MASK, ATTR_DTYPE_MASK,
+                            ATTR_DTYPE_SHIFT, ATTR_KEEPDIM, ATTR_SMALL_MASK, MAX_NDIM,
+                            Category, OpFlag, Rule, dtype_of_code)
 
 # Dtype categories an op accepts (the computation dtype must be in the mask).
-BOOL, INT, FLOAT, COMPLEX = 1, 2, 4, 8
+BOOL, INT, FLOAT, COMPLEX = (Category.CAT_BOOL, Category.CAT_INT, Category.CAT_FLOAT,
+                             Category.CAT_COMPLEX)
 ALL = BOOL | INT | FLOAT | COMPLEX
 REAL = BOOL | INT | FLOAT
 NUMERIC = INT | FLOAT | COMPLEX
-
-# Rule ids, mirrored from the compiled core's `Rule` enum.
-(R_UNARY, R_UNARY_FLOAT, R_ABS, R_BINARY, R_TRUEDIV, R_DIV, R_COMPARE, R_POW,
- R_CLAMP, R_REDUCE, R_SOFTMAX, R_MM, R_BMM, R_MATMUL, R_LINEAR, R_RTRUEDIV,
- R_LAYER_NORM, R_DROPOUT, R_GENERIC) = range(19)
-
-# Op flags, mirrored from the core's `OpFlags` enum.
-NO_BOOL, TENSORS_ONLY, INT_TO_INT64, EMPTY_ERROR = 1, 2, 8, 16
 
 # Optional operands that may also be given as None.
 NULLABLE = frozenset({"min", "max", "weight", "bias"})
@@ -37,9 +32,6 @@ RAW = frozenset({"normalized_shape"})
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
 SCALAR_ARGS = frozenset({"alpha", "negative_slope", "eps"})
-
-# attr layout, mirrored from the core (shape_rules.pxi, dispatch.pxi)
-_KEEPDIM, _DIM_GIVEN, _DTYPE_SHIFT, _CHOICE_SHIFT = 1 << 8, 1 << 9, 10, 24
 
 
 @dataclass(frozen=True)
@@ -62,7 +54,7 @@ class Attr(AttrValue):
     values: tuple
 
     def value(self, node):
-        return self.values[node.attr >> _CHOICE_SHIFT & 15]
+        return self.values[node.choice()]
 
 
 @dataclass(frozen=True)
@@ -71,13 +63,13 @@ class ReduceDims(AttrValue):
     no dim: TorchScript's shape analysis rejects dim=None)."""
 
     def value(self, node):
-        return [k for k in range(8) if node.attr >> k & 1]
+        return [k for k in range(MAX_NDIM) if (node.attr & ATTR_DIM_MASK) >> k & 1]
 
 
 @dataclass(frozen=True)
 class KeepDim(AttrValue):
     def value(self, node):
-        return bool(node.attr & _KEEPDIM)
+        return bool(node.attr & ATTR_KEEPDIM)
 
 
 @dataclass(frozen=True)
@@ -85,7 +77,7 @@ class Dim(AttrValue):
     """A single dim (softmax)."""
 
     def value(self, node):
-        return node.attr & 15
+        return node.attr & ATTR_SMALL_MASK
 
 
 @dataclass(frozen=True)
@@ -119,8 +111,8 @@ class DTypeArg(AttrValue):
     """The dtype= argument, or None."""
 
     def value(self, node):
-        code = node.attr >> _DTYPE_SHIFT & 31
-        return None if code == 0 else _core.dtype_of_code(code - 1)
+        code = node.attr >> ATTR_DTYPE_SHIFT & ATTR_DTYPE_MASK
+        return None if code == 0 else dtype_of_code(code - 1)
 
 
 @dataclass(frozen=True)
@@ -159,95 +151,95 @@ class Op:
 def _rows():
     c = Call.of
     binary = ("input", "other")
-    yield Op("add", R_BINARY, c("add", 0, 1, alpha=Opt(2, 1)), binary + ("alpha",),
+    yield Op("add", Rule.R_BINARY, c("add", 0, 1, alpha=Opt(2, 1)), binary + ("alpha",),
              nrequired=2, npos=2, functions=("add",),
              methods=("add", "__add__", "__radd__"), inplace=("add_", "__iadd__"))
-    yield Op("sub", R_BINARY, c("sub", 0, 1, alpha=Opt(2, 1)), binary + ("alpha",),
-             nrequired=2, npos=2, flags=NO_BOOL, functions=("sub", "subtract"),
+    yield Op("sub", Rule.R_BINARY, c("sub", 0, 1, alpha=Opt(2, 1)), binary + ("alpha",),
+             nrequired=2, npos=2, flags=OpFlag.OPF_NO_BOOL, functions=("sub", "subtract"),
              methods=("sub", "subtract", "__sub__"),
              inplace=("sub_", "subtract_", "__isub__"))
-    yield Op("rsub", R_BINARY, c("rsub", 0, 1, alpha=Opt(2, 1)), binary + ("alpha",),
-             nrequired=2, npos=2, flags=NO_BOOL, functions=("rsub",),
+    yield Op("rsub", Rule.R_BINARY, c("rsub", 0, 1, alpha=Opt(2, 1)), binary + ("alpha",),
+             nrequired=2, npos=2, flags=OpFlag.OPF_NO_BOOL, functions=("rsub",),
              methods=("__rsub__",))
-    yield Op("mul", R_BINARY, c("mul", 0, 1), binary, nrequired=2,
+    yield Op("mul", Rule.R_BINARY, c("mul", 0, 1), binary, nrequired=2,
              functions=("mul", "multiply"), methods=("mul", "multiply", "__mul__", "__rmul__"),
              inplace=("mul_", "multiply_", "__imul__"))
-    yield Op("div", R_DIV, c("div", 0, 1, rounding_mode=Attr((None, "trunc", "floor"))),
+    yield Op("div", Rule.R_DIV, c("div", 0, 1, rounding_mode=Attr((None, "trunc", "floor"))),
              binary + ("rounding_mode",), nrequired=2, npos=2, noperands=2,
              functions=("div", "divide"), methods=("div", "divide", "__truediv__"),
              inplace=("div_", "divide_", "__itruediv__"))
     # Tensor.__rtruediv__ is `self.reciprocal() * other` in eager; lowering
     # it the same way keeps the results bit-identical.
-    yield Op("rtruediv", R_RTRUEDIV, c("mul", c("reciprocal", 0), 1), binary, nrequired=2,
+    yield Op("rtruediv", Rule.R_RTRUEDIV, c("mul", c("reciprocal", 0), 1), binary, nrequired=2,
              methods=("__rtruediv__", "__rdiv__"))
-    yield Op("pow", R_POW, c("pow", 0, 1), ("input", "exponent"), nrequired=2,
+    yield Op("pow", Rule.R_POW, c("pow", 0, 1), ("input", "exponent"), nrequired=2,
              cats=NUMERIC, functions=("pow",),
              methods=("pow", "__pow__"), inplace=("pow_", "__ipow__"))
-    yield Op("rpow", R_POW, c("pow", 1, 0), binary, nrequired=2, cats=NUMERIC,
+    yield Op("rpow", Rule.R_POW, c("pow", 1, 0), binary, nrequired=2, cats=NUMERIC,
              methods=("__rpow__",))
-    yield Op("maximum", R_BINARY, c("maximum", 0, 1), binary, nrequired=2, cats=REAL,
-             flags=TENSORS_ONLY, functions=("maximum",), methods=("maximum",))
-    yield Op("minimum", R_BINARY, c("minimum", 0, 1), binary, nrequired=2, cats=REAL,
-             flags=TENSORS_ONLY, functions=("minimum",), methods=("minimum",))
-    yield Op("clamp", R_CLAMP, c("clamp", 0, Opt(1), Opt(2)), ("input", "min", "max"),
+    yield Op("maximum", Rule.R_BINARY, c("maximum", 0, 1), binary, nrequired=2, cats=REAL,
+             flags=OpFlag.OPF_TENSORS_ONLY, functions=("maximum",), methods=("maximum",))
+    yield Op("minimum", Rule.R_BINARY, c("minimum", 0, 1), binary, nrequired=2, cats=REAL,
+             flags=OpFlag.OPF_TENSORS_ONLY, functions=("minimum",), methods=("minimum",))
+    yield Op("clamp", Rule.R_CLAMP, c("clamp", 0, Opt(1), Opt(2)), ("input", "min", "max"),
              cats=INT | FLOAT, functions=("clamp", "clip"), methods=("clamp", "clip"),
              inplace=("clamp_", "clip_"))
-    yield Op("neg", R_UNARY, c("neg", 0), ("input",), cats=NUMERIC,
+    yield Op("neg", Rule.R_UNARY, c("neg", 0), ("input",), cats=NUMERIC,
              functions=("neg", "negative"), methods=("neg", "negative", "__neg__"),
              inplace=("neg_", "negative_"))
-    yield Op("abs", R_ABS, c("abs", 0), ("input",), cats=NUMERIC,
+    yield Op("abs", Rule.R_ABS, c("abs", 0), ("input",), cats=NUMERIC,
              functions=("abs", "absolute"), methods=("abs", "absolute", "__abs__"),
              inplace=("abs_", "absolute_"))
-    yield Op("relu", R_UNARY, c("relu", 0), ("input",), cats=INT | FLOAT,
+    yield Op("relu", Rule.R_UNARY, c("relu", 0), ("input",), cats=INT | FLOAT,
              functions=("relu",), methods=("relu",), inplace=("relu_",))
     for name in ("exp", "log", "sqrt", "sigmoid", "tanh"):
-        yield Op(name, R_UNARY_FLOAT, c(name, 0), ("input",), functions=(name,),
+        yield Op(name, Rule.R_UNARY_FLOAT, c(name, 0), ("input",), functions=(name,),
                  methods=(name,), inplace=(name + "_",),
                  nn_functions=(name,) if name in ("sigmoid", "tanh") else ())
     # torch.nn.functional's activations (their `inplace=True` is the in-place form)
-    yield Op("nn_relu", R_UNARY, c("relu", 0), ("input", "inplace"), noperands=1,
+    yield Op("nn_relu", Rule.R_UNARY, c("relu", 0), ("input", "inplace"), noperands=1,
              cats=INT | FLOAT, nn_functions=("relu",))
-    yield Op("silu", R_UNARY, c("silu", 0), ("input", "inplace"), noperands=1, cats=FLOAT,
+    yield Op("silu", Rule.R_UNARY, c("silu", 0), ("input", "inplace"), noperands=1, cats=FLOAT,
              nn_functions=("silu",))
-    yield Op("leaky_relu", R_UNARY, c("leaky_relu", 0, Opt(1, 0.01)),
+    yield Op("leaky_relu", Rule.R_UNARY, c("leaky_relu", 0, Opt(1, 0.01)),
              ("input", "negative_slope", "inplace"), noperands=2, cats=FLOAT,
              nn_functions=("leaky_relu",))
-    yield Op("gelu", R_UNARY, c("gelu", 0, approximate=Attr(("none", "tanh"))),
+    yield Op("gelu", Rule.R_UNARY, c("gelu", 0, approximate=Attr(("none", "tanh"))),
              ("input", "approximate"), noperands=1, npos=1, cats=FLOAT,
              nn_functions=("gelu",))
     # reductions
     reduce = ("input", "dim", "keepdim", "dtype")
-    yield Op("sum", R_REDUCE, c("sum", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
-             reduce, noperands=1, npos=3, flags=INT_TO_INT64, functions=("sum",),
+    yield Op("sum", Rule.R_REDUCE, c("sum", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
+             reduce, noperands=1, npos=3, flags=OpFlag.OPF_INT_TO_INT64, functions=("sum",),
              methods=("sum",))
-    yield Op("mean", R_REDUCE, c("mean", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
+    yield Op("mean", Rule.R_REDUCE, c("mean", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
              reduce, noperands=1, npos=3, cats=FLOAT | COMPLEX, functions=("mean",),
              methods=("mean",))
     for name in ("amax", "amin"):
-        yield Op(name, R_REDUCE, c(name, 0, ReduceDims(), KeepDim()),
-                 ("input", "dim", "keepdim"), noperands=1, cats=REAL, flags=EMPTY_ERROR,
+        yield Op(name, Rule.R_REDUCE, c(name, 0, ReduceDims(), KeepDim()),
+                 ("input", "dim", "keepdim"), noperands=1, cats=REAL, flags=OpFlag.OPF_EMPTY_ERROR,
                  functions=(name,), methods=(name,))
     # softmax: torch.softmax(input, dim, dtype) and F.softmax(input, dim, _stacklevel, dtype)
     for name in ("softmax", "log_softmax"):
         lowering = c(name, 0, Dim(), DTypeArg())
-        yield Op(name, R_SOFTMAX, lowering, ("input", "dim", "dtype"), noperands=1, npos=2,
+        yield Op(name, Rule.R_SOFTMAX, lowering, ("input", "dim", "dtype"), noperands=1, npos=2,
                  cats=FLOAT, functions=(name,), methods=(name,))
-        yield Op("nn_" + name, R_SOFTMAX, lowering, ("input", "dim", "_stacklevel", "dtype"),
+        yield Op("nn_" + name, Rule.R_SOFTMAX, lowering, ("input", "dim", "_stacklevel", "dtype"),
                  noperands=1, npos=3, cats=FLOAT, nn_functions=(name,))
     # matrix products: no type promotion (eager refuses mixed dtypes)
-    yield Op("mm", R_MM, c("mm", 0, 1), ("input", "mat2"), nrequired=2, cats=FLOAT | COMPLEX,
+    yield Op("mm", Rule.R_MM, c("mm", 0, 1), ("input", "mat2"), nrequired=2, cats=FLOAT | COMPLEX,
              functions=("mm",), methods=("mm",))
-    yield Op("bmm", R_BMM, c("bmm", 0, 1), ("input", "mat2"), nrequired=2,
+    yield Op("bmm", Rule.R_BMM, c("bmm", 0, 1), ("input", "mat2"), nrequired=2,
              cats=FLOAT | COMPLEX, functions=("bmm",), methods=("bmm",))
-    yield Op("matmul", R_MATMUL, c("matmul", 0, 1), ("input", "other"), nrequired=2,
+    yield Op("matmul", Rule.R_MATMUL, c("matmul", 0, 1), ("input", "other"), nrequired=2,
              cats=FLOAT | COMPLEX, functions=("matmul",), methods=("matmul", "__matmul__"))
-    yield Op("linear", R_LINEAR, c("linear", 0, 1, Opt(2)), ("input", "weight", "bias"),
+    yield Op("linear", Rule.R_LINEAR, c("linear", 0, 1, Opt(2)), ("input", "weight", "bias"),
              nrequired=2, cats=FLOAT | COMPLEX, nn_functions=("linear",))
     # dropout records nothing: in eval (or p=0) it is its input, as in eager;
     # in training it runs eagerly at the call, so seeded runs match eager
-    yield Op("dropout", R_DROPOUT, c("dropout", 0, Opt(1, 0.5), Opt(2, True)),
+    yield Op("dropout", Rule.R_DROPOUT, c("dropout", 0, Opt(1, 0.5), Opt(2, True)),
              ("input", "p", "training", "inplace"), noperands=1, nn_functions=("dropout",))
-    yield Op("layer_norm", R_LAYER_NORM,
+    yield Op("layer_norm", Rule.R_LAYER_NORM,
              c("layer_norm", 0, TrailingDims(0), Opt(2), Opt(3), Opt(4, 1e-5), Const(True)),
              ("input", "normalized_shape", "weight", "bias", "eps"), nrequired=2,
              cats=FLOAT, nn_functions=("layer_norm",))
@@ -256,7 +248,7 @@ def _rows():
                                 ("le", ("le", "less_equal"), REAL),
                                 ("gt", ("gt", "greater"), REAL),
                                 ("ge", ("ge", "greater_equal"), REAL)):
-        yield Op(name, R_COMPARE, c(name, 0, 1), binary, nrequired=2, cats=cats,
+        yield Op(name, Rule.R_COMPARE, c(name, 0, 1), binary, nrequired=2, cats=cats,
                  functions=aliases, methods=aliases + (f"__{name}__",),
                  inplace=tuple(a + "_" for a in aliases))
 
@@ -312,7 +304,7 @@ GENERIC_OPS = {
 
 def _generic_rows():
     for name, (function, method, nn_function) in GENERIC_OPS.items():
-        yield Op("generic_" + name, R_GENERIC, None, (),
+        yield Op("generic_" + name, Rule.R_GENERIC, None, (),
                  functions=(name,) if function else (), methods=(name,) if method else (),
                  nn_functions=(name,) if nn_function else ())
 
@@ -331,39 +323,43 @@ def _choice(expr):
     return None
 
 
-def _build():
-    ops = []
-    for opcode, row in enumerate(itertools.chain(_rows(), _generic_rows())):
+def _number(rows):
+    for opcode, row in enumerate(rows):
         object.__setattr__(row, "opcode", opcode)
+    return tuple(rows)
+
+
+def register(register_op):
+    """Declare every row to the core (register_op is _core.register_op;
+    called once, by fastlazy's boot)."""
+    for row in OPS:
         nparams = len(row.params)
         choice = _choice(row.lower)
-        _core.register_op(
-            opcode, row.rule, row.cats, row.flags, row.params,
+        register_op(
+            row.opcode, row.rule, row.cats, row.flags, row.params,
             nparams if row.noperands is None else row.noperands,
             row.nrequired, nparams if row.npos is None else row.npos,
             -1 if choice is None else row.params.index(choice[0]),
             None if choice is None else choice[1].values,
             sum(1 << i for i, name in enumerate(row.params) if name in NULLABLE),
             sum(1 << i for i, name in enumerate(row.params) if name in RAW))
-        ops.append(row)
-    return tuple(ops)
 
 
-OPS: tuple[Op, ...] = _build()
+OPS: tuple[Op, ...] = _number(list(itertools.chain(_rows(), _generic_rows())))
 BY_NAME = {op.name: op for op in OPS}
 
 
 def markdown() -> str:
     """The supported-ops table for the README."""
-    rule_names = {R_UNARY: "unary", R_UNARY_FLOAT: "unary, int->float", R_ABS: "abs",
-                  R_BINARY: "binary, promoting", R_TRUEDIV: "true division",
-                  R_DIV: "division", R_COMPARE: "comparison", R_POW: "power",
-                  R_CLAMP: "clamp", R_REDUCE: "reduction", R_SOFTMAX: "softmax",
-                  R_MM: "matrix product", R_BMM: "matrix product",
-                  R_MATMUL: "matrix product", R_LINEAR: "linear",
-                  R_RTRUEDIV: "reflected true division", R_LAYER_NORM: "layer norm",
-                  R_DROPOUT: "identity in eval; eager in training",
-                  R_GENERIC: "generic (fake-tensor signature)"}
+    rule_names = {Rule.R_UNARY: "unary", Rule.R_UNARY_FLOAT: "unary, int->float", Rule.R_ABS: "abs",
+                  Rule.R_BINARY: "binary, promoting", Rule.R_TRUEDIV: "true division",
+                  Rule.R_DIV: "division", Rule.R_COMPARE: "comparison", Rule.R_POW: "power",
+                  Rule.R_CLAMP: "clamp", Rule.R_REDUCE: "reduction", Rule.R_SOFTMAX: "softmax",
+                  Rule.R_MM: "matrix product", Rule.R_BMM: "matrix product",
+                  Rule.R_MATMUL: "matrix product", Rule.R_LINEAR: "linear",
+                  Rule.R_RTRUEDIV: "reflected true division", Rule.R_LAYER_NORM: "layer norm",
+                  Rule.R_DROPOUT: "identity in eval; eager in training",
+                  Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:
         points = ([f"torch.{n}" for n in op.functions] + [f"Tensor.{n}" for n in op.methods]

@@ -13,11 +13,11 @@ import threading
 
 import torch
 
-from fastlazy import _core
+from fastlazy import _core, fallback
 from fastlazy._core import LazyTensor
 from fastlazy.optable import OPS
 
-FORM_CALL, FORM_INPLACE = 0, 1
+FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
 _MISSING = object()
 _lock = threading.Lock()
 _installed: list = []     # (owner, attr, original, own_attr, entry)
@@ -25,9 +25,11 @@ _installed: list = []     # (owner, attr, original, own_attr, entry)
 
 def _inplace_methods():
     """Every other Tensor method that writes into self (name ending in "_",
-    operators like __iand__, __setitem__).  They get an always-eager entry
-    that, before the write, computes pending nodes that may read the tensor
-    being written (see _entry.h); with a lazy argument they run eagerly."""
+    operators like __iand__, __setitem__).  They get an entry without a row:
+    with no lazy argument it computes, before the write, the pending nodes
+    that may read the tensor being written (see csrc/_entry.h); with one the
+    call takes the generic path, which records a LazyTensor self's write
+    functionalized and runs anything else eagerly."""
     table = {attr for op in OPS for attr in op.methods + op.inplace}
     for name in sorted(dir(torch.Tensor)):
         if name in table:
@@ -127,9 +129,19 @@ def disable() -> None:
         _core.autocast_entered(-_core.autocast_depth())
 
 
-def _install_lazy_tensor_methods():
-    """LazyTensor's own methods and operators, from the same table; they work
-    whether or not enable() has patched torch."""
+def install_lazy_tensor_methods():
+    """LazyTensor's methods, operators and attributes, from the op table and
+    torch.Tensor; they work whether or not enable() has patched torch.
+    Called once, by fastlazy's boot."""
+    _install_table_methods()
+    _install_other_methods()
+    for query in ("is_complex", "is_floating_point", "numel"):
+        _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
+
+
+def _install_table_methods():
+    """The op table's entry points as LazyTensor's methods and operators, and
+    as the answers of its __torch_function__."""
     for owner, attr, opcode, form in entry_points():
         original = getattr(owner, attr)
         entry = _core.make_entry(original, _qualname(owner, attr), opcode, form)
@@ -141,11 +153,10 @@ def _install_lazy_tensor_methods():
                 _core.set_method(attr, entry)
 
 
-def _install_lazy_tensor_fallbacks():
+def _install_other_methods():
     """Every other public Tensor method and attribute, on LazyTensor too:
     methods run eagerly through an always-eager entry (one C check, no
     __getattr__ on the hot path), attributes read the materialized value."""
-    from fastlazy import fallback
     for name in dir(torch.Tensor):
         if name.startswith("_") or name in vars(LazyTensor):
             continue
@@ -158,9 +169,3 @@ def _install_lazy_tensor_fallbacks():
                                                     f"Tensor.{name}", -1, form))
         else:
             _core.set_method(name, fallback.attribute(name))
-
-
-_install_lazy_tensor_methods()
-_install_lazy_tensor_fallbacks()
-for _query in ("is_complex", "is_floating_point", "numel"):
-    _core.set_metadata_query(getattr(torch, _query), getattr(LazyTensor, _query))

@@ -17,11 +17,8 @@ compiles (and turns on site recording, about a microsecond per op).
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import warnings
-
-from fastlazy import _core
 
 MAX_LOG = 200
 
@@ -31,9 +28,9 @@ log: collections.deque = collections.deque(maxlen=MAX_LOG)
 by_reason: collections.Counter = collections.Counter()
 by_site: collections.Counter = collections.Counter()
 _warned: set = set()
-warn_after = int(os.environ.get("FASTLAZY_WARN_RECOMPILES", "0") or 0)
-if warn_after:
-    _core.set_record_sites(True)
+# set by fastlazy's boot from FASTLAZY_WARN_RECOMPILES (which also turns on
+# recording sites)
+warn_after = 0
 
 
 class RecompileWarning(UserWarning):

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 import fastlazy
 from fastlazy import _core
-from fastlazy.optable import OPS, R_CLAMP
+from fastlazy._core import Rule
+from fastlazy.optable import OPS
 
 from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
 from helpers import (BOOL, C64, F16, F32, F64, I64, U8, T, assert_same, check,
@@ -257,7 +258,7 @@ def test_cases_are_bad():
 
 
 def _binary_rows():
-    return [row for row in OPS if row.rule <= R_CLAMP and row.nrequired >= 2]
+    return [row for row in OPS if row.rule <= Rule.R_CLAMP and row.nrequired >= 2]
 
 
 def _table_cases():
@@ -274,10 +275,10 @@ def _table_cases():
                 out.append(Bad(f"{row.name}|{form}|cannot cast", form, i, 1.5, inplace=True))
                 out.append(Bad(f"{row.name}|{form}|self shape", form, f, x23, inplace=True))
     for row in OPS:
-        if row.rule <= R_CLAMP and row.nrequired == 1 and row.inplace:
+        if row.rule <= Rule.R_CLAMP and row.nrequired == 1 and row.inplace:
             for form in forms_of(row):
                 if form.inplace:
-                    extra = (0.5,) if row.rule == R_CLAMP else ()
+                    extra = (0.5,) if row.rule == Rule.R_CLAMP else ()
                     out.append(Bad(f"{row.name}|{form}|cannot cast", form, t((3,), BOOL),
                                    *extra, inplace=True))
     with fastlazy_disabled():

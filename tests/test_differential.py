@@ -30,11 +30,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import fastlazy
-from fastlazy.optable import (COMPLEX, OPS, R_BMM, R_CLAMP, R_DIV, R_DROPOUT, R_GENERIC,
-                              R_LAYER_NORM, R_LINEAR,
-                              R_RTRUEDIV,
-                              R_MATMUL, R_MM, R_REDUCE, R_SOFTMAX, TENSORS_ONLY,
-                              Attr, Call)
+from fastlazy._core import OpFlag, Rule
+from fastlazy.optable import COMPLEX, OPS, Attr, Call
 
 from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
 from helpers import (BACKENDS, DEFAULT_BACKEND, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
@@ -55,8 +52,8 @@ PARAM_KINDS = {
     "dim": "dim", "dtype": "dtype", "_stacklevel": "stacklevel",
     "normalized_shape": "shape", "eps": "number", "p": "number", "training": "flag",
 }
-ELEMENTWISE_RULES_MAX = R_CLAMP          # rules 0..R_CLAMP are elementwise
-MATMUL_RULES = (R_MM, R_BMM, R_MATMUL, R_LINEAR)
+ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
+MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR)
 
 
 # --------------------------------------------------------------------------
@@ -169,7 +166,7 @@ def _divisor(row, index):
     # only the divisor of a rounding division must avoid 0 (integer floor or
     # trunc division by zero raises at the call eagerly, at the read lazily:
     # test_integer_division_by_zero_raises_when_read)
-    return row.rule == R_DIV and index == 1
+    return row.rule == Rule.R_DIV and index == 1
 
 
 def _tensor(row, index, shape, dtype, special=False):
@@ -414,15 +411,15 @@ def softmax_cases(row, form):
 
 
 MATMUL_SHAPES = {
-    R_MM: (((3, 4), (4, 5)), ((0, 4), (4, 5)), ((3, 0), (0, 5)), ((1, 1), (1, 1)),
+    Rule.R_MM: (((3, 4), (4, 5)), ((0, 4), (4, 5)), ((3, 0), (0, 5)), ((1, 1), (1, 1)),
            ((3, 4), (5, 4)), ((3,), (3, 4)), ((2, 3, 4), (4, 5))),
-    R_BMM: (((2, 3, 4), (2, 4, 5)), ((0, 3, 4), (0, 4, 5)), ((1, 3, 4), (1, 4, 2)),
+    Rule.R_BMM: (((2, 3, 4), (2, 4, 5)), ((0, 3, 4), (0, 4, 5)), ((1, 3, 4), (1, 4, 2)),
             ((2, 3, 4), (3, 4, 5)), ((2, 3, 4), (2, 5, 4)), ((3, 4), (4, 5))),
-    R_MATMUL: (((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((2, 3), (3, 4)),
+    Rule.R_MATMUL: (((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((2, 3), (3, 4)),
                ((2, 1, 3, 4), (5, 4, 2)), ((5, 3, 4), (4,)), ((4,), (2, 4, 3)),
                ((2, 0, 3), (3, 2)), ((), (3,)), ((3,), (4,)), ((2, 3, 4), (3, 4, 5)),
                ((3,), ())),
-    R_LINEAR: (((3, 4), (5, 4), (5,)), ((4,), (5, 4), (5,)), ((2, 3, 4), (5, 4), None),
+    Rule.R_LINEAR: (((3, 4), (5, 4), (5,)), ((4,), (5, 4), (5,)), ((2, 3, 4), (5, 4), None),
                ((3, 4), (5, 4), (4,)), ((3, 4), (4, 5), None), ((3, 4), (5, 4), ()),
                ((0, 4), (5, 4), (5,)), ((3, 4), (5, 4), (1,)), ((3, 0), (2, 0), (2,))),
 }
@@ -618,19 +615,19 @@ def generic_cases(row, form):
 
 
 def family(row):
-    if row.rule == R_GENERIC:
+    if row.rule == Rule.R_GENERIC:
         return "generic"
-    if row.rule == R_DROPOUT:
+    if row.rule == Rule.R_DROPOUT:
         return "dropout"
-    if row.rule == R_LAYER_NORM:
+    if row.rule == Rule.R_LAYER_NORM:
         return "layer_norm"
     if row.rule in MATMUL_RULES:
         return "matmul"
-    if row.rule == R_REDUCE:
+    if row.rule == Rule.R_REDUCE:
         return "reduce"
-    if row.rule == R_SOFTMAX:
+    if row.rule == Rule.R_SOFTMAX:
         return "softmax"
-    if row.rule <= ELEMENTWISE_RULES_MAX or row.rule == R_RTRUEDIV:
+    if row.rule <= ELEMENTWISE_RULES_MAX or row.rule == Rule.R_RTRUEDIV:
         if row.nrequired >= 2:
             return "binary"
         if any(PARAM_KINDS[p] == "bound" for p in row.params):
@@ -995,7 +992,7 @@ def _scalar_program(row):
                 return out[0] if isinstance(out, (tuple, list)) else out
             return args[i].shape, program
         return args[0][0].shape, lambda x, s: form([x * s, *built[0][1:]], *built[1:], **kwargs)
-    if fam in ("binary", "clamp") and not row.flags & TENSORS_ONLY:
+    if fam in ("binary", "clamp") and not row.flags & OpFlag.OPF_TENSORS_ONLY:
         return (3, 4), lambda x, s: form(x, s)
     if fam == "binary":
         return (3, 4), lambda x, s: form(x * s, x)
@@ -1037,7 +1034,7 @@ CHAIN_DTYPES = (F32, F64, I64, BOOL, I32, U8, BF16, C64)
 CHAIN_SHAPES = ((), (3,), (2, 3), (0, 3), (1, 3), (2, 1, 3))
 CHAIN_SCALARS = (True, 2, -3, 0.5, -1.25, 1 + 1j)
 # (generic rows have programs of their own: tests/test_view_fuzz.py, OpInfo)
-CHAIN_FORMS = [(row, form) for row in OPS for form in forms_of(row) if row.rule != R_GENERIC]
+CHAIN_FORMS = [(row, form) for row in OPS for form in forms_of(row) if row.rule != Rule.R_GENERIC]
 
 
 def _draw_step(data, row, form, shape, dtype):
@@ -1077,7 +1074,7 @@ def _draw_step(data, row, form, shape, dtype):
         k = shape[-1] if shape else 1
         other = ("fresh", (k, 2), dtype)
         ops = ("self", other)
-        if row.rule == R_LINEAR:
+        if row.rule == Rule.R_LINEAR:
             ops = ("self", ("fresh", (2, k), dtype), ("fresh", (2,), dtype))
         return ops, {}
     kind = data.draw(other_kinds, label="other kind")
@@ -1092,7 +1089,7 @@ def _draw_step(data, row, form, shape, dtype):
         odtype = data.draw(st.sampled_from(CHAIN_DTYPES), label="dtype")
         other = ("fresh", tuple(oshape), odtype)
     kwargs = {}
-    if row.rule == R_DIV and form.takes_kwargs:
+    if row.rule == Rule.R_DIV and form.takes_kwargs:
         kwargs["rounding_mode"] = data.draw(st.sampled_from(_choice_values(row, "rounding_mode")))
     return ("self", other), kwargs
 
@@ -1147,7 +1144,7 @@ def test_random_programs(data):
         for spec in ops:
             if isinstance(spec, tuple) and spec and spec[0] == "fresh":
                 seed(repr(spec) + str(len(steps)))
-                spec = ("fresh", T(spec[1], spec[2], nonzero=row.rule == R_DIV).make())
+                spec = ("fresh", T(spec[1], spec[2], nonzero=row.rule == Rule.R_DIV).make())
             built.append(spec)
         prev_index = data.draw(st.integers(0, len(eager_vals) - 1), label="previous")
         args_e = [_resolve(s, cur_e, input_e, eager_vals[prev_index], False) for s in built]

@@ -47,7 +47,7 @@ def train_rank(rank, store, out_dir):
         opt.step()
         losses.append(loss.item())
     torch.save({"losses": losses, "params": [p.detach() for p in ddp.module.parameters()],
-                "fallbacks": dict(fastlazy.stats.fallbacks_by_op)},
+                "fallbacks": dict(fastlazy.metrics.fallbacks_by_op)},
                os.path.join(out_dir, f"rank{rank}.pt"))
     # Both ranks reach here before either tears its group down: a rank that
     # closes its gloo connections while the other still holds them can make

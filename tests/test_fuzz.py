@@ -16,13 +16,14 @@ import torch
 from hypothesis import given, strategies as st
 
 import fastlazy
-from fastlazy.optable import OPS, R_REDUCE
+from fastlazy._core import Rule
+from fastlazy.optable import OPS
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.uint8, torch.bool]
 SCALARS = [0, 1, -2, 3, 2.5, -0.0, 0.5, float("inf"), float("-inf"), float("nan"),
            True, False, 1e-3]
-ELEMENTWISE = [op for op in OPS if op.rule < R_REDUCE]
+ELEMENTWISE = [op for op in OPS if op.rule < Rule.R_REDUCE]
 # ops whose eager errors depend on values (integer division by zero): eager
 # raises at the call, fastlazy when the value is read
 VALUE_ERRORS = ("ZeroDivisionError",)

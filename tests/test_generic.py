@@ -258,7 +258,7 @@ def test_several_outputs_run_once(backend):
     assert torch.equal(values.to_eager(), want.values) and torch.equal(indices.to_eager(),
                                                                          want.indices)
     assert [p.shape for p in parts] == [torch.Size([3, 2]), torch.Size([3, 3])]
-    source = next(reversed(graph_cache._cache.values())).source
+    source = next(reversed(graph_cache.programs.values())).source
     if backend == "torchscript":
         assert source.count("aten::max(") == 1
 

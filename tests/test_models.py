@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import fastlazy
-from fastlazy import stats
+from fastlazy import metrics
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
 
@@ -92,7 +92,7 @@ def test_training_step_records_all_but_batch_norm_statistics():
     x = torch.randn(2, 3, 8, 8)
     loss = model(x.to("lazy")).pow(2).mean()
     loss.backward()
-    assert dict(stats.fallbacks_by_op) == {"F.batch_norm": 1}
+    assert dict(metrics.fallbacks_by_op) == {"F.batch_norm": 1}
 
 
 def test_batch_norm_running_statistics_update_at_the_call():
@@ -181,4 +181,4 @@ MORE_MODELS = {
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_more_modules_match_eager_and_record(name, train):
     assert_matches_eager(*MORE_MODELS[name], train)
-    assert not stats.fallbacks_by_op, dict(stats.fallbacks_by_op)
+    assert not metrics.fallbacks_by_op, dict(metrics.fallbacks_by_op)

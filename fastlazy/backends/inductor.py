@@ -22,10 +22,11 @@ import time
 import torch
 import torch.fx
 
-from fastlazy import stats
+from fastlazy import metrics
 from fastlazy.backends.base import Backend, Program, builtin, lower
 from fastlazy.backends.eager import EagerBackend
-from fastlazy.optable import _CHOICE_SHIFT, R_DIV, R_RTRUEDIV, R_TRUEDIV, SCALAR_ARGS
+from fastlazy._core import Rule
+from fastlazy.optable import SCALAR_ARGS
 
 _SCALAR_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64,
                   "complex": torch.complex128}
@@ -79,10 +80,10 @@ class _ShapeDispatch:
         if fn is None:
             if len(self.by_shape) >= self.backend.dynamic_after:
                 self.dynamic = self._compile(args, dynamic=True)
-                stats.count_recompile("inductor: dynamic shapes")
+                metrics.count_recompile("inductor: dynamic shapes")
                 return self.dynamic(*args)
             if self.by_shape:
-                stats.count_recompile("inductor: new input shape")
+                metrics.count_recompile("inductor: new input shape")
             if self.replay is not None:
                 examples = [a.detach().clone() for a in args]
                 self.by_shape[shapes] = self.backend.submit(self._compile, examples, False)
@@ -95,7 +96,7 @@ class _ShapeDispatch:
         return fn(*args)
 
     def _replayed(self, inputs):
-        stats.count_fallback("inductor: replayed while compiling")
+        metrics.count_fallback("inductor: replayed while compiling")
         return self.replay(*inputs)
 
     def _compile(self, args, dynamic):
@@ -110,7 +111,7 @@ class _ShapeDispatch:
             # must not.)
             from torch._inductor import compile as inductor_compile
             compiled = inductor_compile(self.gm, list(args))
-        stats.add_compile_time(time.perf_counter() - start)
+        metrics.add_compile_time(time.perf_counter() - start)
         return compiled
 
 
@@ -162,7 +163,7 @@ def _build_fx(view):
         scalar_args = _scalar_arg_slots(node)
         in_float = _divides_in_float(node)
         # other / x is reciprocal(x) * other: the scalar meets a float
-        scalar_in_float = in_float or node.op.rule == R_RTRUEDIV
+        scalar_in_float = in_float or node.op.rule == Rule.R_RTRUEDIV
 
         def operand(inp, node=node, common=common, scalar_args=scalar_args, in_float=in_float,
                     scalar_in_float=scalar_in_float):
@@ -213,7 +214,7 @@ def _divides_in_float(node):
     integral common dtype (a 0-dim int64 -5 beside a uint8 tensor becomes
     251), so the operands are cast here."""
     rule = node.op.rule
-    true_division = rule == R_TRUEDIV or rule == R_DIV and node.attr >> _CHOICE_SHIFT & 15 == 0
+    true_division = rule == Rule.R_TRUEDIV or rule == Rule.R_DIV and node.choice() == 0
     return true_division and (node.dtype.is_floating_point or node.dtype.is_complex)
 
 

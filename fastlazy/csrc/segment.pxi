@@ -14,19 +14,6 @@ cdef enum SegState:
     SEG_DONE = 2
     SEG_FAILED = 3
 
-cdef enum NodeFlags:
-    NODE_CAST = 1     # in-place op: cast the result to the self dtype
-    NODE_DETACH = 2   # recorded under no_grad with inputs requiring grad:
-                      # the op reads detached inputs, so no gradient flows
-    NODE_KEEPS_SHAPE = 4  # the result has its first operand's shape (no
-                          # broadcast grew it): structure, since TorchScript
-                          # may then compute it into that operand's storage
-
-# Slot type keys: what a graph needs to know of an external input.
-cdef enum:
-    SLOT_TENSOR = 1 << 30
-    SLOT_SCALAR = 2 << 30
-
 cdef uint64_t _next_epoch = 1
 cdef Segment _current = None
 cdef Py_ssize_t flush_threshold = 10000
@@ -168,20 +155,64 @@ cdef class Segment:
 
     # -- read-only views for lowering and debugging (not on the hot path) --
 
-    def node(self, Py_ssize_t i):
-        """(op, inputs, attr, flags, dtype, shape, has_owner) of node i;
-        an input is ('node', j) or ('slot', k)."""
-        if not 0 <= i < self.n:
-            raise IndexError(i)
+    def graph(self, outs):
+        """The nodes that the nodes `outs` need, as NodeRecords in recording
+        order (`uses` counted among them), and the input slots they read in
+        the graph's parameter order: the order of the cache key
+        (csrc/flush.pxi), computed by the same walk (number_needed)."""
+        outs = list(outs)
+        for out in outs:
+            if not 0 <= out < self.n:
+                raise IndexError(out)
+        cdef int32_t *pos = <int32_t*>malloc((self.n + self.nslots + 1) * sizeof(int32_t))
+        if pos == NULL:
+            raise MemoryError()
+        cdef list slot_order = []
+        cdef int32_t i, k, count
+        cdef Node *nd
+        cdef NodeRecord rec
+        records = []
+        try:
+            count = number_needed(self, outs, pos, pos + self.n, slot_order)
+            uses = [0] * count
+            for i in range(self.n):
+                if pos[i] < 0:
+                    continue
+                nd = &self.nodes[i]
+                for k in range(nd.nin):
+                    if nd.inputs[k] >= 0:
+                        uses[pos[nd.inputs[k]]] += 1
+            for i in range(self.n):
+                if pos[i] >= 0:
+                    rec = self.record_of(i)
+                    rec.uses = uses[pos[i]]
+                    records.append(rec)
+        finally:
+            free(pos)
+        return records, tuple(slot_order)
+
+    def live(self):
+        """Indices of the nodes a LazyTensor still holds."""
+        return [i for i in range(self.n) if self.nodes[i].owner != NULL]
+
+    cdef NodeRecord record_of(self, int32_t i):
         cdef Node *nd = &self.nodes[i]
-        ins = tuple([('node', nd.inputs[k]) if nd.inputs[k] >= 0 else ('slot', ~nd.inputs[k])
-                     for k in range(nd.nin)])
-        return (nd.op, ins, nd.attr, nd.flags, DTYPES[nd.meta.dtype],
-                tuple([nd.meta.shape[k] for k in range(nd.meta.ndim)]), nd.owner != NULL,
-                bool(nd.meta.requires_grad))
+        cdef NodeRecord rec = NodeRecord.__new__(NodeRecord)
+        rec.index = i
+        rec.op = nd.op
+        rec.inputs = tuple([('node', nd.inputs[k]) if nd.inputs[k] >= 0
+                            else ('slot', ~nd.inputs[k]) for k in range(nd.nin)])
+        rec.attr = nd.attr
+        rec.flags = nd.flags
+        rec.dtype = DTYPES[nd.meta.dtype]
+        rec.shape = tuple([nd.meta.shape[k] for k in range(nd.meta.ndim)])
+        rec.live = nd.owner != NULL
+        rec.requires_grad = nd.meta.requires_grad
+        rec.uses = nd.uses
+        return rec
 
     def slot(self, Py_ssize_t k):
-        """(key, value) of external input slot k."""
+        """(SlotKey, value) of external input slot k."""
         return self.input_keys[k], self.inputs[k]
 
     def site(self, Py_ssize_t i):
@@ -190,6 +221,50 @@ cdef class Segment:
     @property
     def state(self):
         return ("recording", "running", "done", "failed")[self.state]
+
+
+@cython.final
+cdef class NodeRecord:
+    def __repr__(self):
+        return (f"NodeRecord(index={self.index}, op={self.op}, inputs={self.inputs}, "
+                f"attr={self.attr:#x}, flags={self.flags}, dtype={self.dtype}, "
+                f"shape={self.shape}, live={self.live})")
+
+
+cdef int32_t number_needed(Segment seg, list outs, int32_t *pos, int32_t *slot_pos,
+                           list slot_order) except -1:
+    """Number the nodes the nodes `outs` need, in recording order, into
+    pos (-1: not needed), and the input slots they read, by first use, into
+    slot_pos (-1: unread), appending each read slot to slot_order; return
+    how many nodes are needed.  This numbering is a graph's canonical form:
+    two recordings of one program number alike, whatever dead nodes and
+    slots surround them."""
+    cdef int32_t n = seg.n, i, j, k, r, count = 0
+    cdef Node *nd
+    for i in range(n):
+        pos[i] = -1
+    for k in range(seg.nslots):
+        slot_pos[k] = -1
+    for k in range(len(outs)):
+        pos[<int32_t>outs[k]] = 0
+    for i in range(n - 1, -1, -1):          # mark what the outputs need
+        if pos[i] == 0:
+            nd = &seg.nodes[i]
+            for k in range(nd.nin):
+                if nd.inputs[k] >= 0:
+                    pos[nd.inputs[k]] = 0
+    for i in range(n):                      # number them
+        if pos[i] != 0:
+            continue
+        pos[i] = count
+        count += 1
+        nd = &seg.nodes[i]
+        for j in range(nd.nin):
+            r = nd.inputs[j]
+            if r < 0 and slot_pos[~r] < 0:
+                slot_pos[~r] = len(slot_order)
+                slot_order.append(~r)
+    return count
 
 
 cdef Segment current_segment():
@@ -204,7 +279,7 @@ cdef uint64_t slot_key(Operand *o):
         if o.scalar == SC_BOOL:
             # bools are constants of the graph (TorchScript has no bool
             # Scalar), so their value is part of the structure.
-            return SLOT_SCALAR | 16 | (<object>o.obj is True)
+            return SLOT_SCALAR | SLOT_BOOL_CONSTANT | (<object>o.obj is True)
         return SLOT_SCALAR | o.scalar
     return (SLOT_TENSOR | <uint64_t>(o.m.dtype + 1) | (<uint64_t>o.m.ndim << 8)
             | (<uint64_t>o.m.device << 16) | (<uint64_t>o.m.requires_grad << 24))
@@ -245,7 +320,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
         else:
             # which optional operands are present is structure (lowering
             # needs it): bits 16+ of attr
-            attr |= 1 << (16 + i)
+            attr |= 1 << (ATTR_ABSENT_SHIFT + i)
     if (nops and ops[0].kind != K_ABSENT and ops[0].m.ndim == out.ndim
             and memcmp(ops[0].m.shape, out.shape, out.ndim * sizeof(int64_t)) == 0):
         flags |= NODE_KEEPS_SHAPE
@@ -288,7 +363,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     t.idx = idx
     memcpy(&t.meta, out, sizeof(Meta))
     if seg.sites is not None:
-        seg.sites.append(_site_of_call())
+        seg.sites.append(_hooks.site_of_call())
     counters[C_NODES] += 1
     fl_pending = 1
     if seg.n >= flush_threshold or seg.nslots >= flush_threshold:

@@ -21,8 +21,15 @@ typedef struct {
     PyObject *name;      /* qualified name, for repr and metrics */
     PyObject *dict;      /* __dict__ so functools/inspect helpers work */
     int op;              /* opcode in the op table */
-    int form;            /* FORM_* of _core.pyx: call, reflected, in-place */
+    int form;            /* enum fl_form */
 } FLEntry;
+
+/* How an entry point treats its first argument; _core.pxd exposes this
+ * enum to Cython and Python (fastlazy._core.Form), so it is written once. */
+enum fl_form {
+    FORM_CALL = 0,      /* torch.X(input, ...), Tensor.X(self, ...), operators */
+    FORM_INPLACE = 1    /* Tensor.X_(self, ...), __iX__: writes self */
+};
 
 typedef PyObject *(*fl_handler_t)(PyObject *entry, PyObject *const *args,
                                   Py_ssize_t nargs, PyObject *kwnames);
@@ -34,7 +41,6 @@ static fl_handler_t fl_lazy_handler = NULL;
  * that tensor, and must see the contents it had when they were recorded. */
 static int fl_pending = 0;
 static int (*fl_flush_pending)(void) = NULL;
-#define FL_FORM_INPLACE 1
 
 static PyObject *
 fl_entry_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -48,7 +54,7 @@ fl_entry_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
             /* Cython code sees a missing kwnames as None, never NULL */
             return fl_lazy_handler(self, args, n, kwnames ? kwnames : Py_None);
     }
-    if (fl_pending && e->form == FL_FORM_INPLACE && fl_flush_pending() < 0)
+    if (fl_pending && e->form == FORM_INPLACE && fl_flush_pending() < 0)
         return NULL;
     return PyObject_Vectorcall(e->orig, args, nargsf, kwnames);
 }

@@ -1,18 +1,13 @@
-# LazyTensor: a handle on a recorded node or on a materialized value.
+# LazyTensor: a handle on a recorded node or on a materialized value, and
+# the installers that give it torch.Tensor's methods (called by the boot).
 
 from cpython.list cimport PyList_GET_ITEM
 
-cdef object _torch = None
-cdef object _Size = None
-cdef object _device_type = None
-cdef object _fallback = None        # fastlazy.fallback module
 cdef dict _torch_function_table = {}  # original torch callable -> Entry
 # torch functions answered from a LazyTensor's metadata: through the generic
 # path they would return a bool, which is not recordable, and materialize
 # the value for a question about its dtype (torch.masked's ops ask)
 cdef dict _metadata_queries = {}
-cdef object _entry_type = None        # the Entry type of _entry.h
-cdef object _tensor_getitem = None    # torch.Tensor.__getitem__
 
 # Python operators: LazyTensor's number and comparison slots dispatch through
 # the entries of the op-table rows that claim these names.
@@ -37,6 +32,14 @@ cdef inline object call_dunder(int d, object a, object b, Py_ssize_t nargs=2):
     argv[0] = <PyObject*>a
     argv[1] = <PyObject*>b
     return lazy_call(e, argv, nargs, None)
+
+
+cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
+                            bint inplace):
+    """torch.Tensor's operator `name` with self a LazyTensor: recorded by the
+    generic path, or run eagerly."""
+    return _hooks.record_call(getattr(TensorType, name), qualname, (self,) + args, {},
+                              inplace, False)
 
 
 cdef void detach_handle(LazyTensor t) noexcept:
@@ -243,10 +246,10 @@ cdef class LazyTensor:
 
     def __reduce_ex__(self, proto):
         # Pickles as its value: the graph is not part of a tensor's state.
-        return (_fallback.wrap_eager, (materialize(self),))
+        return (lazy, (materialize(self),))
 
     def to(self, *args, **kwargs):
-        return _fallback.lazy_to(self, args, kwargs)
+        return _hooks.tensor_to(self, args, kwargs)
 
     # -- Python operators: the op table's entries --
 
@@ -278,28 +281,28 @@ cdef class LazyTensor:
     def __richcmp__(self, other, int cmp):
         return call_dunder((D_LT, D_LE, D_EQ, D_NE, D_GT, D_GE)[cmp], self, other)
 
-    # -- operators without a row yet: eager on the value, result lazy again --
+    # -- operators without a row: torch.Tensor's own, on the generic path --
 
     def __getitem__(self, idx):
-        return _generic.call(_tensor_getitem, "Tensor.__getitem__", (self, idx), {}, False)
+        return python_operator("__getitem__", "Tensor.__getitem__", self, (idx,), False)
     def __setitem__(self, idx, value):
-        _fallback.dunder("__setitem__", self, (idx, value), inplace=True)
-    def __rmatmul__(self, other): return _fallback.dunder("__rmatmul__", self, (other,))
-    def __floordiv__(self, other): return _fallback.dunder("__floordiv__", self, (other,))
-    def __rfloordiv__(self, other): return _fallback.dunder("__rfloordiv__", self, (other,))
-    def __mod__(self, other): return _fallback.dunder("__mod__", self, (other,))
-    def __rmod__(self, other): return _fallback.dunder("__rmod__", self, (other,))
-    def __and__(self, other): return _fallback.dunder("__and__", self, (other,))
-    def __rand__(self, other): return _fallback.dunder("__rand__", self, (other,))
-    def __or__(self, other): return _fallback.dunder("__or__", self, (other,))
-    def __ror__(self, other): return _fallback.dunder("__ror__", self, (other,))
-    def __xor__(self, other): return _fallback.dunder("__xor__", self, (other,))
-    def __rxor__(self, other): return _fallback.dunder("__rxor__", self, (other,))
-    def __lshift__(self, other): return _fallback.dunder("__lshift__", self, (other,))
-    def __rshift__(self, other): return _fallback.dunder("__rshift__", self, (other,))
-    def __invert__(self): return _fallback.dunder("__invert__", self, ())
-    def __pos__(self): return _fallback.dunder("__pos__", self, ())
-    def __contains__(self, item): return _fallback.dunder("__contains__", self, (item,))
+        python_operator("__setitem__", "__setitem__", self, (idx, value), True)
+    def __rmatmul__(self, other): return python_operator("__rmatmul__", "__rmatmul__", self, (other,), False)
+    def __floordiv__(self, other): return python_operator("__floordiv__", "__floordiv__", self, (other,), False)
+    def __rfloordiv__(self, other): return python_operator("__rfloordiv__", "__rfloordiv__", self, (other,), False)
+    def __mod__(self, other): return python_operator("__mod__", "__mod__", self, (other,), False)
+    def __rmod__(self, other): return python_operator("__rmod__", "__rmod__", self, (other,), False)
+    def __and__(self, other): return python_operator("__and__", "__and__", self, (other,), False)
+    def __rand__(self, other): return python_operator("__rand__", "__rand__", self, (other,), False)
+    def __or__(self, other): return python_operator("__or__", "__or__", self, (other,), False)
+    def __ror__(self, other): return python_operator("__ror__", "__ror__", self, (other,), False)
+    def __xor__(self, other): return python_operator("__xor__", "__xor__", self, (other,), False)
+    def __rxor__(self, other): return python_operator("__rxor__", "__rxor__", self, (other,), False)
+    def __lshift__(self, other): return python_operator("__lshift__", "__lshift__", self, (other,), False)
+    def __rshift__(self, other): return python_operator("__rshift__", "__rshift__", self, (other,), False)
+    def __invert__(self): return python_operator("__invert__", "__invert__", self, (), False)
+    def __pos__(self): return python_operator("__pos__", "__pos__", self, (), False)
+    def __contains__(self, item): return python_operator("__contains__", "__contains__", self, (item,), False)
 
     # -- every other torch function --
 
@@ -323,5 +326,30 @@ cdef class LazyTensor:
             # where the entry does not look, so take the generic path here
             func = entry.__wrapped__
         name = getattr(func, "__name__", None) or repr(func)
-        return _generic.call(func, name, args, kwargs,
-                             name.endswith("_") and not name.endswith("__"))
+        return _hooks.record_call(func, name, args, kwargs,
+                                  name.endswith("_") and not name.endswith("__"), False)
+
+
+# -- installers: LazyTensor's methods, operators and torch functions --
+
+def set_dunder(str name, object entry):
+    """Make LazyTensor's operator `name` dispatch through `entry`."""
+    _dunder_entries[DUNDER_NAMES.index(name)] = entry
+
+
+def set_method(str name, object entry):
+    """Install `entry` as LazyTensor.<name> (the type's dict is not writable
+    from Python, so it is written here, once, at import)."""
+    cdef PyTypeObject *tp = <PyTypeObject*>LazyTensor
+    (<dict>tp.tp_dict)[name] = entry
+    PyType_Modified(tp)
+
+
+def set_torch_function(object orig, object entry):
+    _torch_function_table[orig] = entry
+
+
+def set_metadata_query(object func, object method):
+    """torch function `func` of one LazyTensor answered by `method`."""
+    _metadata_queries[func] = method
+

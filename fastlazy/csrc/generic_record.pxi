@@ -3,26 +3,14 @@
 # computed once per signature on fake tensors.
 #
 # A generic node's opcode is GENERIC_OP; its attr holds the id of the
-# lowering (an aten program, fastlazy.generic.Lowering) and which of that
-# program's outputs the node is.  Every output of one call is a node with the
+# lowering (an aten program, fastlazy.generic.Lowering) and, from bit
+# ATTR_GENERIC_OUT_SHIFT, which of that program's outputs the node is.  Every output of one call is a node with the
 # same inputs; backends compute the program once per distinct input tuple.
 
-cdef enum:
-    GENERIC_OP = MAX_OPS - 1
-    GENERIC_OUT_SHIFT = 20          # attr: lowering id below, output index above
-
-cdef object _generic = None         # fastlazy.generic
-cdef object _views = None           # fastlazy.views
 # torch.autocast contexts entered (fastlazy.patching counts them): under
 # autocast the C rules' dtypes would be wrong, so every call takes the
 # generic path, whose signatures include the autocast state.
 cdef int fl_autocast = 0
-
-
-def set_generic(generic_module, views_module):
-    global _generic, _views
-    _generic = generic_module
-    _views = views_module
 
 
 def autocast_entered(int delta):
@@ -64,7 +52,7 @@ def record_generic(int lowering, tuple inputs, list outs, bint detach):
     cdef Operand ops[MAX_IN]
     cdef int n = len(inputs), i, j
     cdef Meta m
-    if n > MAX_IN or not 0 <= lowering < (1 << GENERIC_OUT_SHIFT):
+    if n > MAX_IN or not 0 <= lowering < (1 << ATTR_GENERIC_OUT_SHIFT):
         raise ValueError("generic call out of range")
     for i in range(n):
         if type(inputs[i]) is not LazyTensor:
@@ -81,7 +69,7 @@ def record_generic(int lowering, tuple inputs, list outs, bint detach):
         m.device = ops[0].m.device if n else 0
         m.requires_grad = requires_grad
         result.append(record(GENERIC_OP, ops, n, &m,
-                             lowering | (<int>index << GENERIC_OUT_SHIFT),
+                             lowering | (<int>index << ATTR_GENERIC_OUT_SHIFT),
                              NODE_DETACH if detach else 0, None))
     return result
 
@@ -107,16 +95,6 @@ def adopt(LazyTensor target, LazyTensor source):
         target.value = value
     memcpy(&target.meta, &source.meta, sizeof(Meta))
     target._device = None
-
-
-cdef object _unsafe = None          # fastlazy.generic.Unsafe
-cdef frozenset _atoms = None        # argument types that describe themselves
-
-
-def set_generic_types(unsafe, atoms):
-    global _unsafe, _atoms
-    _unsafe = unsafe
-    _atoms = frozenset(atoms)
 
 
 def describe_call(tuple args, dict kwargs, list tensors):
@@ -147,14 +125,14 @@ cdef int describe(object x, list tensors, list parts) except -1:
         if lt.family is None:
             parts.append((lt.meta.dtype, shape, lt.meta.device, grad))
         else:
-            parts.append((lt.meta.dtype, shape, lt.meta.device, grad, _views.geometry(x)))
+            parts.append((lt.meta.dtype, shape, lt.meta.device, grad, _hooks.geometry(x)))
     elif t is tuple or t is list:
         parts.append((t, len(x)))
         for v in x:
             describe(v, tensors, parts)
     elif t is float:
         parts.append((float, x.hex()))       # -0.0 and nan are values of their own
-    elif t in _atoms:
+    elif t in _hooks.atoms:
         parts.append((t, x))
     elif t is dict:
         parts.append((dict, tuple(x)))
@@ -170,12 +148,12 @@ cdef int describe(object x, list tensors, list parts) except -1:
     elif isinstance(x, TensorType):
         if x.layout is not _torch.strided or (t is not TensorType and
                                               t is not _torch.nn.Parameter):
-            raise _unsafe("a sparse tensor or a tensor subclass")
+            raise _hooks.unsafe("a sparse tensor or a tensor subclass")
         tensors.append(x)
         parts.append(("eager", x.dtype, tuple(x.shape), x.stride(), x.device,
                       x.requires_grad))
     elif t is complex:
         parts.append((complex, repr(x)))
     else:
-        raise _unsafe(f"an argument of type {t.__name__}")
+        raise _hooks.unsafe(f"an argument of type {t.__name__}")
     return 0

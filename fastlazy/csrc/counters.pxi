@@ -1,5 +1,5 @@
-# The hot counters: C integers bumped on the recording and flush paths.
-# fastlazy.metrics turns them into a dict.
+# The hot counters: C integers bumped on the recording and flush paths, and
+# their Python API (fastlazy.metrics reads them).
 
 cdef enum:
     C_NODES = 0
@@ -27,3 +27,23 @@ REASON_NAMES = ("value", "mark_step", "threshold", "other_thread", "eager_write"
 
 cdef int64_t counters[C_COUNT]
 cdef int64_t flush_reasons[REASON_COUNT]
+
+
+def counter_values():
+    d = {COUNTER_NAMES[i]: counters[i] for i in range(C_COUNT)}
+    for i in range(REASON_COUNT):
+        d["flush_reason." + REASON_NAMES[i]] = flush_reasons[i]
+    return d
+
+
+def reset_counters():
+    for i in range(C_COUNT):
+        counters[i] = 0
+    for i in range(REASON_COUNT):
+        flush_reasons[i] = 0
+
+
+def count(str name):
+    """Bump a counter from Python (cache hits and misses are counted by the
+    cache, which lives in Python)."""
+    counters[COUNTER_NAMES.index(name)] += 1

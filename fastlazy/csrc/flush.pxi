@@ -11,58 +11,42 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdlib cimport malloc, free
 from cpython.ref cimport Py_INCREF
 
-cdef object _graph_cache = None    # fastlazy.graph_cache module: compile on a miss
-cdef object _programs = None       # graph_cache's LRU (an OrderedDict): key -> Program
-cdef object _move_to_end = None
+cdef object _move_to_end = None    # the graph cache's LRU bump, bound by install()
 cdef object _backend_tag = None    # the active backend's name, part of every key
 cdef bint _key_shapes = False      # the active backend specializes on shapes
 
 
-def set_backend(str name, bint specializes_shapes, programs):
-    """Called by fastlazy.graph_cache when the backend changes."""
-    global _backend_tag, _key_shapes, _programs, _move_to_end
+def set_backend_key(str name, bint specializes_shapes):
+    """Called by fastlazy.graph_cache when the backend changes: its name
+    joins every cache key, and a backend that compiles per shape makes
+    the input shapes part of the key."""
+    global _backend_tag, _key_shapes
     _backend_tag = name
     _key_shapes = specializes_shapes
-    _programs = programs
-    _move_to_end = programs.move_to_end
 
 
 cdef tuple canonical_key(Segment seg, list outs):
     """The cache key of the graph computing `outs`, and the segment's input
     slots in the graph's parameter order.
 
-    Only the nodes the outputs need take part, numbered in recording order;
-    input slots are numbered by first use.  Two recordings of one program
-    thus get one key, whatever dead nodes and slots surround them.  Each
+    Only the nodes the outputs need take part, in their canonical numbering
+    (number_needed), so two recordings of one program get one key.  Each
     node contributes its recorded structural hash and its canonical wiring.
     """
-    cdef int32_t n = seg.n, i, k, r, nslot = 0
+    cdef int32_t n = seg.n, i, j, r
+    cdef Py_ssize_t k
     cdef uint64_t h0 = 0x9E3779B97F4A7C15ULL, h1 = 0xC2B2AE3D27D4EB4FULL
     cdef int32_t *pos = <int32_t*>malloc((n + seg.nslots + 1) * sizeof(int32_t))
     if pos == NULL:
         raise MemoryError()
     cdef int32_t *slot_pos = pos + n
     cdef Node *nd
-    slot_order = []
+    cdef list slot_order = []
     try:
-        for i in range(n):
-            pos[i] = -1
-        for k in range(seg.nslots):
-            slot_pos[k] = -1
-        for k in range(len(outs)):
-            pos[<int32_t>outs[k]] = 0
-        for i in range(n - 1, -1, -1):          # mark what the outputs need
-            if pos[i] == 0:
-                nd = &seg.nodes[i]
-                for k in range(nd.nin):
-                    if nd.inputs[k] >= 0:
-                        pos[nd.inputs[k]] = 0
-        k = 0
-        for i in range(n):                      # number nodes and slots, hash
-            if pos[i] != 0:
+        number_needed(seg, outs, pos, slot_pos, slot_order)
+        for i in range(n):                      # hash the needed nodes
+            if pos[i] < 0:
                 continue
-            pos[i] = k
-            k += 1
             nd = &seg.nodes[i]
             h0 = mix(h0, nd.hash[0])
             h1 = mix(h1, nd.hash[1])
@@ -72,13 +56,8 @@ cdef tuple canonical_key(Segment seg, list outs):
                     h0 = mix(h0, <uint64_t>pos[r])
                     h1 = mix(h1, <uint64_t>pos[r] ^ 0xA5A5)
                 else:
-                    r = ~r
-                    if slot_pos[r] < 0:
-                        slot_pos[r] = nslot
-                        nslot += 1
-                        slot_order.append(r)
-                    h0 = mix(h0, <uint64_t>slot_pos[r] | (1ULL << 40))
-                    h1 = mix(h1, <uint64_t>slot_pos[r] | (3ULL << 40))
+                    h0 = mix(h0, <uint64_t>slot_pos[~r] | (1ULL << 40))
+                    h1 = mix(h1, <uint64_t>slot_pos[~r] | (3ULL << 40))
         for k in range(len(outs)):
             h0 = mix(h0, <uint64_t>pos[<int32_t>outs[k]] | (2ULL << 40))
         h1 = mix(h1, len(outs))
@@ -151,10 +130,11 @@ cdef int flush(Segment seg, int reason) except -1:
 cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
     """(program, output values).  A cache hit runs here, in C; a miss goes
     to graph_cache.run, which compiles and caches the program."""
-    program = _programs.get(key)
+    cdef object programs = _hooks.programs
+    program = programs.get(key)
     if program is None:
-        values = _graph_cache.run(seg, key, outs, slot_order)
-        return _programs.get(key), values
+        values = _hooks.compile_and_run(seg, key, outs)
+        return programs.get(key), values
     counters[C_HITS] += 1
     _move_to_end(key)
     # program.slots: positions in the canonical slot order
@@ -187,7 +167,7 @@ cdef int run_segment_for(LazyTensor t) except -1:
     if t.seg is seg and seg.state == SEG_FAILED:
         # The graph failed as a whole; this tensor may not depend on the
         # failing part, so compute it alone, node by node.
-        t.value = _graph_cache.recover(seg, t.idx, seg.error)
+        t.value = _hooks.recover(seg, t.idx, seg.error)
         t.seg = None
     return 0
 
@@ -205,11 +185,6 @@ def mark_step():
     """Flush the current segment: compute every live LazyTensor."""
     if _current is not None:
         flush(_current, REASON_MARK_STEP)
-
-
-def live_outputs(Segment seg):
-    """Indices of the nodes of seg that a LazyTensor still holds."""
-    return [i for i in range(seg.n) if seg.nodes[i].owner != NULL]
 
 
 def set_record_sites(bint on):
@@ -239,23 +214,3 @@ def pending_nodes():
 def current():
     """The segment now recording (for debugging views)."""
     return current_segment()
-
-
-def counter_values():
-    d = {COUNTER_NAMES[i]: counters[i] for i in range(C_COUNT)}
-    for i in range(REASON_COUNT):
-        d["flush_reason." + REASON_NAMES[i]] = flush_reasons[i]
-    return d
-
-
-def reset_counters():
-    for i in range(C_COUNT):
-        counters[i] = 0
-    for i in range(REASON_COUNT):
-        flush_reasons[i] = 0
-
-
-def count(str name):
-    """Bump a counter from Python (cache hits and misses are counted by the
-    cache, which lives in Python)."""
-    counters[COUNTER_NAMES.index(name)] += 1

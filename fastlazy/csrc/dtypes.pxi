@@ -5,14 +5,8 @@
 # rules follow the installed torch exactly, version by version.
 
 cdef enum:
-    NDTYPES = 13
     DT_UNDEF = -1
-
-cdef enum Category:
-    CAT_BOOL = 1
-    CAT_INT = 2
-    CAT_FLOAT = 4
-    CAT_COMPLEX = 8
+    DT_COMPLEX32 = 10
 
 cdef list DTYPES = []                 # code -> torch.dtype
 cdef PyObject *dtype_ptr[NDTYPES]     # code -> borrowed torch.dtype, for identity search
@@ -21,19 +15,16 @@ cdef bint can_cast_table[NDTYPES][NDTYPES]
 cdef int8_t category[NDTYPES]
 cdef int8_t to_complex[NDTYPES]       # float dtype -> its complex counterpart
 cdef int8_t to_real[NDTYPES]          # complex dtype -> its real counterpart
-cdef object _get_default_dtype = None
 cdef list int_min = [0] * NDTYPES     # integral dtypes' ranges, from torch.iinfo
 cdef list int_max = [0] * NDTYPES
+cdef object _get_default_dtype = torch.get_default_dtype
 
 
 cdef void init_dtypes() except *:
-    global _get_default_dtype
-    import torch
     names = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16",
              "bfloat16", "float32", "float64", "complex32", "complex64",
              "complex128")
     DTYPES[:] = [getattr(torch, n) for n in names]
-    _get_default_dtype = torch.get_default_dtype
     cdef int i, j
     for i in range(NDTYPES):
         d = DTYPES[i]
@@ -60,9 +51,6 @@ cdef void init_dtypes() except *:
         to_complex[names.index(real)] = names.index(cplx)
         to_real[names.index(cplx)] = names.index(real)
 
-
-cdef enum:
-    DT_COMPLEX32 = 10
 
 cdef inline int dtype_code(object dtype):
     """Code of a torch.dtype, or DT_UNDEF for one the rules do not cover

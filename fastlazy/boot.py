@@ -1,0 +1,61 @@
+"""Wiring fastlazy together, once, when the package is imported.
+
+Everything that connects one module to another happens here, in one
+function, rather than as side effects of importing modules: the compiled
+core gets the Python functions it calls up into (one Hooks object), the op
+table's rows are declared to it, LazyTensor gets its methods, the graph
+cache its backend, and the environment variables take effect.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+
+from fastlazy import (_core, backends, fallback, generic, graph_cache, metrics, optable,
+                      patching, recompiles, sites, views)
+
+_booted = False
+
+
+def hooks() -> _core.Hooks:
+    """The Python side of every call the core makes up into Python."""
+    return _core.Hooks(
+        record_call=generic.call,
+        run_eagerly=fallback.run,
+        tensor_to=fallback.lazy_to,
+        check_leaf=views.check_leaf,
+        check_write=views.check_write,
+        after_mutation=views.after_mutation,
+        geometry=views.geometry,
+        compile_and_run=graph_cache.compile_and_run,
+        recover=graph_cache.recover,
+        programs=graph_cache.programs,
+        site_of_call=sites.site_of_call,
+        unsafe=generic.Unsafe,
+        atoms=generic.ATOMS,
+    )
+
+
+def boot() -> None:
+    global _booted
+    if _booted:
+        return
+    _core.install(hooks())
+    optable.register(_core.register_op)
+    patching.install_lazy_tensor_methods()
+    graph_cache.set_backend(backends.default_name())
+    _configure_from_environment()
+    _booted = True
+
+
+def _configure_from_environment():
+    if os.environ.get("FASTLAZY_SYNC") == "1":
+        # every op runs at its call, node by node: bisect a wrong result
+        graph_cache.set_backend("eager")
+        _core.set_flush_threshold(1)
+    warn_after = int(os.environ.get("FASTLAZY_WARN_RECOMPILES", "0") or 0)
+    if warn_after:
+        recompiles.warn_after = warn_after
+        _core.set_record_sites(True)
+    if os.environ.get("FASTLAZY_METRICS") == "1":
+        atexit.register(lambda: print(metrics.report()))

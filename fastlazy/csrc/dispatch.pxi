@@ -1,0 +1,197 @@
+# From an entry point's argument vector to a recorded node.
+#
+# fl_entry_vectorcall (_entry.h) calls lazy_call when some argument is a
+# LazyTensor.  lazy_call matches the arguments to the op's parameters, sorts
+# them into operands, applies the op's rule and records a node.  Anything it
+# does not take (an unknown keyword such as out=, an argument type the rule
+# does not cover, a call eager would reject) runs eagerly instead, so the
+# result -- or the exception -- is eager's.
+
+
+cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
+    cdef int op = fl_entry_op(entry)
+    cdef int form = fl_entry_form(entry)
+    cdef PyObject *p[MAX_PARAMS]
+    cdef Operand ops[MAX_PARAMS]
+    cdef Meta out
+    cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
+    cdef LazyTensor self_t = None
+
+    if op < 0 or op_rule[op] == R_GENERIC or fl_autocast:
+        # no C rule (a generic row, or a Tensor method without a row), or
+        # autocast is on (it changes dtypes per op): the generic path
+        # records it if it is pure, and runs it eagerly otherwise
+        return call_generic(entry, args, nargs, kwnames, form)
+    if nargs == 2 and kwnames is None and form == FORM_CALL:
+        fast = same_meta_binary(op, args, &out)
+        if fast is not None:
+            return fast
+    # A call the C rule does not take (an argument pattern, type or value
+    # it does not cover) goes to the generic path, which records it if it
+    # is pure and eager accepts it, and runs it eagerly otherwise.  In-place
+    # calls the rule refuses only after the checks below that keep eager
+    # semantics (an eager self, a fallback's view).
+    if not parse_args(op, args, nargs, kwnames, p):
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern (keywords, count, out=)")
+    cdef int kind
+    for i in range(nops):
+        if p[i] == NULL or op_raw[op] >> i & 1:
+            ops[i].kind = K_ABSENT
+            continue
+        kind = classify(&ops[i], p[i])
+        # 0: a type no rule takes; 2: None, where the param may not be None
+        if kind == 0 or kind == 2 and not (op_nullable[op] >> i & 1):
+            return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    for i in range(op_nrequired[op]):
+        if p[i] == NULL or ops[i].kind == K_ABSENT and not op_raw[op] >> i & 1:
+            return run_eager(entry, args, nargs, kwnames, form, "None for a required operand")
+    if op_rule[op] == R_DROPOUT:
+        if dropout_is_identity(p):
+            return <object>p[0]
+        # training: random, so eager at the call (the generator advances as
+        # in eager); a bad p: eager raises
+        return run_eager(entry, args, nargs, kwnames, form,
+                         "dropout in training (random), or arguments eager must judge")
+    if op_inplace_param[op] >= 0 and p[op_inplace_param[op]] != NULL:
+        # torch.nn.functional's `inplace=True` is the in-place form
+        flag = <object>p[op_inplace_param[op]]
+        if flag:
+            form = FORM_INPLACE
+        if type(flag) is not bool:
+            return run_eager(entry, args, nargs, kwnames, form, "non-bool inplace flag")
+    if form == FORM_INPLACE:
+        # Only a LazyTensor self is rebound; an eager tensor mutated by a
+        # lazy argument keeps eager semantics (run_eager).
+        if ops[0].kind != K_LAZY:
+            return run_eager(entry, args, nargs, kwnames, form, "in-place on an eager tensor")
+        self_t = <LazyTensor>p[0]
+        if self_t.meta.requires_grad and (self_t.value is not None or self_t.family is not None):
+            # only a materialized value (or a view's root) can be a leaf
+            _hooks.check_leaf(self_t)
+        if self_t.family is None and self_t.value is not None and self_t.value._is_view():
+            # a view of another tensor (made by an eager fallback such as
+            # x[0] or x.view(-1)): writing through it must reach its base
+            return run_eager(entry, args, nargs, kwnames, form, "in-place through a view")
+    if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
+        return call_generic(entry, args, nargs, kwnames, form, True)
+    if not out.requires_grad:
+        for i in range(nops):
+            if is_tensor(&ops[i]) and ops[i].m.requires_grad:
+                flags = NODE_DETACH
+    if self_t is not None:
+        # eager refuses in-place abs on complex tensors
+        if not inplace_fits(&out, &self_t.meta) or op_rule[op] == R_ABS and is_complex(self_t.meta.dtype):
+            return run_eager(entry, args, nargs, kwnames, form, "in-place result does not fit self")
+        if out.dtype != self_t.meta.dtype:
+            flags |= NODE_CAST
+            out.dtype = self_t.meta.dtype
+        if self_t.family is not None:
+            _hooks.check_write(self_t, [<object>ops[i].obj for i in range(nops)
+                                        if ops[i].kind == K_LAZY])
+        record(op, ops, nops, &out, attr, flags, self_t)
+        if self_t.family is not None:
+            # a view or a base of views: the write shows in the others
+            _hooks.after_mutation(self_t)
+        return self_t
+    return record(op, ops, nops, &out, attr, flags, None)
+
+
+cdef object same_meta_binary(int op, PyObject **args, Meta *out):
+    """The commonest call, `a op b` on two LazyTensors of one shape, dtype and
+    device without autograd, skips argument matching and the general rules:
+    broadcasting and promotion are the identity there.  None: take the
+    general path."""
+    if type(<object>args[0]) is not LazyTensor or type(<object>args[1]) is not LazyTensor:
+        return None
+    cdef int rule = op_rule[op], i
+    if rule != R_BINARY and rule != R_TRUEDIV and rule != R_COMPARE:
+        return None
+    cdef Meta *a = &(<LazyTensor>args[0]).meta
+    cdef Meta *b = &(<LazyTensor>args[1]).meta
+    if (a.dtype != b.dtype or a.ndim != b.ndim or a.device != b.device
+            or a.requires_grad or b.requires_grad or not cat_ok(op, a.dtype)
+            or memcmp(a.shape, b.shape, a.ndim * sizeof(int64_t)) != 0
+            or op_flags[op] & OPF_NO_BOOL and a.dtype == 0):
+        return None
+    if rule == R_TRUEDIV and is_integral(a.dtype):
+        return None
+    memcpy(out, a, sizeof(Meta))
+    if rule == R_COMPARE:
+        out.dtype = 0
+    # the same operands the general path would record (alpha absent), so
+    # both paths give one node and one structural hash
+    cdef Operand ops[MAX_PARAMS]
+    ops[0].kind = K_LAZY
+    ops[0].obj = args[0]
+    ops[0].m = a
+    ops[1].kind = K_LAZY
+    ops[1].obj = args[1]
+    ops[1].m = b
+    for i in range(2, op_noperands[op]):
+        ops[i].kind = K_ABSENT
+    return record(op, ops, op_noperands[op], out, 0, 0, None)
+
+
+
+cdef tuple split_arguments(PyObject **args, Py_ssize_t nargs, object kwnames):
+    """An entry's argument vector as (positional tuple, keyword dict), for
+    the Python-side paths."""
+    pos = tuple([<object>args[i] for i in range(nargs)])
+    kw = {}
+    if kwnames is not None:
+        for k in range(len(<tuple>kwnames)):
+            kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
+    return pos, kw
+
+
+cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                      int form, str reason):
+    """Run the original torch callable on materialized arguments."""
+    pos, kw = split_arguments(args, nargs, kwnames)
+    return _hooks.run_eagerly(entry.__wrapped__, entry.qualname, pos, kw,
+                              form == FORM_INPLACE, reason)
+
+
+cdef object not_taken(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                      int form, str reason):
+    """A call its C rule's argument parsing does not take: the generic path,
+    but in-place eagerly (before the checks that keep eager semantics for
+    an eager self or a fallback's view have run)."""
+    if form == FORM_INPLACE:
+        return run_eager(entry, args, nargs, kwnames, form, reason)
+    return call_generic(entry, args, nargs, kwnames, form, True)
+
+
+cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                         int form, bint ruled=False):
+    pos, kw = split_arguments(args, nargs, kwnames)
+    return _hooks.record_call(entry.__wrapped__, entry.qualname, pos, kw,
+                              form == FORM_INPLACE, ruled)
+
+
+def make_entry(object orig, str name, int op, int form):
+    """A patched entry point for opcode `op` wrapping `orig`; op -1 makes an
+    entry that always runs eagerly (Tensor methods without a row)."""
+    if not -1 <= op < n_ops:
+        raise ValueError(f"unregistered op {op}")
+    return fl_entry_new(orig, name, op, form)
+
+
+
+cdef object _orig_to = None
+
+
+def make_to_entry(orig):
+    """Tensor.to that also understands the device string "lazy"."""
+    global _orig_to
+    _orig_to = orig
+    return _tensor_to
+
+
+def _tensor_to(self, *args, **kwargs):
+    if (len(args) == 1 and type(args[0]) is str and args[0] == "lazy" and not kwargs
+            or not args and len(kwargs) == 1 and kwargs.get("device") == "lazy"):
+        return lazy(self)
+    if kwargs:
+        return _orig_to(self, *args, **kwargs)
+    return _orig_to(self, *args)

@@ -1,0 +1,103 @@
+# From call arguments to operands: each argument of a call sorted into a
+# kind (LazyTensor, eager tensor, Python scalar, absent) with its metadata,
+# which is all the rules (csrc/rules.pxi) look at.
+
+cdef object TensorType = torch.Tensor
+
+
+cdef int meta_from_tensor(Meta *m, object t) except -1:
+    """Fill m from an eager tensor: the slow path (attribute reads), taken only
+    for eager tensors passed beside LazyTensors."""
+    cdef int d = dtype_code(t.dtype)
+    if d == DT_UNDEF:
+        return 0
+    shape = t.shape
+    cdef Py_ssize_t nd = len(shape)
+    if nd > MAX_NDIM:
+        return 0
+    m.dtype = d
+    m.ndim = nd
+    cdef Py_ssize_t i
+    for i in range(nd):
+        m.shape[i] = shape[i]
+    # is_cpu / is_cuda: t.device.type costs five times as much
+    if t.is_cpu:
+        m.device = 0
+    elif t.is_cuda:
+        m.device = 1 + t.get_device()
+    else:
+        return 0                # mps, meta, xpu...: eager
+    m.requires_grad = t.requires_grad
+    return 1
+
+
+cdef int classify(Operand *o, PyObject *p) except -1:
+    """Sort one argument into an operand kind; 0 means not recordable."""
+    cdef object x = <object>p
+    o.obj = p
+    if type(x) is LazyTensor:
+        o.kind = K_LAZY
+        o.m = &(<LazyTensor>x).meta
+        # complex32 values can be held, but most kernels refuse them: eager
+        return o.m.dtype != DT_COMPLEX32
+    o.m = &o.own
+    if type(x) is float:
+        o.kind = K_SCALAR; o.scalar = SC_FLOAT; o.own.dtype = -1; o.own.ndim = 0
+        return 1
+    if type(x) is int:
+        if not -9223372036854775808 <= <object>x <= 9223372036854775807:
+            return 0          # outside int64: eager decides (OverflowError, uint64)
+        o.kind = K_SCALAR; o.scalar = SC_INT; o.own.dtype = -1; o.own.ndim = 0
+        return 1
+    if type(x) is bool:
+        o.kind = K_SCALAR; o.scalar = SC_BOOL; o.own.dtype = -1; o.own.ndim = 0
+        return 1
+    if x is None:
+        o.kind = K_ABSENT
+        o.own.ndim = 0
+        o.own.dtype = -1
+        o.own.requires_grad = 0
+        return 2              # None: the caller checks the param accepts it
+    if type(x) is complex:
+        o.kind = K_SCALAR; o.scalar = SC_COMPLEX; o.own.dtype = -1; o.own.ndim = 0
+        return 1
+    if isinstance(x, TensorType):
+        o.kind = K_TENSOR
+        return meta_from_tensor(&o.own, x) and o.own.dtype != DT_COMPLEX32
+    return 0
+
+
+cdef double FLOAT16_MAX = 65504.0
+cdef double FLOAT32_MAX = 3.4028234663852886e38
+
+
+cdef bint scalar_fits(Operand *o, int d) except -1:
+    """Does a Python-number argument convert to dtype d without overflow?
+    Eager checks this where a number is converted to the computation dtype
+    (pow exponent, clamp bounds, alpha, negative_slope) and raises at the
+    call; such calls go to eager."""
+    if o.kind != K_SCALAR:
+        return True
+    if o.scalar == SC_COMPLEX:
+        return is_complex(d)
+    if o.scalar == SC_BOOL or is_complex(d):
+        return True
+    v = <object>o.obj
+    if is_integral(d):
+        if o.scalar == SC_FLOAT:
+            return True                  # alpha: checked by its rule
+        if d == 0:
+            return True
+        return int_min[d] <= v <= int_max[d]
+    f = abs(float(v))
+    if f != f or f == float("inf"):
+        return True
+    if d == 6:                           # float16
+        return f <= FLOAT16_MAX
+    if d == 7 or d == 8:                 # bfloat16, float32
+        return f <= FLOAT32_MAX
+    return True
+
+
+cdef inline bint is_tensor(Operand *o) noexcept:
+    return o.kind == K_LAZY or o.kind == K_TENSOR

@@ -1,0 +1,487 @@
+# Shape and dtype rules, in C.
+#
+# A rule looks at the operands of one call and either fills the output Meta
+# (returning RULE_OK) or answers RULE_EAGER: "this call is one the recorder
+# does not take; run it eagerly".  Eager then produces exactly eager's result
+# or exception, so a rule never has to reproduce an error message: it only
+# has to be sure of every call it accepts.  The differential tests hold the
+# rules to that.
+#
+# Non-operand arguments (dim, keepdim, dtype) are structure: they are packed
+# into the node's attr (AttrLayout in _core.pxd), and the lowering reads them
+# back from there.
+
+cdef enum RuleResult:
+    RULE_OK = 0
+    RULE_EAGER = 1
+
+
+
+cdef int wrapped_dtype(int scalar) except -2:
+    # The dtype a Python scalar takes part in promotion with (c10's
+    # "wrapped number" handling).
+    if scalar == SC_BOOL:
+        return 0
+    if scalar == SC_INT:
+        return 5  # int64
+    cdef int f = default_float()
+    if scalar == SC_FLOAT:
+        return f
+    return to_complex[f]
+
+
+cdef int result_type(Operand *ops, int n) except -2:
+    """torch.result_type over the present operands."""
+    cdef int dim = DT_UNDEF, zero = DT_UNDEF, wrapped = DT_UNDEF
+    cdef int i
+    for i in range(n):
+        if ops[i].kind == K_ABSENT:
+            continue
+        if ops[i].kind == K_SCALAR:
+            wrapped = promote(wrapped, wrapped_dtype(ops[i].scalar))
+        elif ops[i].m.ndim == 0:
+            zero = promote(zero, ops[i].m.dtype)
+        else:
+            dim = promote(dim, ops[i].m.dtype)
+    return combine_categories(dim, combine_categories(zero, wrapped))
+
+
+cdef int broadcast(Meta *out, Operand *ops, int n) except -1:
+    """Broadcast the tensor operands' shapes into out; 0 if they do not
+    broadcast (eager raises the error)."""
+    cdef int nd = 0, i, k, j
+    cdef int64_t s, o
+    for i in range(n):
+        if is_tensor(&ops[i]) and ops[i].m.ndim > nd:
+            nd = ops[i].m.ndim
+    for k in range(nd):
+        out.shape[k] = 1
+    for i in range(n):
+        if not is_tensor(&ops[i]):
+            continue
+        for j in range(ops[i].m.ndim):
+            k = nd - ops[i].m.ndim + j
+            s = ops[i].m.shape[j]
+            o = out.shape[k]
+            if s == o or s == 1:
+                continue
+            if o == 1:
+                out.shape[k] = s
+            else:
+                return 0
+    out.ndim = nd
+    return 1
+
+
+cdef int common_device(Meta *out, Operand *ops, int n) except -1:
+    # Tensors must share a device, except that 0-dim CPU tensors may join
+    # a CUDA computation (they act like scalars there).
+    cdef int dev = -1, i
+    cdef bint rg = False
+    for i in range(n):
+        if not is_tensor(&ops[i]):
+            continue
+        rg = rg or ops[i].m.requires_grad
+        if ops[i].m.device == 0 and ops[i].m.ndim == 0:
+            continue
+        if dev == -1:
+            dev = ops[i].m.device
+        elif dev != ops[i].m.device:
+            return 0
+    if dev == -1:
+        dev = 0
+    out.device = dev
+    out.requires_grad = rg and grad_enabled()
+    return 1
+
+
+cdef object _is_grad_enabled = torch.is_grad_enabled
+
+cdef inline bint grad_enabled() except -1:
+    return _is_grad_enabled()
+
+
+cdef int elementwise(Meta *out, Operand *ops, int n) except -1:
+    """Shape, device and result_type for an elementwise op; dtype in out."""
+    if not broadcast(out, ops, n) or not common_device(out, ops, n):
+        return 0
+    out.dtype = result_type(ops, n)
+    # float16 with a complex scalar promotes to complex32: eager refuses it
+    return out.dtype != DT_UNDEF and out.dtype != DT_COMPLEX32
+
+
+
+cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
+                    int *attr) except -1:
+    """Fill out (and attr) for an accepted call; RULE_EAGER otherwise."""
+    cdef int rule = op_rule[op], flags = op_flags[op], i, d
+    cdef Operand recip
+    if not is_tensor(&ops[0]):
+        return RULE_EAGER              # torch.add(2, x) and the like: eager
+    for i in range(nops):
+        if flags & OPF_TENSORS_ONLY and ops[i].kind == K_SCALAR:
+            return RULE_EAGER
+        if flags & OPF_NO_BOOL and (ops[i].kind == K_SCALAR and ops[i].scalar == SC_BOOL
+                                    or is_tensor(&ops[i]) and ops[i].m.dtype == 0):
+            return RULE_EAGER
+    attr[0] = 0
+    cdef int choice = 0
+    if op_choice_param[op] >= 0:
+        choice = choice_of(op, p)
+        if choice < 0:
+            return RULE_EAGER
+        attr[0] = choice << ATTR_CHOICE_SHIFT
+    if rule == R_REDUCE:
+        return reduce_rule(op, ops, p, out, attr)
+    if rule == R_SOFTMAX:
+        return softmax_rule(op, ops, p, out, attr)
+    if rule == R_LAYER_NORM:
+        return layer_norm_rule(op, ops, p, out, attr)
+    if R_MM <= rule <= R_LINEAR:
+        return matmul_rule(op, rule, ops, out)
+    if rule == R_RTRUEDIV:
+        # the reciprocal makes an integral self float before promotion
+        recip = ops[0]
+        recip.m = &recip.own
+        memcpy(&recip.own, ops[0].m, sizeof(Meta))
+        if is_integral(recip.own.dtype):
+            recip.own.dtype = default_float()
+        return rtruediv_rule(op, &recip, &ops[1], out)
+
+    if rule == R_DIV and choice == 0:     # rounding_mode=None
+        rule = R_TRUEDIV
+    if rule <= R_ABS:
+        # extra operands of a unary op (leaky_relu's negative_slope) are
+        # Python ints or floats; they do not take part in the result dtype
+        for i in range(1, nops):
+            if ops[i].kind == K_ABSENT:
+                continue
+            if ops[i].kind != K_SCALAR or ops[i].scalar == SC_BOOL or ops[i].scalar == SC_COMPLEX \
+                    or not scalar_fits(&ops[i], ops[0].m.dtype):
+                return RULE_EAGER
+
+    if not elementwise(out, ops, 2 if rule == R_BINARY else (1 if rule <= R_ABS else nops)):
+        return RULE_EAGER
+    d = out.dtype
+
+    if rule == R_UNARY:
+        return RULE_OK if cat_ok(op, d) else RULE_EAGER
+    if rule == R_UNARY_FLOAT:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if is_integral(d):
+            out.dtype = default_float()
+        return RULE_OK
+    if rule == R_ABS:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if is_complex(d):
+            out.dtype = to_real[d]
+        return RULE_OK
+    if rule == R_BINARY:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if nops > 2 and ops[2].kind != K_ABSENT:
+            # alpha: eager's checks, in result-dtype terms
+            if ops[2].kind != K_SCALAR or ops[2].scalar == SC_BOOL:
+                return RULE_EAGER
+            if ops[2].scalar == SC_FLOAT and is_integral(d):
+                return RULE_EAGER
+            if ops[2].scalar == SC_COMPLEX and not is_complex(d):
+                return RULE_EAGER
+            if not scalar_fits(&ops[2], d):
+                return RULE_EAGER
+        return RULE_OK
+    if rule == R_TRUEDIV:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        if is_integral(d):
+            out.dtype = default_float()
+        return RULE_OK
+    if rule == R_DIV:
+        return RULE_OK if is_float(d) or d != 0 and is_integral(d) else RULE_EAGER
+    if rule == R_COMPARE:
+        if not cat_ok(op, d):
+            return RULE_EAGER
+        out.dtype = 0
+        return RULE_OK
+    if rule == R_POW:
+        if not cat_ok(op, d) or d == 0:
+            return RULE_EAGER
+        # Integers to negative integer powers raise in eager.
+        if (is_integral(d) and ops[1].kind == K_SCALAR and ops[1].scalar == SC_INT
+                and <object>ops[1].obj < 0):
+            return RULE_EAGER
+        if not scalar_fits(&ops[1], d) or not scalar_fits(&ops[0], d):
+            return RULE_EAGER
+        return RULE_OK
+    if rule == R_CLAMP:
+        if ops[1].kind == K_ABSENT and ops[2].kind == K_ABSENT:
+            return RULE_EAGER
+        # eager has clamp(Tensor, Scalar?, Scalar?) and clamp(Tensor,
+        # Tensor?, Tensor?): a scalar beside a tensor bound is not a call
+        # it accepts.
+        if (ops[1].kind == K_SCALAR and is_tensor(&ops[2])
+                or ops[2].kind == K_SCALAR and is_tensor(&ops[1])):
+            return RULE_EAGER
+        if not cat_ok(op, d) or d == 0:
+            return RULE_EAGER
+        if not scalar_fits(&ops[1], d) or not scalar_fits(&ops[2], d):
+            return RULE_EAGER
+        return RULE_OK
+    return RULE_EAGER
+
+
+cdef int rtruediv_rule(int op, Operand *recip, Operand *other, Meta *out) except -1:
+    """other / self computed as self.reciprocal() * other (eager's
+    Tensor.__rtruediv__): promotion sees the reciprocal's float dtype."""
+    cdef Operand pair[2]
+    pair[0] = recip[0]
+    pair[0].m = &pair[0].own
+    pair[1] = other[0]
+    if other.m == &other.own:
+        pair[1].m = &pair[1].own
+    if not elementwise(out, pair, 2) or not cat_ok(op, out.dtype):
+        return RULE_EAGER
+    return RULE_OK
+
+
+cdef bint dropout_is_identity(PyObject **p) except -1:
+    """F.dropout(x, p, training, inplace) returns x itself when not training
+    or when p == 0 (with p a valid probability; eager validates it first)."""
+    prob = 0.5 if p[1] == NULL else <object>p[1]
+    training = True if p[2] == NULL else <object>p[2]
+    if type(prob) is not float and type(prob) is not int or type(training) is not bool:
+        return False
+    if not 0.0 <= prob <= 1.0:
+        return False
+    if p[3] != NULL and type(<object>p[3]) is not bool:
+        return False
+    return not training or prob == 0
+
+
+cdef bint inplace_fits(Meta *out, Meta *self_m) noexcept:
+    # The result must have self's shape and be castable to self's dtype.
+    if out.ndim != self_m.ndim or out.device != self_m.device:
+        return False
+    for i in range(out.ndim):
+        if out.shape[i] != self_m.shape[i]:
+            return False
+    return can_cast_table[out.dtype][self_m.dtype]
+
+
+cdef int wrap_dim(object d, int ndim) except -2:
+    """A dim argument as a non-negative index, or -1 if eager should judge it."""
+    if type(d) is not int:
+        return -1
+    cdef int n = ndim if ndim > 0 else 1
+    cdef long v = d
+    if v < -n or v >= n:
+        return -1
+    return v + n if v < 0 else v
+
+
+cdef int dtype_arg(PyObject *p) except -2:
+    """A dtype= argument: its code + 1, 0 for absent/None, -1 for anything
+    the recorder does not take."""
+    if p == NULL or <object>p is None:
+        return 0
+    cdef int d = dtype_code(<object>p)
+    return -1 if d == DT_UNDEF else d + 1
+
+
+cdef int reduce_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: input, dim, keepdim[, dtype]
+    cdef Meta *m = ops[0].m
+    cdef int nd = m.ndim, mask = 0, k, j, dt
+    cdef bint keep = False
+    if not is_tensor(&ops[0]):
+        return RULE_EAGER
+    if p[1] != NULL and <object>p[1] is not None:
+        dims = <object>p[1]
+        if type(dims) is int:
+            dims = (dims,)
+        elif type(dims) is not tuple and type(dims) is not list:
+            return RULE_EAGER
+        for d in dims:
+            k = wrap_dim(d, nd)
+            if k < 0 or mask & (1 << k):
+                return RULE_EAGER
+            mask |= 1 << k
+        if len(dims) == 0:
+            return RULE_EAGER          # dim=() means "all" for some ops: eager judges
+        attr[0] |= ATTR_DIM_GIVEN
+    else:
+        mask = (1 << nd) - 1
+    if op_nparams[op] > 2 and p[2] != NULL:
+        if type(<object>p[2]) is not bool:
+            return RULE_EAGER
+        keep = <object>p[2]
+    dt = dtype_arg(p[3]) if op_nparams[op] > 3 else 0
+    if dt < 0:
+        return RULE_EAGER
+    # output shape
+    out.ndim = 0
+    for k in range(nd):
+        if mask & (1 << k):
+            if op_flags[op] & OPF_EMPTY_ERROR and m.shape[k] == 0:
+                return RULE_EAGER      # eager raises for an empty reduction
+            if keep:
+                out.shape[out.ndim] = 1
+                out.ndim += 1
+        else:
+            out.shape[out.ndim] = m.shape[k]
+            out.ndim += 1
+    if op_flags[op] & OPF_EMPTY_ERROR and nd > 0 and mask == (1 << nd) - 1:
+        for k in range(nd):
+            if m.shape[k] == 0:
+                return RULE_EAGER
+    out.device = m.device
+    out.requires_grad = m.requires_grad and grad_enabled()
+    # output dtype
+    if dt > 0:
+        out.dtype = dt - 1
+        if not cat_ok(op, out.dtype) or not cat_ok(op, m.dtype):
+            return RULE_EAGER
+        if category[out.dtype] < category[m.dtype] and category[m.dtype] > CAT_INT:
+            return RULE_EAGER          # e.g. a float sum into an int dtype
+    else:
+        if not cat_ok(op, m.dtype):
+            return RULE_EAGER
+        out.dtype = m.dtype
+        if op_flags[op] & OPF_INT_TO_INT64 and is_integral(m.dtype):
+            out.dtype = 5              # int64
+    attr[0] |= mask | (ATTR_KEEPDIM if keep else 0) | (dt << ATTR_DTYPE_SHIFT)
+    return RULE_OK
+
+
+cdef int softmax_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: input, dim[, _stacklevel], dtype (the last one)
+    cdef Meta *m = ops[0].m
+    if not is_tensor(&ops[0]) or p[1] == NULL:
+        return RULE_EAGER              # dim=None: eager picks one (and warns)
+    cdef int k = wrap_dim(<object>p[1], m.ndim)
+    cdef int dt = dtype_arg(p[op_nparams[op] - 1])
+    if k < 0 or dt < 0:
+        return RULE_EAGER
+    memcpy(out, m, sizeof(Meta))
+    out.requires_grad = m.requires_grad and grad_enabled()
+    if dt > 0:
+        out.dtype = dt - 1
+    if not cat_ok(op, m.dtype) or not cat_ok(op, out.dtype):
+        return RULE_EAGER
+    attr[0] |= k | (dt << ATTR_DTYPE_SHIFT)
+    return RULE_OK
+
+
+cdef int layer_norm_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: input, normalized_shape, weight, bias, eps; attr: len(normalized_shape)
+    cdef Meta *m = ops[0].m
+    cdef int k, i, j
+    shape = <object>p[1]
+    if type(shape) is not tuple and type(shape) is not list and type(shape) is not _Size:
+        return RULE_EAGER             # an int is a TypeError in eager
+    k = len(shape)
+    if k < 1 or k > m.ndim or not cat_ok(op, m.dtype):
+        return RULE_EAGER
+    for j in range(k):
+        if type(shape[j]) is not int or shape[j] != m.shape[m.ndim - k + j]:
+            return RULE_EAGER
+    cdef bint rg = m.requires_grad
+    for i in (2, 3):                  # weight, bias: exactly normalized_shape
+        if ops[i].kind == K_ABSENT:
+            continue
+        if (not is_tensor(&ops[i]) or ops[i].m.dtype != m.dtype or ops[i].m.device != m.device
+                or ops[i].m.ndim != k):
+            return RULE_EAGER
+        for j in range(k):
+            if ops[i].m.shape[j] != m.shape[m.ndim - k + j]:
+                return RULE_EAGER
+        rg = rg or ops[i].m.requires_grad
+    if ops[4].kind != K_ABSENT and (ops[4].kind != K_SCALAR or ops[4].scalar != SC_FLOAT):
+        return RULE_EAGER             # eps is a float in aten's schema
+    memcpy(out, m, sizeof(Meta))
+    out.requires_grad = rg and grad_enabled()
+    attr[0] |= k
+    return RULE_OK
+
+
+cdef int same_dtype_device(Operand *ops, int n, Meta *out) except -1:
+    cdef int i
+    cdef bint rg = False
+    for i in range(n):
+        if ops[i].kind == K_ABSENT:
+            continue
+        if not is_tensor(&ops[i]) or ops[i].m.dtype != ops[0].m.dtype \
+                or ops[i].m.device != ops[0].m.device:
+            return 0
+        rg = rg or ops[i].m.requires_grad
+    out.dtype = ops[0].m.dtype
+    out.device = ops[0].m.device
+    out.requires_grad = rg and grad_enabled()
+    return 1
+
+
+cdef int matmul_rule(int op, int rule, Operand *ops, Meta *out) except -1:
+    """mm, bmm, matmul and linear: same dtype and device, no promotion (eager
+    raises on mixed dtypes), shapes as the aten ops check them."""
+    cdef int nops = 3 if rule == R_LINEAR else 2
+    if not same_dtype_device(ops, nops, out) or not cat_ok(op, out.dtype):
+        return RULE_EAGER
+    cdef Meta *a = ops[0].m
+    cdef Meta *b = ops[1].m
+    cdef int i, na = a.ndim, nb = b.ndim, nbatch
+    cdef int64_t s, t
+    if rule == R_MM:
+        if na != 2 or nb != 2 or a.shape[1] != b.shape[0]:
+            return RULE_EAGER
+        out.ndim = 2; out.shape[0] = a.shape[0]; out.shape[1] = b.shape[1]
+        return RULE_OK
+    if rule == R_BMM:
+        if na != 3 or nb != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+            return RULE_EAGER
+        out.ndim = 3; out.shape[0] = a.shape[0]; out.shape[1] = a.shape[1]
+        out.shape[2] = b.shape[2]
+        return RULE_OK
+    if rule == R_LINEAR:
+        # input [..., in] x weight [out, in] (+ bias [out]) -> [..., out]
+        if na < 1 or nb != 2 or a.shape[na - 1] != b.shape[1]:
+            return RULE_EAGER
+        if ops[2].kind != K_ABSENT and (ops[2].m.ndim != 1 or ops[2].m.shape[0] != b.shape[0]):
+            return RULE_EAGER
+        out.ndim = na
+        for i in range(na - 1):
+            out.shape[i] = a.shape[i]
+        out.shape[na - 1] = b.shape[0]
+        return RULE_OK
+    # matmul: 1-d operands are promoted to matrices and the added dim removed
+    if na == 0 or nb == 0:
+        return RULE_EAGER
+    if na == 1 and nb == 1:
+        if a.shape[0] != b.shape[0]:
+            return RULE_EAGER
+        out.ndim = 0
+        return RULE_OK
+    cdef int64_t k_a = a.shape[na - 1]
+    cdef int64_t k_b = b.shape[nb - 2] if nb >= 2 else b.shape[0]
+    if k_a != k_b:
+        return RULE_EAGER
+    # batch dims: everything but the last two (one for a 1-d operand)
+    cdef int ba = na - 2 if na >= 2 else 0
+    cdef int bb = nb - 2 if nb >= 2 else 0
+    nbatch = ba if ba > bb else bb
+    for i in range(nbatch):
+        s = a.shape[ba - nbatch + i] if ba - nbatch + i >= 0 else 1
+        t = b.shape[bb - nbatch + i] if bb - nbatch + i >= 0 else 1
+        if s != t and s != 1 and t != 1:
+            return RULE_EAGER
+        out.shape[i] = s if t == 1 else t
+    out.ndim = nbatch
+    if na >= 2:
+        out.shape[out.ndim] = a.shape[na - 2]
+        out.ndim += 1
+    if nb >= 2:
+        out.shape[out.ndim] = b.shape[nb - 1]
+        out.ndim += 1
+    return RULE_OK
+
