@@ -1,5 +1,5 @@
-"""Options of the benchmark suite (run it with `python -m fastlazy.bench`, or
-`pytest benchmarks`)."""
+"""Options of the benchmark suite (run it with `python benchmarks/report.py`,
+or `pytest benchmarks`)."""
 
 
 def pytest_addoption(parser):

@@ -21,7 +21,7 @@ import fastlazy
 import fastlazy.backends
 import fastlazy.graph_cache
 import workloads
-from fastlazy.bench import SHAPE_ADDS_PER_CALL
+from report import SHAPE_ADDS_PER_CALL
 
 MLP_WIDTH, MLP_LAYERS = 256, 4
 SHAPE_N = 100

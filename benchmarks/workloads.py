@@ -1,5 +1,5 @@
-"""The W1 and W2 workloads of ../shared/BENCHMARKS.md and the contenders
-that run them.
+"""The W1 and W2 workloads of the benchmark suite (its targets: TARGETS in
+report.py) and the contenders that run them.
 
 W1 is Torchy's fusible-chain microbenchmark: nine `torch.rand(n, n)` inputs
 and 8, 16 or 32 add/sub/mul/div calls, plus a 32-op control-flow variant

@@ -1,15 +1,16 @@
-"""Run the benchmark suite and report it against ../shared/BENCHMARKS.md.
+"""Run the benchmark suite and report it against the targets P1-P8.
 
-    python -m fastlazy.bench [--quick] [--large] [--no-compile] [--threads N]
-                             [--out results] [--stat min|median]
+    python benchmarks/report.py [--quick] [--large] [--no-compile] [--threads N]
+                                [--out results] [--stat min|median]
 
-The suite (`benchmarks/` beside the package) runs under pytest-benchmark in a
-subprocess; this report reads back the JSON that pytest-benchmark writes, so
-the two never disagree.  It prints one table (rows: workloads; columns:
-contenders; cells: time and speedup over eager, plus ns per recorded op for
-trace-only rows; W1, then W2, then W3), the first-call times, and the
-targets P1-P8 with PASS or MISS.  Into the output folder go bench.json,
-table.md and speedup.png.
+Run it from the repository root.  The suite (the pytest-benchmark tests in
+this folder) runs under pytest-benchmark in a subprocess; this report reads
+back the JSON that pytest-benchmark writes, so the two never disagree.  It
+prints one table (rows: workloads; columns: contenders; cells: time and
+speedup over eager, plus ns per recorded op for trace-only rows; W1, then
+W2, then W3), the first-call times, and the targets P1-P8 (`TARGETS` in this
+file: each target's measure, threshold and the function that judges it) with
+PASS or MISS.  Into the output folder go bench.json, table.md and speedup.png.
 """
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH_DIR = Path(__file__).resolve().parent     # this folder: the suite
 MODE_ORDER = ("trace", "exec")
 W2_MODELS = {"mlp": "MLP 8x256", "transformer": "TransformerEncoderLayer 256/4 seq 32"}
 W2_MODES = {"infer": "inference", "train": "training step"}
 # P5 times this many adds per timed call on both sides, so pytest-benchmark's
 # own per-call overhead (about 30 ns: comparable to a recorded add) is
-# amortized, as P1 amortizes it over a 32-op chain.
+# amortized, as P1 amortizes it over a 32-op chain.  test_w3.py imports it
+# from here (this module imports neither torch nor fastlazy).
 SHAPE_ADDS_PER_CALL = 100
 W3_LABELS = {
     "x+y": "W3 x + y, 1 element: enable() off vs on",
@@ -299,6 +301,8 @@ def p8(results):
             f"({len(counts)} runs: every backend and n)", _verdict(not recompiled))
 
 
+# The project's performance targets: id, what is measured, the threshold, and
+# the function above that measures and judges it on a run's results.
 TARGETS = (
     ("P1", "W1 trace, 32 ops, n=100: ns per recorded op",
      "≤ 100 ns; ≥ 30× torch._lazy; ≥ 20× eager", p1),
@@ -410,7 +414,7 @@ def run_suite(args, json_path: Path) -> int:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m fastlazy.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python benchmarks/report.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="W1 at n=100 and 32 ops only, W2 MLP batch 1 inference "
@@ -431,8 +435,6 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not BENCH_DIR.is_dir():
-        sys.exit(f"no benchmark suite at {BENCH_DIR} (run from a source checkout)")
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "bench.json"
     start = time.perf_counter()
@@ -447,7 +449,7 @@ def main(argv=None) -> int:
         ("Results", table(results)),
         ("First calls (setup and compilation included; cf: both variants)",
          first_calls(results)),
-        ("Targets (../shared/BENCHMARKS.md)", targets(results)),
+        ("Targets", targets(results)),
     ]
     for title, rows in sections:
         print(f"\n{title}\n\n{as_text(rows)}")
