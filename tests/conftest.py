@@ -21,11 +21,18 @@ def lazy_on():
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    """Run a test once per backend."""
+    """Run a test once per backend in helpers.BACKENDS (or on the backends a
+    test parametrizes it with, indirect=True).  Afterwards the test's pending
+    graph is computed, so that no test leaves a graph behind for the next one
+    to flush, and the backend found before the test (the default one) is
+    restored."""
     before = fastlazy.backend()
     fastlazy.set_backend(request.param)
-    yield request.param
-    fastlazy.set_backend(before)
+    try:
+        yield request.param
+    finally:
+        fastlazy.mark_step()
+        fastlazy.set_backend(before)
 
 
 def pytest_configure(config):

@@ -4,13 +4,13 @@
 eager PyTorch is the reference, fastlazy must give the same values, dtypes and
 shapes -- or raise the same exception type at the same call, recording nothing.
 
-Fixtures shared by the test modules (import them into a test module so that
-pytest registers them there):
+A fixture shared by the test modules (import it into a test module so that
+pytest registers it there):
 
 * ``fastlazy_enabled`` -- module-scoped, autouse: ``fastlazy.enable()`` for
   the module, ``fastlazy.disable()`` after it.
-* ``backend`` -- autouse, parametrized over every backend; restores the
-  default ("torchscript") afterwards.
+
+The ``backend`` fixture, parametrized over BACKENDS, is conftest's.
 """
 from __future__ import annotations
 
@@ -46,17 +46,6 @@ def fastlazy_enabled():
     graph_cache.clear()
     if not was:             # (left as found when another module enabled it)
         fastlazy.disable()
-
-
-@pytest.fixture(params=BACKENDS, autouse=True)
-def backend(request):
-    fastlazy.set_backend(request.param)
-    try:
-        yield request.param
-    finally:
-        # no test may leave a graph behind for the next one to flush
-        fastlazy.mark_step()
-        fastlazy.set_backend(DEFAULT_BACKEND)
 
 
 # --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Bad calls: eager's exception type at the call, nothing recorded, every
-LazyTensor made before still correct -- on both backends, with materialized
-and with pending (recorded, not yet computed) lazy arguments.
+LazyTensor made before still correct -- on every backend in
+helpers.BACKENDS, with materialized and with pending (recorded, not yet
+computed) lazy arguments.
 
 `check()` (helpers.py) runs each call eagerly and lazily; here every call
 must be one eager rejects, and with materialized arguments the failed lazy
@@ -20,9 +21,12 @@ from fastlazy import _core
 from fastlazy._core import Rule
 from fastlazy.optable import OPS
 
-from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
+from helpers import fastlazy_enabled  # noqa: F401  (fixture: enable() for the module)
 from helpers import (BOOL, C64, F16, F32, F64, I64, U8, T, assert_same, check,
                      fastlazy_disabled, forms_of, seed)
+
+# every test runs once per backend in helpers.BACKENDS (conftest's backend fixture)
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 def t(shape, dtype=F32):

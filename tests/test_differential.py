@@ -1,5 +1,5 @@
 """Differential tests: every recorded op, through every entry point, against
-eager PyTorch (the oracle), on both backends.
+eager PyTorch (the oracle), on every backend in helpers.BACKENDS.
 
 The cases are generated from the op table (fastlazy.optable.OPS): a row's
 entry points (functions, methods -- operators included --, inplace,
@@ -33,9 +33,12 @@ import fastlazy
 from fastlazy._core import OpFlag, Rule
 from fastlazy.optable import COMPLEX, OPS, Attr, Call
 
-from helpers import backend, fastlazy_enabled  # noqa: F401  (fixtures: both backends, enable())
+from helpers import fastlazy_enabled  # noqa: F401  (fixture: enable() for the module)
 from helpers import (BACKENDS, DEFAULT_BACKEND, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
                      T, assert_same, check, forms_of, make_value, returns_self, seed, show)
+
+# every test runs once per backend in helpers.BACKENDS (conftest's backend fixture)
+pytestmark = pytest.mark.usefixtures("backend")
 
 CORE_DTYPES = (F32, F64, I64, BOOL)
 EXTRA_DTYPES = (F16, BF16, I32, U8, C64)
