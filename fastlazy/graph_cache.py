@@ -1,8 +1,22 @@
-"""The compiled-graph cache: structural key -> Program, bounded LRU.
+"""The compiled-graph cache: structural key -> Program, bounded LRU, and the
+policy of which backend compiles a graph.
 
 The core computes the key (a 128-bit structural hash of the outputs) and
-calls `run`.  A hit costs one dict lookup; a miss builds a GraphView and asks
-the active backend to compile it.
+runs a hit itself: one dict lookup and the program's call.  On a miss it
+calls `compile_and_run`, which builds a GraphView and has it compiled.
+
+Policy: the active backend compiles every graph, except that
+
+- a torchscript graph that nothing fuses (CPU without LLVM) and that has a
+  linear layer recorded on one row goes to the native backend, whose kernel
+  for that layer TorchScript cannot call (the graph is shape-generic, so
+  its first recording decides for later calls);
+- a backend that compiles in the background (inductor's `async_compile`)
+  is given the eager backend's program of the same graph to run meanwhile;
+- a graph a backend fails to compile or first run goes to the eager
+  backend (counted as `compile_failures`).
+
+Backends know nothing of each other; this module is where they meet.
 """
 from __future__ import annotations
 
@@ -10,6 +24,7 @@ import collections
 import time
 
 from fastlazy import _core, backends, metrics, recompiles
+from fastlazy.backends import native
 from fastlazy.graph import GraphView
 from fastlazy.sites import site_of_call
 
@@ -70,7 +85,8 @@ def compile_and_run(seg, key, outputs):
     slot_order = view.slot_order()
     recompiles.explain(view, _backend.name, _backend.specializes_shapes,
                        site_of_call() if recompiles.warn_after else None)
-    program = _compile(_backend, view)
+    backend = _choose(view)
+    program = _compile(backend, view)
     _insert(key, program)
     used = [slot_order[p] for p in program.slots]
     seg._check_versions(used)
@@ -78,31 +94,42 @@ def compile_and_run(seg, key, outputs):
     try:
         return program.run([inputs[k] for k in used])
     except Exception as exc:
-        if _backend.name == "eager":
+        if backend.name == "eager":
             raise
         # Some graphs only fail when first run (TorchScript's alias analysis
         # of an aten op it cannot type): run it on the eager backend, which
         # raises eager's own error if the values really cannot be computed.
-        program = _fallback_program(view, exc)
+        program = _fallback_program(view, exc, backend)
         _insert(key, program)
         return program.run([inputs[slot_order[p]] for p in program.slots])
+
+
+def _choose(view):
+    """The backend that compiles `view` (see the module docstring)."""
+    if (_backend.name == "torchscript" and not _backend.fuses(view)
+            and native.takes_one_row(view)):
+        return backends.get("native")
+    return _backend
 
 
 def _compile(backend, view):
     start = time.perf_counter()
     try:
-        program = backend.compile(view)
+        if getattr(backend, "async_compile", False):
+            program = backend.compile(view, replay=backends.get("eager").compile(view).call)
+        else:
+            program = backend.compile(view)
     except Exception as exc:     # a backend bug must not lose the user's values
         if backend.name == "eager":
             raise
-        program = _fallback_program(view, exc)
+        program = _fallback_program(view, exc, backend)
     metrics.add_compile_time(time.perf_counter() - start)
     return program
 
 
-def _fallback_program(view, exc):
+def _fallback_program(view, exc, backend):
     metrics.count_event("compile_failures")
-    metrics.count_fallback(f"compile:{_backend.name}:{type(exc).__name__}")
+    metrics.count_fallback(f"compile:{backend.name}:{type(exc).__name__}")
     return backends.get("eager").compile(view)
 
 

@@ -102,3 +102,39 @@ def reusable(node, by_index):
     # a larger result into the producer
     return (not producer.op.generic and producer.uses == 1 and not producer.is_output
             and node.keeps_shape and producer.dtype == node.dtype)
+
+
+def _same(inp):
+    return inp
+
+
+def closure(expr, node, where=_same):
+    """env -> value of a row's lowering expression for one node; an input
+    ('node', i) or ('slot', k) is read at env[where(input)]."""
+    if isinstance(expr, Call):
+        fn = builtin(expr.name)
+        args = [closure(a, node, where) for a in expr.args]
+        kwargs = [(k, closure(v, node, where)) for k, v in expr.kwargs]
+
+        def call(env):
+            return fn(*[a(env) for a in args], **{k: v(env) for k, v in kwargs})
+        return call
+    if isinstance(expr, AttrValue):
+        return _constant(expr.value(node))
+    if isinstance(expr, TrailingDims):
+        source, k = closure(expr.index, node, where), node.attr & 15
+        return lambda env: list(source(env).shape[-k:])
+    inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
+    if inp is None:
+        return _constant(expr.default)
+    inp = where(inp)
+    if node.detach:
+        def detached(env):
+            value = env[inp]
+            return value.detach() if isinstance(value, torch.Tensor) else value
+        return detached
+    return lambda env: env[inp]
+
+
+def _constant(value):
+    return lambda env: value

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy.backends.base import Backend, Program, builtin
-from fastlazy.optable import AttrValue, Call, Opt, TrailingDims
+from fastlazy.backends.base import Backend, Program, closure
 
 
 class EagerBackend(Backend):
@@ -19,7 +18,7 @@ class EagerBackend(Backend):
     def compile(self, view) -> Program:
         keys = [("slot", s.index) for s in view.slots]
         steps = [(("node", node.index),
-                  _generic_closure(node) if node.op.generic else _closure(node.op.lower, node),
+                  _generic_closure(node) if node.op.generic else closure(node.op.lower, node),
                   node.dtype if node.cast else None) for node in view.nodes]
         outputs = [("node", i) for i in view.outputs]
 
@@ -31,38 +30,6 @@ class EagerBackend(Backend):
             return [env[k] for k in outputs]
 
         return Program([s.position for s in view.slots], run, False, str(view))
-
-
-def _same(inp):
-    return inp
-
-
-def _closure(expr, node, where=_same):
-    """env -> value of a row's lowering expression for one node; an input
-    ('node', i) or ('slot', k) is read at env[where(input)]."""
-    if isinstance(expr, Call):
-        fn = builtin(expr.name)
-        args = [_closure(a, node, where) for a in expr.args]
-        kwargs = [(k, _closure(v, node, where)) for k, v in expr.kwargs]
-
-        def call(env):
-            return fn(*[a(env) for a in args], **{k: v(env) for k, v in kwargs})
-        return call
-    if isinstance(expr, AttrValue):
-        return _constant(expr.value(node))
-    if isinstance(expr, TrailingDims):
-        source, k = _closure(expr.index, node, where), node.attr & 15
-        return lambda env: list(source(env).shape[-k:])
-    inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
-    if inp is None:
-        return _constant(expr.default)
-    inp = where(inp)
-    if node.detach:
-        def detached(env):
-            value = env[inp]
-            return value.detach() if isinstance(value, torch.Tensor) else value
-        return detached
-    return lambda env: env[inp]
 
 
 def _generic_closure(node):
@@ -81,7 +48,3 @@ def _generic_closure(node):
             outs = env[memo] = program(*args)
         return outs[k]
     return call
-
-
-def _constant(value):
-    return lambda env: value

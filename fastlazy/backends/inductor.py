@@ -24,7 +24,6 @@ import torch.fx
 
 from fastlazy import metrics
 from fastlazy.backends.base import Backend, Program, builtin, lower
-from fastlazy.backends.eager import EagerBackend
 from fastlazy._core import Rule
 from fastlazy.optable import SCALAR_ARGS
 
@@ -45,9 +44,11 @@ class InductorBackend(Backend):
         self.async_compile = os.environ.get("FASTLAZY_ASYNC_COMPILE") == "1"
         self._pool = None
 
-    def compile(self, view) -> Program:
+    def compile(self, view, replay=None) -> Program:
+        """replay: a program of the same view to run while an asynchronous
+        compile is under way (the graph cache passes one when
+        `async_compile` is on)."""
         gm, kinds = _build_fx(view)
-        replay = EagerBackend().compile(view).call if self.async_compile else None
         dispatch = _ShapeDispatch(gm, kinds, self, replay)
         return Program([s.position for s in view.slots], dispatch, False, gm.code)
 

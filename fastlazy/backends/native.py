@@ -25,8 +25,7 @@ import torch
 import torch.fx
 
 from fastlazy import _steps
-from fastlazy.backends.base import Backend, Program, builtin, reusable
-from fastlazy.backends.eager import _closure
+from fastlazy.backends.base import Backend, Program, builtin, closure, reusable
 from fastlazy.optable import AttrValue, Opt
 
 
@@ -81,8 +80,8 @@ def kernel_steps(view):
 
 def takes_one_row(view):
     """Was a linear layer of `view` recorded on one row that the kernel
-    takes?  The torchscript backend runs such graphs here when nothing
-    fuses: TorchScript cannot call the kernel."""
+    takes?  (The graph cache then runs the graph here rather than on an
+    unfused TorchScript graph, which cannot call the kernel.)"""
     return any(math.prod(x_shape[:-1]) == 1 for _, _, x_shape in kernel_steps(view).values())
 
 
@@ -142,7 +141,7 @@ def _call_step(node, out, where, inplace):
     expr = node.op.lower
     cast = node.dtype if node.cast else None
     if node.detach or not all(_flat(a) for a in (*expr.args, *(v for _, v in expr.kwargs))):
-        compute = _closure(expr, node, where.__getitem__)
+        compute = closure(expr, node, where.__getitem__)
         if cast is not None:
             def compute(values, inner=compute):
                 return inner(values).to(cast)

@@ -5,10 +5,7 @@ With CUDA tensors (or a torch built with LLVM) the profiling executor runs it
 and NNC (TensorExpr) fuses the elementwise chains.  On CPU without LLVM (PyPI
 wheels) nothing can fuse, so the graph is made cheap to interpret instead:
 the legacy executor (no profiling or guard nodes) and in-place aten variants
-that reuse the storage of intermediates nobody else reads.  A graph with a
-linear layer recorded on one row (batch-1 inference) goes to the native
-backend instead, whose kernel for that layer TorchScript cannot call; the
-graph is shape-generic, so its first recording decides for later calls.
+that reuse the storage of intermediates nobody else reads.
 """
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ import operator
 import torch
 import torch.fx
 
-from fastlazy.backends import native
 from fastlazy.backends.base import Backend, Program, lower, reusable
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
@@ -100,8 +96,6 @@ class TorchScriptBackend(Backend):
             torch._C._jit_override_can_fuse_on_cpu(True)
 
     def compile(self, view) -> Program:
-        if not self._fuses(view) and native.takes_one_row(view):
-            return native.NativeBackend().compile(view)
         ir = _IR()
         env = {}
         params = []
@@ -121,7 +115,7 @@ class TorchScriptBackend(Backend):
                     scalars.add(name)
                 env[("slot", s.index)] = name
                 slots.append(s.position)
-        fuses = self._fuses(view)
+        fuses = self.fuses(view)
         # writing into intermediates is safe only where autograd keeps none
         reuse = not view.grad and not fuses
         by_index = {n.index: n for n in view.nodes}
@@ -145,7 +139,9 @@ class TorchScriptBackend(Backend):
             program._first_call = functools.partial(_legacy_first_call, program, text)
         return program
 
-    def _fuses(self, view):
+    def fuses(self, view):
+        """Will NNC fuse this graph's elementwise chains (CUDA inputs, or a
+        torch built with LLVM)?"""
         return self.llvm or any(s.kind == "tensor" and s.value.is_cuda for s in view.slots)
 
 
