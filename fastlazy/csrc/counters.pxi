@@ -44,6 +44,6 @@ def reset_counters():
 
 
 def count(str name):
-    """Bump a counter from Python (cache hits and misses are counted by the
-    cache, which lives in Python)."""
+    """Bump a counter from Python: the paths that live there (a cache miss,
+    a fallback, a generic-path record) count their events here."""
     counters[COUNTER_NAMES.index(name)] += 1

@@ -171,7 +171,8 @@ cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object
 
 def make_entry(object orig, str name, int op, int form):
     """A patched entry point for opcode `op` wrapping `orig`; op -1 makes an
-    entry that always runs eagerly (Tensor methods without a row)."""
+    entry without a row (the other Tensor methods): with a lazy argument its
+    calls take the generic path, without one they fall through to `orig`."""
     if not -1 <= op < n_ops:
         raise ValueError(f"unregistered op {op}")
     return fl_entry_new(orig, name, op, form)
