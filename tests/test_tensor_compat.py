@@ -30,3 +30,43 @@ def test_code_that_checks_isinstance_then_calls_methods():
     got = normalize(fastlazy.lazy(a))
     assert type(got) is LazyTensor
     torch.testing.assert_close(got.to_eager(), normalize(a))
+
+
+METADATA = ("is_nested", "layout", "is_sparse", "is_sparse_csr", "is_quantized", "is_meta",
+            "is_mkldnn", "is_cpu", "is_cuda", "itemsize", "nbytes", "is_leaf", "dtype",
+            "shape", "ndim", "device", "requires_grad")
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("name", METADATA)
+def test_metadata_reads_do_not_compute(name, grad):
+    """Every metadata attribute of a pending result is eager's, and reading
+    it runs nothing (nn.MultiheadAttention reads is_nested each call)."""
+    a, w = torch.rand(2, 3), torch.rand(3, requires_grad=grad)
+    pending = fastlazy.lazy(a) * w
+    got = getattr(pending, name)
+    assert fastlazy.metrics.counters()["flushes"] == 0
+    assert got == getattr(a * w, name)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_grad_fn_of_a_pending_result(grad):
+    a, w = torch.rand(2, 3), torch.rand(3, requires_grad=grad)
+    pending = fastlazy.lazy(a) * w
+    got = pending.grad_fn
+    assert type(got) is type((a * w).grad_fn)
+    # without autograd there is nothing to compute
+    assert fastlazy.metrics.counters()["flushes"] == (1 if grad else 0)
+
+
+def test_multihead_attention_records_one_graph():
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.rand(2, 5, 16)
+    with torch.no_grad():
+        expected = mha(x, x, x, need_weights=False)[0]
+        lx = fastlazy.lazy(x)
+        fastlazy.metrics.reset()
+        out = mha(lx, lx, lx, need_weights=False)[0]
+        assert fastlazy.metrics.counters()["flushes"] == 0
+        torch.testing.assert_close(out.to_eager(), expected)
+    assert fastlazy.metrics.counters()["flushes"] == 1

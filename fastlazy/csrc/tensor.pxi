@@ -161,6 +161,66 @@ cdef class LazyTensor:
     def is_lazy(self):
         return True
 
+    # Metadata a library reads to choose a code path (nn.MultiheadAttention
+    # reads is_nested on every call): answered from what is known, so
+    # reading it never runs the graph.  A pending value is always a dense,
+    # strided tensor on a CPU or CUDA device; a materialized one answers
+    # for itself.
+
+    @property
+    def is_cpu(self):
+        return self.meta.device == 0
+
+    @property
+    def layout(self):
+        return _torch.strided if self.value is None else self.value.layout
+
+    @property
+    def is_nested(self):
+        return False if self.value is None else self.value.is_nested
+
+    @property
+    def is_sparse(self):
+        return False if self.value is None else self.value.is_sparse
+
+    @property
+    def is_sparse_csr(self):
+        return False if self.value is None else self.value.is_sparse_csr
+
+    @property
+    def is_quantized(self):
+        return False if self.value is None else self.value.is_quantized
+
+    @property
+    def is_meta(self):
+        return False if self.value is None else self.value.is_meta
+
+    @property
+    def is_mkldnn(self):
+        return False if self.value is None else self.value.is_mkldnn
+
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self):
+        return self.numel() * self.dtype.itemsize
+
+    @property
+    def is_leaf(self):
+        # A pending result that requires grad is an op's output with a
+        # grad_fn; one that does not is a leaf, as in eager.
+        if self.value is not None:
+            return self.value.is_leaf
+        return not self.meta.requires_grad
+
+    @property
+    def grad_fn(self):
+        if self.value is None and not self.meta.requires_grad:
+            return None
+        return materialize(self).grad_fn
+
     @property
     def __class__(self):
         # Libraries branch on isinstance(x, torch.Tensor) and torch.is_tensor(x);
