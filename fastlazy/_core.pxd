@@ -237,6 +237,8 @@ cdef class Hooks:
     cdef public object programs
     # () -> "file:line" of the user's call
     cdef public object site_of_call
+    # a graph was computed for a reason other than mark_step: (reason name)
+    cdef public object note_flush
     # the exception the generic path's signatures raise for a call they do
     # not describe, and the argument types that describe themselves
     cdef public object unsafe

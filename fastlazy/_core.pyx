@@ -79,7 +79,7 @@ cdef class Hooks:
 
 HOOK_NAMES = ("record_call", "run_eagerly", "tensor_to", "check_leaf", "check_write",
               "after_mutation", "geometry", "compile_and_run", "recover", "programs",
-              "site_of_call", "unsafe", "atoms")
+              "site_of_call", "note_flush", "unsafe", "atoms")
 
 cdef Hooks _hooks = None
 

@@ -31,6 +31,7 @@ def hooks() -> _core.Hooks:
         recover=graph_cache.recover,
         programs=graph_cache.programs,
         site_of_call=sites.site_of_call,
+        note_flush=metrics.note_flush,
         unsafe=generic.Unsafe,
         atoms=generic.ATOMS,
     )

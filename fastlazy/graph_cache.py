@@ -84,7 +84,7 @@ def compile_and_run(seg, key, outputs):
     view = GraphView(seg, outputs)
     slot_order = view.slot_order()
     recompiles.explain(view, _backend.name, _backend.specializes_shapes,
-                       site_of_call() if recompiles.warn_after else None)
+                       site_of_call())
     backend = _choose(view)
     program = _compile(backend, view)
     _insert(key, program)

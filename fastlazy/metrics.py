@@ -10,13 +10,15 @@ from __future__ import annotations
 import collections
 import threading
 
-from fastlazy import _core, _steps, recompiles
+from fastlazy import _core, _steps, recompiles, sites
 
 _lock = threading.Lock()
 fallbacks_by_op: collections.Counter = collections.Counter()
 fallback_reasons: collections.Counter = collections.Counter()   # (op, reason) -> n
 compile_seconds: list[float] = []
 recompile_reasons: collections.Counter = collections.Counter()
+# (reason, "file:line") -> graphs computed there other than by mark_step
+flushes_by_site: collections.Counter = collections.Counter()
 _events: collections.Counter = collections.Counter()    # cache_evictions, compile_failures
 _gauges: dict = {"cache_size": 0}
 
@@ -27,6 +29,14 @@ def count_fallback(name: str, reason: str = "") -> None:
         fallbacks_by_op[name] += 1
         if reason:
             fallback_reasons[name, reason] += 1
+
+
+def note_flush(reason: str) -> None:
+    """A graph was computed because of `reason` (a value read, a full
+    buffer, an eager write...) at the user's current line."""
+    site = sites.site_of_call()
+    with _lock:
+        flushes_by_site[reason, site] += 1
 
 
 def add_compile_time(seconds: float) -> None:
@@ -82,6 +92,7 @@ def reset() -> None:
         fallback_reasons.clear()
         compile_seconds.clear()
         recompile_reasons.clear()
+        flushes_by_site.clear()
         _events.clear()
     recompiles.reset()
     _steps.reset_kernel_calls()
@@ -103,15 +114,22 @@ def report() -> str:
 
 
 def explain() -> str:
-    """Which calls ran eagerly instead of being recorded since the last
-    reset(), and why, most frequent first."""
+    """Since the last reset(): which calls ran eagerly instead of being
+    recorded, and why, most frequent first; then where graphs were computed
+    other than by mark_step() (each such read splits the program into more
+    graphs), by reason and line."""
     with _lock:
         rows = sorted(fallback_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        splits = sorted(flushes_by_site.items(), key=lambda kv: (-kv[1], kv[0]))
     if not rows:
-        return "every call with a LazyTensor argument was recorded"
-    width = max(len(op) for (op, _), _ in rows)
-    lines = [f"{'op':<{width}}  {'calls':>6}  why it ran eagerly"]
-    lines += [f"{op:<{width}}  {n:>6}  {reason}" for (op, reason), n in rows]
+        lines = ["every call with a LazyTensor argument was recorded"]
+    else:
+        width = max(len(op) for (op, _), _ in rows)
+        lines = [f"{'op':<{width}}  {'calls':>6}  why it ran eagerly"]
+        lines += [f"{op:<{width}}  {n:>6}  {reason}" for (op, reason), n in rows]
+    if splits:
+        lines += ["", "graphs computed before mark_step(), by reason and line:"]
+        lines += [f"  {n:>6}  {reason:<12}  {site}" for (reason, site), n in splits]
     return "\n".join(lines)
 
 

@@ -70,3 +70,22 @@ def test_multihead_attention_records_one_graph():
         assert fastlazy.metrics.counters()["flushes"] == 0
         torch.testing.assert_close(out.to_eager(), expected)
     assert fastlazy.metrics.counters()["flushes"] == 1
+
+
+def test_reads_that_split_the_program_are_named_by_line():
+    x = fastlazy.lazy(torch.rand(3))
+    y = x * 2
+    if y.sum() > -1:          # a read: computes the graph here
+        z = y + 1
+    fastlazy.mark_step()      # not a split: asked for
+    text = fastlazy.explain()
+    assert "graphs computed before mark_step()" in text
+    assert f"test_tensor_compat.py:{_line_of('if y.sum() > -1')}" in text
+    assert "<unknown>" not in fastlazy.metrics.report()
+    del z
+
+
+def _line_of(snippet):
+    import inspect
+    source, start = inspect.getsourcelines(test_reads_that_split_the_program_are_named_by_line)
+    return start + next(i for i, line in enumerate(source) if snippet in line)

@@ -91,6 +91,10 @@ cdef int flush(Segment seg, int reason) except -1:
         seg.release()
         return 0
     counters[C_FLUSHES] += 1
+    if reason != REASON_MARK_STEP:
+        # a read (or a full buffer) split the program here: where, is
+        # what a user needs to remove the split (metrics.explain)
+        _hooks.note_flush(REASON_NAMES[reason])
     seg.lock = _new_lock()
     seg.lock.acquire()
     try:
