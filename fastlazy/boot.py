@@ -12,7 +12,7 @@ import atexit
 import os
 
 from fastlazy import (_core, backends, fallback, generic, graph_cache, metrics, optable,
-                      patching, recompiles, sites, views)
+                      recompiles, sites, tensor_methods, views)
 
 _booted = False
 
@@ -22,7 +22,7 @@ def hooks() -> _core.Hooks:
     return _core.Hooks(
         record_call=generic.call,
         run_eagerly=fallback.run,
-        tensor_to=fallback.lazy_to,
+        tensor_to=tensor_methods.lazy_to,
         check_leaf=views.check_leaf,
         check_write=views.check_write,
         after_mutation=views.after_mutation,
@@ -43,7 +43,7 @@ def boot() -> None:
         return
     _core.install(hooks())
     optable.register(_core.register_op)
-    patching.install_lazy_tensor_methods()
+    tensor_methods.install_lazy_tensor_methods()
     graph_cache.set_backend(backends.default_name())
     _configure_from_environment()
     _booted = True

@@ -1,5 +1,9 @@
 """enable() / disable(): install the op table's entry points into torch.
 
+The entry points are listed here (entry_points(), and the in-place methods
+without a row); LazyTensor's own methods, made from the same list, are
+installed by tensor_methods.py.
+
 Each patch remembers the object it replaced and whether the owner held it in
 its own __dict__ (Tensor.__add__ is inherited from TensorBase), so disable()
 puts back the identical object -- or removes our attribute -- and leaves
@@ -7,14 +11,12 @@ alone any attribute that someone else has patched since.
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import threading
 
 import torch
 
-from fastlazy import _core, fallback
-from fastlazy._core import LazyTensor
+from fastlazy import _core
 from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
@@ -55,7 +57,8 @@ def entry_points():
             yield torch.nn.functional, name, op.opcode, FORM_CALL
 
 
-def _qualname(owner, attr):
+def qualname(owner, attr):
+    """The name an entry point reports (metrics, explain()): Tensor.add."""
     prefix = {torch: "torch", torch.Tensor: "Tensor", torch.nn.functional: "F"}[owner]
     return f"{prefix}.{attr}"
 
@@ -79,7 +82,7 @@ def enable() -> None:
         _prime_dynamo()
         for owner, attr, opcode, form in itertools.chain(entry_points(), _inplace_methods()):
             original = getattr(owner, attr)
-            entry = _core.make_entry(original, _qualname(owner, attr), opcode, form)
+            entry = _core.make_entry(original, qualname(owner, attr), opcode, form)
             own = attr in vars(owner)
             setattr(owner, attr, entry)
             _installed.append((owner, attr, original, own, entry))
@@ -127,45 +130,3 @@ def disable() -> None:
                 delattr(owner, attr)
         _installed.clear()
         _core.autocast_entered(-_core.autocast_depth())
-
-
-def install_lazy_tensor_methods():
-    """LazyTensor's methods, operators and attributes, from the op table and
-    torch.Tensor; they work whether or not enable() has patched torch.
-    Called once, by fastlazy's boot."""
-    _install_table_methods()
-    _install_other_methods()
-    for query in ("is_complex", "is_floating_point", "numel"):
-        _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
-
-
-def _install_table_methods():
-    """The op table's entry points as LazyTensor's methods and operators, and
-    as the answers of its __torch_function__."""
-    for owner, attr, opcode, form in entry_points():
-        original = getattr(owner, attr)
-        entry = _core.make_entry(original, _qualname(owner, attr), opcode, form)
-        _core.set_torch_function(original, entry)
-        if owner is torch.Tensor:
-            if attr in _core.DUNDER_NAMES:
-                _core.set_dunder(attr, entry)
-            else:
-                _core.set_method(attr, entry)
-
-
-def _install_other_methods():
-    """Every other public Tensor method and attribute, on LazyTensor too:
-    methods run eagerly through an always-eager entry (one C check, no
-    __getattr__ on the hot path), attributes read the materialized value."""
-    for name in dir(torch.Tensor):
-        if name.startswith("_") or name in vars(LazyTensor):
-            continue
-        attr = inspect.getattr_static(torch.Tensor, name)
-        if isinstance(attr, (staticmethod, classmethod)):
-            continue
-        if callable(attr):
-            form = FORM_INPLACE if name.endswith("_") else FORM_CALL
-            _core.set_method(name, _core.make_entry(getattr(torch.Tensor, name),
-                                                    f"Tensor.{name}", -1, form))
-        else:
-            _core.set_method(name, fallback.attribute(name))

@@ -1,0 +1,97 @@
+"""LazyTensor's own methods, operators and attributes.
+
+LazyTensor is not a torch.Tensor subclass, so every Tensor method it answers
+is installed on it here (by fastlazy's boot): the op table's entry points,
+an always-eager entry for every other public method, a property for every
+attribute (a view such as .T recorded, anything else read from the value),
+and .to (the core's tensor_to hook).  They work whether or not enable() has
+patched torch; patching.py only patches torch itself.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from fastlazy import _core, fallback, generic, metrics
+from fastlazy._core import LazyTensor
+from fastlazy.patching import FORM_CALL, FORM_INPLACE, entry_points, qualname
+
+# Tensor properties that are views: recorded by the generic path.
+VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+
+
+def attribute(name):
+    """A property of LazyTensor reading Tensor attribute `name`: a view
+    (Tensor.T) is recorded; anything else (.grad, .data, .layout...) reads
+    the materialized value."""
+    if name in VIEW_ATTRIBUTES:
+        getter = getattr(torch.Tensor, name).__get__
+
+        def get(self):
+            return generic.call(getter, f"Tensor.{name}", (self,), {}, False)
+    else:
+        def get(self):
+            return fallback.wrap_result(getattr(self.to_eager(), name))
+    get.__name__ = name
+    return property(get, doc=f"Tensor.{name}.")
+
+
+def lazy_to(self, args, kwargs):
+    """LazyTensor.to: "lazy" is itself; a device gives an eager tensor (as
+    torch._lazy's .to("cpu") does); a dtype alone stays lazy."""
+    if args and args[0] == "lazy" and len(args) == 1 and not kwargs:
+        return self
+    if kwargs.get("device") == "lazy":
+        kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+        if not args and not kwargs:
+            return self
+    moves = ("device" in kwargs or "other" in kwargs
+             or any(isinstance(a, (str, torch.device, torch.Tensor))
+                    or type(a) is int for a in args))
+    if not moves:
+        # a dtype cast (or memory format): recorded like any pure call
+        return generic.call(torch._C.TensorBase.to, "Tensor.to", (self,) + args, kwargs, False)
+    metrics.count_fallback("to", "device move (gives an eager tensor)")
+    return self.to_eager().to(*args, **kwargs)
+
+
+def install_lazy_tensor_methods():
+    """LazyTensor's methods, operators and attributes, from the op table and
+    torch.Tensor.  Called once, by fastlazy's boot."""
+    _install_table_methods()
+    _install_other_methods()
+    for query in ("is_complex", "is_floating_point", "numel"):
+        _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
+
+
+def _install_table_methods():
+    """The op table's entry points as LazyTensor's methods and operators, and
+    as the answers of its __torch_function__."""
+    for owner, attr, opcode, form in entry_points():
+        original = getattr(owner, attr)
+        entry = _core.make_entry(original, qualname(owner, attr), opcode, form)
+        _core.set_torch_function(original, entry)
+        if owner is torch.Tensor:
+            if attr in _core.DUNDER_NAMES:
+                _core.set_dunder(attr, entry)
+            else:
+                _core.set_method(attr, entry)
+
+
+def _install_other_methods():
+    """Every other public Tensor method and attribute, on LazyTensor too:
+    methods run eagerly through an always-eager entry (one C check, no
+    __getattr__ on the hot path), attributes read the materialized value."""
+    for name in dir(torch.Tensor):
+        if name.startswith("_") or name in vars(LazyTensor):
+            continue
+        attr = inspect.getattr_static(torch.Tensor, name)
+        if isinstance(attr, (staticmethod, classmethod)):
+            continue
+        if callable(attr):
+            form = FORM_INPLACE if name.endswith("_") else FORM_CALL
+            _core.set_method(name, _core.make_entry(getattr(torch.Tensor, name),
+                                                    f"Tensor.{name}", -1, form))
+        else:
+            _core.set_method(name, attribute(name))
