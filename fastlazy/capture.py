@@ -1,0 +1,383 @@
+"""The analysis of a call signature's first call, for the generic path.
+
+A call with no C rule is recorded as a small aten program if that program is
+pure.  generic.py caches the verdict per signature; the first call of each
+is analysed here: run on fake tensors, to check the call (eager would raise:
+then eager runs it and raises) and read its results' metadata; through
+make_fx, to capture the program; and -- when the inputs are small -- once for
+real, because fake kernels skip some of the real kernels' checks.  The
+program is taken only if it is pure -- no op mutates an input, none is
+random, no output shape depends on data -- and every result is a tensor (or
+None); anything else raises Unsafe, whose message is the reason the call
+runs eagerly.  These runs are costly, which is why they happen once per
+signature (the lesson of the trace-time notebook).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from fastlazy import _core, views
+from fastlazy._core import LazyTensor
+
+MAX_INPUTS = _core.MAX_IN     # tensor arguments of one node
+
+_REFUSED_TAGS = {
+    torch.Tag.nondeterministic_seeded: "random (runs eagerly so seeded runs match eager)",
+    torch.Tag.dynamic_output_shape: "output shape depends on the data",
+    torch.Tag.data_dependent_output: "output depends on the data",
+    torch.Tag.inplace_view: "changes a tensor's view in place",
+}
+
+
+# Ops whose schemas do not say that they write (in training) their running
+# statistics arguments.
+_UPDATES_RUNNING_STATS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
+    if hasattr(torch.ops.aten, name))
+
+
+class Unsafe(Exception):
+    """A call the generic path does not record; the message is the reason
+    (it runs eagerly, and explain() lists it with that reason)."""
+
+
+class Signature:
+    """What a call signature's first call showed: the `reason` it is not
+    recorded (None if it is); else per result leaf its kind ("new", "view" of
+    an argument, the "input" itself, "none"), the results recorded as nodes,
+    the results' pytree `spec` (None for one recorded result), whether they
+    are `detach`ed, the `constants` lifted from the program, and the
+    program's `lowering` (interned by generic.py); `nested`: a cat-like call
+    recorded as a tree of such calls."""
+    __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested",
+                 "constants")
+
+    def __init__(self, reason=None):
+        self.reason = reason
+        self.nested = False
+        self.constants = ()
+
+
+def _substitute(x, it):
+    """x with every tensor replaced by the next item of `it` (the order of
+    describe_call)."""
+    t = type(x)
+    if t is LazyTensor or isinstance(x, torch.Tensor):
+        return next(it)
+    if t is tuple or t is list:
+        return t([_substitute(v, it) for v in x])
+    if t is dict:
+        return {k: _substitute(v, it) for k, v in x.items()}
+    if t is slice:
+        return slice(_substitute(x.start, it), _substitute(x.stop, it), _substitute(x.step, it))
+    return x
+
+
+def _example(t, make=torch.empty):
+    """A real tensor standing for argument t in the fake runs (never
+    written, so never touched), with t's view geometry."""
+    if type(t) is LazyTensor:
+        shape, dtype, device, geometry = tuple(t.shape), t.dtype, t.device, views.geometry(t)
+        grad = t.requires_grad and (dtype.is_floating_point or dtype.is_complex)
+        if geometry is None:
+            return make(shape, dtype=dtype, device=device, requires_grad=grad)
+        numel, stride, offset = geometry
+        base = make(numel, dtype=dtype, device=device, requires_grad=grad)
+        return base.as_strided(shape, stride, offset)
+    # storage for the eager tensor's strides (a slice x[:, ::2] spans more
+    # elements than it has)
+    span = 0 if 0 in t.shape else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    example = make(span, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride())
+    return example.requires_grad_(t.requires_grad)
+
+
+def analyse(func, args, kwargs, tensors, ruled, nestable):
+    """(the Signature of func(*args, **kwargs), its aten program or None
+    where no result is recorded); `tensors` are the call's tensor arguments
+    in describe_call's order.  `ruled`: its row's C rule does not take these
+    arguments; `nestable`: a cat-like call, which may hold more than
+    MAX_INPUTS tensors (the Signature is then only checked, and `nested`).
+    Raises Unsafe with the reason it is not recorded."""
+    held = _core.hold_pending()
+    try:
+        return _analyse(func, args, kwargs, tensors, ruled, nestable)
+    finally:
+        _core.release_pending(held)
+
+
+def _analyse(func, args, kwargs, tensors, ruled, nestable):
+    if not any(type(t) is LazyTensor for t in tensors):
+        raise Unsafe("no LazyTensor argument at the top of a list")
+    if len(tensors) > MAX_INPUTS and not nestable:
+        raise Unsafe(f"more than {MAX_INPUTS} tensor arguments")
+    if len({t.device for t in tensors if t.dim() > 0}) > 1:
+        raise Unsafe("tensors on several devices (eager judges)")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    examples = [_example(t) for t in tensors]
+
+    # 1. the call itself, on fake tensors: eager's checks, results' metadata
+    try:
+        # (fake_tensor logs a traceback for a call its kernel rejects; the
+        # user gets eager's own exception from the eager run instead)
+        with _quiet(_FAKE_LOG), FakeTensorMode(allow_non_fake_inputs=False) as mode:
+            fakes = [mode.from_tensor(e) for e in examples]
+            fa, fk = _substitute((args, kwargs), iter(fakes))
+            out = func(*fa, **fk)
+    except Exception as exc:     # eager raises too, or the op has no fake kernel
+        raise Unsafe(_why(exc)) from None
+    leaves, spec = pytree.tree_flatten(out)
+    results = [v for v in leaves if v is not None]     # (attn_output, None)
+    if not results or not all(isinstance(v, torch.Tensor) for v in results):
+        raise Unsafe("returns something other than tensors")
+    if len(tensors) > MAX_INPUTS:
+        # the whole call was checked on fake tensors just now, so a bad one
+        # raised eager's own error for the whole sequence; generic.py
+        # records the tree
+        sig = Signature()
+        sig.nested = True
+        return sig, None
+
+    # 2. the aten program
+    gm, constants = _trace(func, args, kwargs, examples,
+                           [type(t) is LazyTensor and views.geometry(t) is None
+                            for t in tensors])
+    if len(tensors) + len(constants) > MAX_INPUTS:
+        raise Unsafe(f"more than {MAX_INPUTS} tensor arguments and constants")
+    outputs = list(gm.graph.nodes)[-1].args[0]
+    if len(outputs) != len(results):
+        raise Unsafe("the traced program's outputs differ from the call's")
+
+    sig = Signature()
+    sig.constants = constants
+    single = spec.is_leaf() and results[0] is not None
+    sig.spec = spec
+    sig.kinds = []
+    sig.recorded = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    pairs = enumerate(zip(results, outputs))
+    for leaf in leaves:
+        if leaf is None:
+            sig.kinds.append(("none",))
+            continue
+        index, (leaf, node) = next(pairs)
+        same = [i for i, f in enumerate(fakes) if leaf is f]
+        if same or node in placeholders:
+            i = same[0] if same else placeholders.index(node)
+            sig.kinds.append(("input", i))
+            continue
+        if leaf.dim() > _core.MAX_NDIM or _core.dtype_code_of(leaf.dtype) < 0:
+            raise Unsafe("a result LazyTensor cannot hold (dtype or rank)")
+        aliased = [i for i, f in enumerate(fakes) if torch._C._is_alias_of(leaf, f)]
+        if aliased:
+            i = aliased[0]
+            if type(tensors[i]) is not LazyTensor:
+                raise Unsafe("returns a view of an eager tensor (eager semantics)")
+            if leaf.dtype != fakes[i].dtype:
+                raise Unsafe("a view with another dtype (writes through it are not tracked)")
+            detached = fakes[i].requires_grad and not leaf.requires_grad
+            sig.kinds.append(("view", i, (tuple(leaf.shape), leaf.stride(),
+                                          leaf.storage_offset()), detached))
+        else:
+            sig.kinds.append(("new",))
+        sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
+    if single and sig.kinds[0][0] != "input":
+        sig.spec = None
+    _run_small(func, args, kwargs, tensors, results, ruled)
+    sig.detach = (not torch.is_grad_enabled()
+                  and any(t.requires_grad for t in tensors))
+    sig.lowering = None       # generic.py interns the program
+    return sig, (gm if sig.recorded else None)
+
+
+_FAKE_LOG = logging.getLogger("torch._subclasses.fake_tensor")
+
+
+@contextlib.contextmanager
+def _quiet(logger):
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
+def _why(exc):
+    from torch._subclasses import fake_tensor
+    if isinstance(exc, fake_tensor.DynamicOutputShapeException):
+        return "output shape depends on the data"
+    if isinstance(exc, fake_tensor.DataDependentOutputException):
+        return "output depends on the data"
+    if isinstance(exc, fake_tensor.UnsupportedOperatorException):
+        return "no fake-tensor kernel"
+    return f"eager judges the arguments (the fake run raised {type(exc).__name__})"
+
+
+# Inputs up to this many elements in all get a real run when a signature is
+# first seen; larger ones rely on the fake run's checks alone.
+REAL_CHECK_NUMEL = 1 << 20
+
+
+def _run_small(func, args, kwargs, tensors, fakes, ruled):
+    """Run the call once for real when that is cheap: fake kernels do not
+    make every check the real kernel makes (var of an int64 tensor passes on
+    fake tensors), and eager's error belongs at the call.  (An error that
+    depends on the values can only surface when the graph runs, as in every
+    lazy tensor system; a call the trial values make fail runs eagerly.)
+    Nor do they always agree with the real kernel on the results' dtype
+    (pow of a bool tensor and a bool is int64 on fake tensors, bool in
+    eager): such a call runs eagerly too.  Without a trial run, a call its
+    row's C rule does not take (these are the corners where fake kernels
+    and eager part ways) runs eagerly."""
+    if sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL:
+        if ruled:
+            raise Unsafe("its C rule does not take these arguments, and they are too "
+                         "large for a trial run")
+        return
+    generator = torch.Generator().manual_seed(0)   # the global one is not touched
+
+    def trial_values(shape, dtype, device, requires_grad=False):
+        # floats: uniform in [0, 1), valid where eager checks a value's range
+        # (binary_cross_entropy's probabilities, multinomial's weights) and
+        # nonsingular (zeros would make linalg ops see singular matrices);
+        # integers and bools: zeros, which are valid indices
+        if dtype.is_floating_point or dtype.is_complex:
+            t = torch.rand(shape, generator=generator, dtype=dtype).to(device)
+        else:
+            t = torch.zeros(shape, dtype=dtype, device=device)
+        return t.requires_grad_(requires_grad)
+
+    trial = [_example(t, trial_values) for t in tensors]
+    try:
+        a, k = _substitute((args, kwargs), iter(trial))
+        out = func(*a, **k)
+    except Exception as exc:
+        raise Unsafe(f"eager judges the arguments (a trial run raised "
+                     f"{type(exc).__name__})") from None
+    real = [v for v in pytree.tree_leaves(out) if v is not None]
+    if [(v.dtype, v.shape) for v in real] != [(v.dtype, v.shape) for v in fakes]:
+        raise Unsafe("the fake kernel's result metadata differs from eager's")
+
+
+# Exceptions to _REFUSED_TAGS: an attention kernel tagged random for its
+# dropout, called with none (_no_dropout); an in-place view op on the
+# program's own intermediate (quantile's squeeze_), as pure as seen from
+# outside as any other write to an intermediate; and ops tagged
+# data-dependent for one kind of argument only (a boolean mask index), whose
+# fake kernels raise for that kind, so a call that got through the fake run
+# has a static output shape (integer indices).
+_SEEDED = torch.Tag.nondeterministic_seeded
+_INPLACE_VIEW = torch.Tag.inplace_view
+_DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
+_SHAPE_FROM_FAKE = frozenset({torch.ops.aten.index.Tensor})
+
+
+def _writes_an_input(node, inputs):
+    """Does this in-place aten call write one of the program's inputs (or a
+    view of one)?  Writes into the program's own intermediates (GRU's cells
+    add in place) keep the program pure as seen from outside; the backends
+    run them as written."""
+    for k, arg in enumerate(node.target._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
+        for written in (value if isinstance(value, (list, tuple)) else [value]):
+            fake = written.meta.get("val") if isinstance(written, torch.fx.Node) else None
+            if not isinstance(fake, torch.Tensor):
+                return True             # cannot tell: assume the worst
+            if any(isinstance(i, torch.Tensor) and torch._C._is_alias_of(fake, i)
+                   for i in inputs):
+                return True
+    return False
+
+
+def _no_dropout(node):
+    """An attention kernel tagged random for its dropout, called with none."""
+    for k, arg in enumerate(node.target._schema.arguments):
+        if arg.name == "dropout_p":
+            value = (node.args[k] if k < len(node.args)
+                     else node.kwargs.get("dropout_p", arg.default_value))
+            return value == 0
+    return False
+
+
+def _trace(func, args, kwargs, examples, contiguous):
+    """The aten program of the call.  Inputs flagged `contiguous` were traced
+    as contiguous tensors, but their values may have any layout at run time
+    (a LazyTensor that is not a view is contiguous as far as its user can
+    tell): the program starts by making them so, as it would have had to
+    (a kernel that wants contiguous input, a view(-1))."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def program(*ts):
+        a, k = _substitute((args, kwargs), iter(ts))
+        return func(*a, **k)
+    if getattr(func, "functionalize", False):
+        program = torch.func.functionalize(program)
+    try:
+        gm = make_fx(program, tracing_mode="fake")(*examples)
+    except Exception as exc:
+        raise Unsafe(f"not traceable to aten ({type(exc).__name__})") from None
+    constants = _lift_constants(gm)
+    inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            raise Unsafe(f"calls {target} (not an aten op)")
+        if target._schema.is_mutable and _writes_an_input(node, inputs):
+            raise Unsafe(f"{target} mutates its input")
+        if target in _UPDATES_RUNNING_STATS and node.args[5] and node.args[3] is not None:
+            raise Unsafe("updates batch-norm running statistics in place (eager buffers)")
+        for tag, reason in _REFUSED_TAGS.items():
+            if tag in target.tags and not (tag is _SEEDED and _no_dropout(node)) \
+                    and not (tag is _DYNAMIC_SHAPE and target in _SHAPE_FROM_FAKE) \
+                    and not (tag is _INPLACE_VIEW and not _writes_an_input(node, inputs)):
+                raise Unsafe(f"{target}: {reason}")
+        if target is torch.ops.aten._local_scalar_dense.default:
+            raise Unsafe("reads a tensor's value")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, flag in zip(placeholders, contiguous):
+        if flag and node.users:
+            with gm.graph.inserting_after(placeholders[-1]):
+                made = gm.graph.call_function(torch.ops.aten.contiguous.default, (node,))
+            node.replace_all_uses_with(made, delete_user_cb=lambda user: user is not made)
+    output = list(gm.graph.nodes)[-1]
+    leaves = [v for v in pytree.tree_leaves(output.args[0]) if v is not None]
+    if not all(isinstance(v, torch.fx.Node) for v in leaves):
+        raise Unsafe("returns something other than tensors")
+    output.args = (tuple(leaves),)
+    gm.recompile()
+    return gm, constants
+
+
+def _lift_constants(gm):
+    """The tensors the program made from the call's Python values (x[[0, 2]]
+    traces the list as a constant index tensor), turned into inputs after the
+    call's own: per signature, so per value; the lowerings stay plain aten
+    programs of their inputs."""
+    constants = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(gm, node.target)
+        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            raise Unsafe("creates a constant that is not a dense tensor")
+        with gm.graph.inserting_after(placeholders[-1]):
+            placeholder = gm.graph.placeholder(f"constant{len(constants)}")
+        placeholder.meta.update(node.meta)
+        placeholders.append(placeholder)
+        node.replace_all_uses_with(placeholder)
+        gm.graph.erase_node(node)
+        delattr(gm, node.target)
+        constants.append(value)
+    return tuple(constants)
