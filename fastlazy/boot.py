@@ -11,8 +11,8 @@ from __future__ import annotations
 import atexit
 import os
 
-from fastlazy import (_core, backends, fallback, generic, graph_cache, metrics, optable,
-                      recompiles, sites, tensor_methods, views)
+from fastlazy import (_core, backends, capture, generic, graph_cache, metrics, mutation,
+                      optable, recompiles, route, sites, tensor_methods, views)
 
 _booted = False
 
@@ -20,19 +20,19 @@ _booted = False
 def hooks() -> _core.Hooks:
     """The Python side of every call the core makes up into Python."""
     return _core.Hooks(
-        record_call=generic.call,
-        run_eagerly=fallback.run,
+        record_call=route.call,
+        run_eagerly=route.run_eagerly,
         tensor_to=tensor_methods.lazy_to,
         check_leaf=views.check_leaf,
         check_write=views.check_write,
-        after_mutation=views.after_mutation,
+        after_mutation=mutation.after_mutation,
         geometry=views.geometry,
         compile_and_run=graph_cache.compile_and_run,
         recover=graph_cache.recover,
         programs=graph_cache.programs,
         site_of_call=sites.site_of_call,
         note_flush=metrics.note_flush,
-        unsafe=generic.Unsafe,
+        unsafe=capture.Unsafe,
         atoms=generic.ATOMS,
     )
 

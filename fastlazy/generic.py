@@ -8,8 +8,9 @@ built in C (generic_record.pxi).  The first call of a signature is analysed
 by capture.py (fake-tensor run, aten program, purity checks); the verdict,
 the result metadata and the aten program are cached here per signature, so
 a repeat costs a dict lookup and the node appends.  Calls that are not
-recordable raise Unsafe and run eagerly (call() below): they are counted,
-and `fastlazy.explain()` lists them with the reason.
+recordable raise Unsafe, and route.py runs them eagerly: they are counted,
+and `fastlazy.explain()` lists them with the reason.  In-place calls are
+recorded (functionalized) through here by mutation.py.
 
 Lowerings are interned by their code: a program that does not depend on the
 input shapes (conv2d with fixed hyperparameters) is one lowering for every
@@ -23,7 +24,7 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, capture, fallback, views
+from fastlazy import _core, capture, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import MAX_INPUTS, Signature, Unsafe
 
@@ -74,56 +75,6 @@ _lowering_ids: dict = {}
 
 def lowering(index):
     return _lowerings[index]
-
-
-def call(func, name, args, kwargs, inplace, ruled=False):
-    """An entry point's call (or a __torch_function__ call) with LazyTensor
-    arguments and no C rule (`ruled`: its row's C rule does not take these
-    arguments): record it if it is pure, else run it eagerly."""
-    try:
-        out = (_record_inplace if inplace else record)(func, args, kwargs, name, ruled=ruled)
-    except Unsafe as exc:
-        return fallback.run(func, name, args, kwargs, inplace, str(exc))
-    _core.count("generic_calls")
-    return out
-
-
-def _record_inplace(func, args, kwargs, name, ruled=False):
-    """An in-place call on a LazyTensor, functionalized: its out-of-place
-    version is recorded and the LazyTensor rebound to the result (then the
-    write is carried to its views, or to its base)."""
-    target = args[0] if args else None
-    if type(target) is not LazyTensor:
-        raise Unsafe("writes an eager tensor (eager semantics)")
-    views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
-    if target.family is None and target.is_materialized and target.to_eager()._is_view():
-        raise Unsafe("writes through a view an eager fallback made")
-    _core.adopt(target, record(_functional(func), args, kwargs, name, track_views=False,
-                               ruled=ruled))
-    if target.family is not None:
-        views.after_mutation(target)
-    return None if name.endswith("__setitem__") else target
-
-
-_functionals: dict = {}
-
-
-def _functional(func):
-    """func(self, ...) that writes self, as a function returning the written
-    copy; traced through torch.func.functionalize, so the captured program
-    has no in-place op left."""
-    wrapper = _functionals.get(func)
-    if wrapper is None:
-        def wrapper(self, *args, **kwargs):
-            out = self.clone()
-            returned = func(out, *args, **kwargs)
-            if returned is NotImplemented:
-                raise TypeError("NotImplemented")
-            return out
-        wrapper.functionalize = True
-        wrapper.__name__ = getattr(func, "__name__", "inplace")
-        _functionals[func] = wrapper
-    return wrapper
 
 
 def record(func, args, kwargs, name=None, track_views=True, ruled=False):

@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from fastlazy import _core, fallback, generic, metrics
+from fastlazy import _core, fallback, metrics, route
 from fastlazy._core import LazyTensor
 from fastlazy.patching import FORM_CALL, FORM_INPLACE, entry_points, qualname
 
@@ -29,7 +29,7 @@ def attribute(name):
         getter = getattr(torch.Tensor, name).__get__
 
         def get(self):
-            return generic.call(getter, f"Tensor.{name}", (self,), {}, False)
+            return route.call(getter, f"Tensor.{name}", (self,), {}, False)
     else:
         def get(self):
             return fallback.wrap_result(getattr(self.to_eager(), name))
@@ -51,7 +51,7 @@ def lazy_to(self, args, kwargs):
                     or type(a) is int for a in args))
     if not moves:
         # a dtype cast (or memory format): recorded like any pure call
-        return generic.call(torch._C.TensorBase.to, "Tensor.to", (self,) + args, kwargs, False)
+        return route.call(torch._C.TensorBase.to, "Tensor.to", (self,) + args, kwargs, False)
     metrics.count_fallback("to", "device move (gives an eager tensor)")
     return self.to_eager().to(*args, **kwargs)
 

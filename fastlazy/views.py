@@ -1,18 +1,17 @@
-"""Views of LazyTensors, and writes through them.
+"""Views of LazyTensors: where each sits in its root's storage, and eager's
+checks on writes through them.
 
 A view recorded by the generic path (x[0], x.view(-1), x.transpose(0, 1),
 split...) is a node like any other: LazyTensors never share storage.  What
-makes it a view is that writes must show through, as in eager: an in-place
-op on the view changes its base, and an in-place op on the base (or on
-another view) changes every view.  That is functionalization, done here:
+makes it a view is that writes must show through, as in eager; mutation.py
+carries them (after_mutation), from what is kept here:
 
 - every view remembers its *root* base and where it sits in the root's
   storage: size, stride and storage offset, taken from the fake run that
   recorded it (geometry relative to the root's contiguous layout);
-- after an in-place op on a view, the root is rebound to
-  as_strided_scatter(root, view) and every other live view to
-  as_strided(root) -- both recorded lazily, so they fuse like the rest;
-- after an in-place op on a root, every live view is rebound likewise.
+- before an in-place write, eager's refusals are raised at the call: a leaf
+  that requires grad (check_leaf), and memory overlap between views of one
+  root (check_write).
 
 The root holds its views weakly; a view holds its root strongly (as eager's
 `_base`), so nothing forms a reference cycle (LazyTensor is not tracked by
@@ -24,7 +23,6 @@ import weakref
 
 import torch
 
-from fastlazy import _core
 from fastlazy._core import LazyTensor
 
 
@@ -166,39 +164,3 @@ def check_leaf(target, through_view=False):
                     else "a view of a leaf Variable")
             raise RuntimeError(f"{what} that requires grad is being used in an in-place "
                                f"operation.")
-
-
-def _view_of(root, size, stride, offset, detached):
-    # the root's value may have any layout at run time; the geometry is in
-    # its contiguous layout
-    value = root.clone(memory_format=torch.contiguous_format).as_strided(size, stride, offset)
-    return value.detach() if detached else value
-
-
-def _scatter_into(root, view, size, stride, offset):
-    base = root.clone(memory_format=torch.contiguous_format)
-    return torch.as_strided_scatter(base, view, size, stride, offset)
-
-
-def after_mutation(t):
-    """t was just rebound by an in-place op: carry the write to its root
-    and to every other view of that root."""
-    from fastlazy import generic
-    family = t.family
-    if type(family) is Member:
-        root = family.root
-        new_root = generic.record(_scatter_into, (root, t, family.size, family.stride,
-                                                  family.offset), {}, "view write-back",
-                                  track_views=False)
-        _core.adopt(root, new_root)
-        members, skip = family.family.members, t
-    else:
-        root, members, skip = t, family.members, None
-    for view in list(members):
-        if view is skip:
-            continue
-        where = view.family
-        fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
-                                          where.detached), {}, "view refresh",
-                               track_views=False)
-        _core.adopt(view, fresh)

@@ -1,0 +1,144 @@
+"""In-place writes to LazyTensors, and their write-back through views.
+
+A LazyTensor never writes into the storage of another tensor: an in-place
+call on one rebinds it to a new value instead.  That value is recorded
+where the call is pure -- its out-of-place version, captured through
+torch.func.functionalize (record_inplace) -- or else computed eagerly on a
+copy (run_inplace, and run_out for out= naming LazyTensors).
+
+Writes must still show through views, as in eager (views.py keeps where each
+view sits in its root's storage).  That is functionalization, done by
+after_mutation:
+
+- after an in-place op on a view, the root is rebound to
+  as_strided_scatter(root, view) and every other live view to
+  as_strided(root) -- both recorded lazily, so they fuse like the rest;
+- after an in-place op on a root, every live view is rebound likewise.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastlazy import _core, generic, views
+from fastlazy._core import LazyTensor
+from fastlazy.capture import Unsafe
+from fastlazy.fallback import materialize
+from fastlazy.views import Member
+
+
+def record_inplace(func, args, kwargs, name, ruled=False):
+    """An in-place call on a LazyTensor, functionalized: its out-of-place
+    version is recorded and the LazyTensor rebound to the result (then the
+    write is carried to its views, or to its base).  Raises Unsafe for a
+    call it does not take."""
+    target = args[0] if args else None
+    if type(target) is not LazyTensor:
+        raise Unsafe("writes an eager tensor (eager semantics)")
+    views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
+    if target.family is None and target.is_materialized and target.to_eager()._is_view():
+        raise Unsafe("writes through a view an eager fallback made")
+    _core.adopt(target, generic.record(_functional(func), args, kwargs, name,
+                                       track_views=False, ruled=ruled))
+    if target.family is not None:
+        after_mutation(target)
+    return None if name.endswith("__setitem__") else target
+
+
+_functionals: dict = {}
+
+
+def _functional(func):
+    """func(self, ...) that writes self, as a function returning the written
+    copy; traced through torch.func.functionalize, so the captured program
+    has no in-place op left."""
+    wrapper = _functionals.get(func)
+    if wrapper is None:
+        def wrapper(self, *args, **kwargs):
+            out = self.clone()
+            returned = func(out, *args, **kwargs)
+            if returned is NotImplemented:
+                raise TypeError("NotImplemented")
+            return out
+        wrapper.functionalize = True
+        wrapper.__name__ = getattr(func, "__name__", "inplace")
+        _functionals[func] = wrapper
+    return wrapper
+
+
+def run_inplace(func, name, args, kwargs):
+    """An in-place call run eagerly, on materialized arguments."""
+    if args and type(args[0]) is LazyTensor:
+        target = args[0]
+        views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
+        value = target.to_eager()
+        if target.family is None and value._is_view():
+            # The value views another tensor (x[0], x.view(-1) ran eagerly):
+            # write through, as eager does, so the base sees the change --
+            # after computing the pending nodes that may read it.
+            _core.mark_step()
+            func(value, *materialize(args[1:]), **materialize(kwargs))
+            return target
+        # Otherwise mutate a copy and rebind the handle: a LazyTensor never
+        # writes into the tensor it was made from.
+        clone = value.clone()
+        if func(clone, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
+            return NotImplemented     # x += None: Python goes on to raise TypeError
+        _core.rebind_value(target, clone)
+        if target.family is not None:
+            after_mutation(target)
+        return target
+    # An eager tensor is written: pending nodes that read it must see
+    # the contents they were recorded with.
+    _core.mark_step()
+    return func(*materialize(args), **materialize(kwargs))   # stays eager
+
+
+def run_out(func, args, kwargs):
+    """out= naming LazyTensors: write into copies of their values and rebind
+    them, so the tensors they were made from are never written."""
+    out = kwargs["out"]
+    targets = [out] if type(out) is LazyTensor else list(out)
+    copies = [t.to_eager().clone() if type(t) is LazyTensor else t for t in targets]
+    kw = dict(materialize(kwargs), out=copies[0] if type(out) is LazyTensor else type(out)(copies))
+    func(*materialize(args), **kw)
+    for t, c in zip(targets, copies):
+        if type(t) is LazyTensor:
+            _core.rebind_value(t, c)
+            if t.family is not None:
+                after_mutation(t)
+    return out
+
+
+def _view_of(root, size, stride, offset, detached):
+    # the root's value may have any layout at run time; the geometry is in
+    # its contiguous layout
+    value = root.clone(memory_format=torch.contiguous_format).as_strided(size, stride, offset)
+    return value.detach() if detached else value
+
+
+def _scatter_into(root, view, size, stride, offset):
+    base = root.clone(memory_format=torch.contiguous_format)
+    return torch.as_strided_scatter(base, view, size, stride, offset)
+
+
+def after_mutation(t):
+    """t was just rebound by an in-place op: carry the write to its root
+    and to every other view of that root."""
+    family = t.family
+    if type(family) is Member:
+        root = family.root
+        new_root = generic.record(_scatter_into, (root, t, family.size, family.stride,
+                                                  family.offset), {}, "view write-back",
+                                  track_views=False)
+        _core.adopt(root, new_root)
+        members, skip = family.family.members, t
+    else:
+        root, members, skip = t, family.members, None
+    for view in list(members):
+        if view is skip:
+            continue
+        where = view.family
+        fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
+                                          where.detached), {}, "view refresh",
+                               track_views=False)
+        _core.adopt(view, fresh)

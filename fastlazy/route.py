@@ -1,0 +1,41 @@
+"""Where a call with LazyTensors and no C rule goes.
+
+The core hands such a call up through two hooks: record_call (no C rule
+takes it) and run_eagerly (its row runs it eagerly, or a rule's checks
+refused it).  call() records it -- an in-place call functionalized
+(mutation.py), any other through the generic path (generic.py) -- and
+runs it eagerly where it is not recordable (Unsafe).  run_eagerly() sends
+a write (out= naming LazyTensors, or an in-place call) to mutation.py and
+anything else to fallback.py, counting every one.
+"""
+from __future__ import annotations
+
+from fastlazy import _core, fallback, generic, mutation
+from fastlazy._core import LazyTensor
+from fastlazy.capture import Unsafe
+
+
+def call(func, name, args, kwargs, inplace, ruled=False):
+    """An entry point's call (or a __torch_function__ call) with LazyTensor
+    arguments and no C rule (`ruled`: its row's C rule does not take these
+    arguments): record it if it is pure, else run it eagerly."""
+    try:
+        out = (mutation.record_inplace if inplace else generic.record)(
+            func, args, kwargs, name, ruled=ruled)
+    except Unsafe as exc:
+        return run_eagerly(func, name, args, kwargs, inplace, str(exc))
+    _core.count("generic_calls")
+    return out
+
+
+def run_eagerly(func, name, args, kwargs, inplace, reason):
+    """Run the call eagerly (counted, with `reason`): a write through
+    mutation.py, anything else through fallback.py."""
+    fallback.count(name, reason)
+    out = kwargs.get("out")
+    if type(out) is LazyTensor or (type(out) in (tuple, list)
+                                   and any(type(o) is LazyTensor for o in out)):
+        return mutation.run_out(func, args, kwargs)
+    if inplace:
+        return mutation.run_inplace(func, name, args, kwargs)
+    return fallback.run(func, args, kwargs)
