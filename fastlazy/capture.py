@@ -50,12 +50,12 @@ class Unsafe(Exception):
 
 class Signature:
     """What a call signature's first call showed: the `reason` it is not
-    recorded (None if it is); else per result leaf its kind ("new", "view" of
-    an argument, the "input" itself, "none"), the results recorded as nodes,
-    the results' pytree `spec` (None for one recorded result), whether they
-    are `detach`ed, the `constants` lifted from the program, and the
-    program's `lowering` (interned by generic.py); `nested`: a cat-like call
-    recorded as a tree of such calls."""
+    recorded (None if it is); else `kinds`, per result leaf ("new", a "view"
+    of an argument, an "input" itself, "none"), `recorded`, the results that
+    become nodes, the results' pytree `spec` (None for one recorded result),
+    whether they are `detach`ed, the `constants` lifted from the program, and
+    the program's `lowering` (interned by generic.py); `nested`: a cat-like
+    call recorded as a tree of such calls."""
     __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested",
                  "constants")
 
