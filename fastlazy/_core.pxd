@@ -223,8 +223,8 @@ cdef class Hooks:
     cdef public object run_eagerly
     # LazyTensor.to: (tensor, args, kwargs) -> result
     cdef public object tensor_to
-    # writes through views (fastlazy.views): check_leaf(t),
-    # check_write(t, operands), after_mutation(t), geometry(t)
+    # writes through views: check_leaf(t), check_write(t, operands) and
+    # geometry(t) (fastlazy.views); after_mutation(t) (fastlazy.mutation)
     cdef public object check_leaf
     cdef public object check_write
     cdef public object after_mutation

@@ -9,7 +9,7 @@ cdef enum:
     C_MATERIALIZATIONS
     C_FALLBACKS
     C_EMPTY_FLUSHES
-    C_GENERIC             # calls recorded by the generic path (fastlazy.generic)
+    C_GENERIC             # calls recorded by the generic path (counted by fastlazy.route)
     C_COUNT
 
 COUNTER_NAMES = ("nodes_recorded", "flushes", "cache_hits", "cache_misses",
