@@ -26,19 +26,32 @@ from fastlazy.fallback import materialize
 from fastlazy.views import Member
 
 
-def record_inplace(func, args, kwargs, name, ruled=False):
+def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
     """An in-place call on a LazyTensor, functionalized: its out-of-place
     version is recorded and the LazyTensor rebound to the result (then the
     write is carried to its views, or to its base).  Raises Unsafe for a
-    call it does not take."""
+    call it does not take.
+
+    flag: the position of the `inplace=True` argument of a call that has
+    one (torch.nn.functional's activations): its out-of-place version is the
+    same call with inplace=False, which computes the values the in-place
+    one writes (some of their in-place kernels cannot be functionalized)."""
     target = args[0] if args else None
     if type(target) is not LazyTensor:
         raise Unsafe("writes an eager tensor (eager semantics)")
     views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
-    _core.adopt(target, generic.record(_functional(func), args, kwargs, name,
-                                       track_views=False, ruled=ruled))
+    if flag is None:
+        value = generic.record(_functional(func), args, kwargs, name, track_views=False,
+                               ruled=ruled)
+    else:
+        if flag == "inplace":
+            kwargs = dict(kwargs, inplace=False)
+        else:
+            args = args[:flag] + (False,) + args[flag + 1:]
+        value = generic.record(func, args, kwargs, name, track_views=False, ruled=ruled)
+    _core.adopt(target, value)
     if target.family is not None:
         after_mutation(target)
     return None if name.endswith("__setitem__") else target

@@ -10,7 +10,9 @@ anything else to fallback.py, counting every one.
 """
 from __future__ import annotations
 
-from fastlazy import _core, fallback, generic, mutation
+import inspect
+
+from fastlazy import _core, fallback, generic, mutation, random_ops
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
@@ -19,9 +21,18 @@ def call(func, name, args, kwargs, inplace, ruled=False):
     """An entry point's call (or a __torch_function__ call) with LazyTensor
     arguments and no C rule (`ruled`: its row's C rule does not take these
     arguments): record it if it is pure, else run it eagerly."""
+    out = random_ops.record(func, args, kwargs)
+    if out is not random_ops.NOT_HANDLED:
+        return out
+    # torch.nn.functional's `inplace=True` (hardswish, elu, ...) makes the
+    # call the in-place form: functionalized like Tensor.X_
+    flag = None if inplace else _inplace_flag(func, args, kwargs)
+    inplace = inplace or flag is not None
     try:
-        out = (mutation.record_inplace if inplace else generic.record)(
-            func, args, kwargs, name, ruled=ruled)
+        if inplace:
+            out = mutation.record_inplace(func, args, kwargs, name, ruled=ruled, flag=flag)
+        else:
+            out = generic.record(func, args, kwargs, name, ruled=ruled)
     except Unsafe as exc:
         return run_eagerly(func, name, args, kwargs, inplace, str(exc))
     _core.count("generic_calls")
@@ -39,3 +50,30 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
     if inplace:
         return mutation.run_inplace(func, name, args, kwargs)
     return fallback.run(func, args, kwargs)
+
+
+_inplace_params: dict = {}
+
+
+def _inplace_flag(func, args, kwargs):
+    """Where a call of a function with an `inplace` parameter gives it True:
+    "inplace" (a keyword) or its position; None for any other call."""
+    if "inplace" in kwargs:
+        return "inplace" if kwargs["inplace"] is True else None
+    try:
+        index = _inplace_params[func]
+    except (KeyError, TypeError):
+        index = _inplace_position(func)
+        try:
+            _inplace_params[func] = index
+        except TypeError:
+            pass                        # an unhashable callable: not cached
+    return index if index is not None and index < len(args) and args[index] is True else None
+
+
+def _inplace_position(func):
+    try:
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return None                     # a builtin: its in-place form has its own name
+    return names.index("inplace") if "inplace" in names else None

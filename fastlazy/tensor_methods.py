@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from fastlazy import _core, fallback, metrics, route
+from fastlazy import _core, fallback, route
 from fastlazy._core import LazyTensor
 from fastlazy.patching import FORM_CALL, FORM_INPLACE, entry_points, qualname
 
@@ -38,22 +38,55 @@ def attribute(name):
 
 
 def lazy_to(self, args, kwargs):
-    """LazyTensor.to: "lazy" is itself; a device gives an eager tensor (as
-    torch._lazy's .to("cpu") does); a dtype alone stays lazy."""
-    if args and args[0] == "lazy" and len(args) == 1 and not kwargs:
+    """LazyTensor.to: "lazy" is itself; a move to another device gives an
+    eager tensor there (as torch._lazy's .to("cpu") does); anything else --
+    a dtype cast, `.to(other)` or `.to(device=...)` naming the device the
+    value lives on (HF's attention masks) -- is recorded like any pure call."""
+    if len(args) == 1 and _is_lazy_device(args[0]) and not kwargs:
         return self
-    if kwargs.get("device") == "lazy":
+    if _is_lazy_device(kwargs.get("device")):
         kwargs = {k: v for k, v in kwargs.items() if k != "device"}
         if not args and not kwargs:
             return self
-    moves = ("device" in kwargs or "other" in kwargs
-             or any(isinstance(a, (str, torch.device, torch.Tensor))
-                    or type(a) is int for a in args))
-    if not moves:
-        # a dtype cast (or memory format): recorded like any pure call
+    target = _target_device(args, kwargs)
+    if target is None or _same_device(target, self.device):
         return route.call(torch._C.TensorBase.to, "Tensor.to", (self,) + args, kwargs, False)
-    metrics.count_fallback("to", "device move (gives an eager tensor)")
+    fallback.count("to", "device move (gives an eager tensor)")
     return self.to_eager().to(*args, **kwargs)
+
+
+def _is_lazy_device(x):
+    # (a tensor argument compared with == would be an op of its own)
+    return type(x) is str and x == "lazy"
+
+
+def _target_device(args, kwargs):
+    """The device a .to() call names, or None where it names none (a dtype
+    cast).  Anything torch would reject is returned as is, for eager to judge."""
+    if "device" in kwargs:
+        return kwargs["device"]
+    if "tensor" in kwargs:
+        return getattr(kwargs["tensor"], "device", kwargs["tensor"])
+    if args:
+        first = args[0]
+        if isinstance(first, torch.Tensor):          # LazyTensors too
+            return first.device
+        if isinstance(first, (str, torch.device)) or type(first) is int:
+            return first
+    return None
+
+
+def _same_device(target, device):
+    try:
+        target = torch.device(target)
+    except (TypeError, RuntimeError, ValueError):
+        return False                                 # eager raises its own error
+    if target.type != device.type:
+        return False
+    if target.index is None:
+        # "cuda" means the current device; "cpu" has one
+        return device.type == "cpu" or device.index == torch.cuda.current_device()
+    return target.index == (device.index or 0)
 
 
 def install_lazy_tensor_methods():

@@ -1,0 +1,108 @@
+"""Random calls, recorded: the random draw happens at the call, eagerly, and
+only the arithmetic around it is recorded.
+
+A random op cannot go through the generic path: its aten program would draw
+anew every time the graph runs, and not in eager's order.  But the draws of
+the commonest ones depend on the input's metadata alone, not its values:
+
+- dropout (`F.dropout`, `dropout1d/2d/3d`, `torch.dropout`,
+  `torch.feature_dropout`) multiplies its input by noise it draws from the
+  input's shape, dtype and device.  The same call on a tensor of ones of that
+  metadata returns exactly that noise (1 * n == n) and advances the
+  generator exactly as the real call would; the input times the noise is
+  then recorded, and gives eager's values bit for bit, its gradient too
+  (dropout's backward is the same product).
+- `rand_like`, `randn_like`, `randint_like` fill a tensor of the input's
+  metadata: the call on an empty tensor of that metadata is the result.
+
+So seeded programs stay bit-equal to eager while the graph is not split.
+Calls these rules do not cover (a probability that is a tensor, arguments
+eager must judge) go on to the generic path, which runs them eagerly.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from fastlazy import _core
+from fastlazy._core import LazyTensor
+
+NOT_HANDLED = object()
+
+# torch's builtins have no inspectable signature: their parameters, as their
+# schemas name them
+_BUILTIN_PARAMS = {torch._C._VariableFunctions.dropout: ("input", "p", "train"),
+                   torch._C._VariableFunctions.feature_dropout: ("input", "p", "train")}
+
+
+def record(func, args, kwargs):
+    """The result of a random call whose draw was made here, or
+    NOT_HANDLED (the caller goes on to the generic path)."""
+    rule = _RULES.get(func)
+    if rule is None:
+        return NOT_HANDLED
+    return rule(func, args, kwargs)
+
+
+def _bind(func, args, kwargs):
+    """{parameter: argument} of a call, in the parameters' order; None if
+    the arguments do not bind (eager judges the call)."""
+    names = _BUILTIN_PARAMS.get(func)
+    if names is None:
+        try:
+            return dict(inspect.signature(func).bind(*args, **kwargs).arguments)
+        except (TypeError, ValueError):
+            return None
+    if len(args) > len(names) or any(k not in names for k in kwargs):
+        return None
+    bound = dict(zip(names, args))
+    if any(k in bound for k in kwargs):
+        return None
+    bound.update(kwargs)
+    return {k: bound[k] for k in names if k in bound}
+
+
+def _like(x):
+    """A tensor of x's metadata (contiguous: a LazyTensor's layout)."""
+    return torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+
+
+def _dropout(func, args, kwargs):
+    bound = _bind(func, args, kwargs)
+    if bound is None or not bound:
+        return NOT_HANDLED
+    names = list(bound)
+    x = bound[names[0]]
+    if type(x) is not LazyTensor or x.family is not None:
+        return NOT_HANDLED            # views: the generic path keeps their layout
+    if any(type(v) is LazyTensor for k, v in bound.items() if k != names[0]):
+        return NOT_HANDLED
+    inplace = bound.get("inplace", False) is True
+    call = dict(bound)
+    call[names[0]] = torch.ones(tuple(x.shape), dtype=x.dtype, device=x.device)
+    if "inplace" in call:
+        call["inplace"] = False
+    # eager's own checks (p out of range...) raise here, at the call
+    noise = func(**call)
+    if noise is call[names[0]]:
+        return x                      # not training, or p == 0: the input itself
+    return x.mul_(noise) if inplace else x * noise
+
+
+def _fill_like(func, args, kwargs):
+    if not args or type(args[0]) is not LazyTensor or args[0].family is not None:
+        return NOT_HANDLED
+    if any(type(v) is LazyTensor for v in (*args[1:], *kwargs.values())):
+        return NOT_HANDLED
+    return _core.lazy_or_eager(func(_like(args[0]), *args[1:], **kwargs))
+
+
+_RULES = {}
+for _f in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d):
+    _RULES[_f] = _dropout
+for _name in ("dropout", "feature_dropout"):
+    _RULES[getattr(torch._C._VariableFunctions, _name)] = _dropout
+for _name in ("rand_like", "randn_like", "randint_like"):
+    _RULES[getattr(torch._C._VariableFunctions, _name)] = _fill_like

@@ -1,0 +1,165 @@
+"""Calls real models make that used to split the graph (run eagerly, or
+compute a pending value), now recorded with eager's exact semantics:
+dropout and *_like random draws, nn.functional activations with
+inplace=True, and .to() naming the device a value already lives on."""
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy import LazyTensor
+
+pytestmark = pytest.mark.usefixtures("lazy_on", "backend")
+
+
+def _no_split():
+    c = fastlazy.metrics.counters()
+    assert c["fallbacks"] == 0, fastlazy.explain()
+    assert c["flushes"] == 0, fastlazy.explain()
+
+
+DROPOUTS = [
+    (F.dropout, (4, 6), dict(p=0.3, training=True)),
+    (F.dropout, (4, 6), dict(p=0.5)),                      # training defaults to True
+    (F.dropout1d, (2, 3, 5), dict(p=0.4, training=True)),
+    (F.dropout2d, (2, 3, 4, 4), dict(p=0.5, training=True)),
+    (F.dropout3d, (1, 2, 3, 2, 2), dict(p=0.25, training=True)),
+    (torch.dropout, (5, 7), dict(p=0.2, train=True)),
+    (torch.feature_dropout, (2, 3, 4), dict(p=0.5, train=True)),
+    (F.dropout, (3, 3), dict(p=1.0, training=True)),
+    (F.dropout, (3, 3), dict(p=0.0, training=True)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("func,shape,kwargs", DROPOUTS,
+                         ids=[f"{f.__name__}-{k}" for f, _, k in DROPOUTS])
+def test_dropout_is_recorded_bit_equal(func, shape, kwargs, dtype):
+    x = torch.randn(shape).to(dtype)
+    torch.manual_seed(7)
+    expected = func(x * 2, **kwargs)
+    after = torch.rand(3)                      # the generator advanced alike
+    torch.manual_seed(7)
+    got = func(fastlazy.lazy(x) * 2, **kwargs)
+    got_after = torch.rand(3)
+    assert type(got) is LazyTensor
+    _no_split()
+    assert torch.equal(got.to_eager(), expected)
+    assert torch.equal(got_after, after)
+
+
+def test_dropout_gradient_is_eagers():
+    w = torch.randn(4, 5, requires_grad=True)
+    torch.manual_seed(3)
+    F.dropout(w * 3, 0.5, True).sum().backward()
+    expected, w.grad = w.grad, None
+    torch.manual_seed(3)
+    out = F.dropout(fastlazy.lazy(torch.ones(4, 5)) * w * 3, 0.5, True)
+    out.sum().backward()
+    assert torch.equal(w.grad, expected)
+
+
+def test_dropout_inplace_writes_the_lazy_tensor_only():
+    x = torch.randn(6)
+    torch.manual_seed(1)
+    expected = x.clone()
+    F.dropout(expected, 0.5, True, inplace=True)
+    torch.manual_seed(1)
+    lazy = fastlazy.lazy(x) * 1
+    assert F.dropout(lazy, 0.5, True, inplace=True) is lazy
+    assert torch.equal(lazy.to_eager(), expected)
+
+
+def test_dropout_bad_probability_raises_eagers_error():
+    with pytest.raises(ValueError, match="dropout probability"):
+        F.dropout(fastlazy.lazy(torch.rand(3)) * 1, 1.5, True)
+
+
+@pytest.mark.parametrize("func,args", [(torch.rand_like, ()), (torch.randn_like, ()),
+                                       (torch.randint_like, (10,))])
+def test_random_like_is_drawn_at_the_call(func, args):
+    x = torch.rand(3, 4)
+    torch.manual_seed(5)
+    expected = func(x * 2, *args)
+    torch.manual_seed(5)
+    got = func(fastlazy.lazy(x) * 2, *args)
+    _no_split()
+    assert type(got) is LazyTensor
+    assert torch.equal(got.to_eager(), expected)
+
+
+ACTIVATIONS = [(F.hardswish, ()), (F.hardsigmoid, ()), (F.relu6, ()), (F.elu, (0.5,)),
+               (F.selu, ()), (F.celu, ()), (F.hardtanh, (-0.5, 0.5)), (F.mish, ()),
+               (F.leaky_relu, (0.2,)), (F.threshold, (0.1, 2.0)), (F.silu, ()),
+               (F.relu, ())]
+
+
+@pytest.mark.parametrize("func,args", ACTIVATIONS, ids=[f.__name__ for f, _ in ACTIVATIONS])
+@pytest.mark.parametrize("as_keyword", [True, False])
+def test_activation_inplace_is_recorded(func, args, as_keyword):
+    x = torch.randn(5, 6)
+    if not as_keyword:
+        # every argument up to `inplace` given positionally
+        params = list(inspect.signature(func).parameters.values())
+        position = [p.name for p in params].index("inplace")
+        args = args + tuple(p.default for p in params[1 + len(args):position])
+    expected = x * 3
+    returned = (func(expected, *args, inplace=True) if as_keyword
+                else func(expected, *args, True))
+    assert returned is expected
+    lazy = fastlazy.lazy(x) * 3
+    got = func(lazy, *args, inplace=True) if as_keyword else func(lazy, *args, True)
+    assert got is lazy                    # the same tensor, written
+    _no_split()
+    assert torch.equal(lazy.to_eager(), expected)
+
+
+def test_activation_inplace_through_a_view_reaches_the_base():
+    x = torch.randn(4, 6)
+    expected = x * 1
+    F.hardswish(expected[1], inplace=True)
+    base = fastlazy.lazy(x) * 1
+    F.hardswish(base[1], inplace=True)
+    _no_split()
+    assert torch.equal(base.to_eager(), expected)
+
+
+def test_activation_inplace_on_a_leaf_requiring_grad_raises_eagers_error():
+    leaf = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        F.hardswish(leaf, inplace=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        F.hardswish(fastlazy.lazy(leaf), inplace=True)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x: m.to(device=x.device, dtype=torch.float32),
+    lambda m, x: m.to(x),
+    lambda m, x: m.to(tensor=x),
+    lambda m, x: m.to("cpu"),
+    lambda m, x: m.to(torch.device("cpu"), torch.float64),
+    lambda m, x: m.to(torch.float16),
+    lambda m, x: m.to(dtype=torch.int64, copy=True),
+    lambda m, x: m.type_as(x),
+], ids=["device+dtype", "other", "tensor=", "cpu", "device,dtype", "dtype", "copy",
+        "type_as"])
+def test_to_on_the_same_device_is_recorded(call):
+    a = torch.rand(3, 4)
+    x = fastlazy.lazy(a) + 1
+    mask = x > 1.5
+    got = call(mask, x)
+    assert type(got) is LazyTensor
+    _no_split()
+    expected = call(a + 1 > 1.5, a + 1)
+    assert got.dtype == expected.dtype
+    assert torch.equal(got.to_eager(), expected)
+
+
+def test_to_another_device_gives_an_eager_tensor_and_counts_a_fallback():
+    x = fastlazy.lazy(torch.rand(3)) * 2
+    out = x.to("meta")
+    assert type(out) is torch.Tensor and out.device.type == "meta"
+    c = fastlazy.metrics.counters()
+    assert c["fallbacks"] == 1 and c["fallback.to"] == 1
