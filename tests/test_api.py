@@ -125,13 +125,13 @@ def test_explain_lists_fallbacks_with_reasons():
     x = fastlazy.lazy(torch.rand(4))
     torch.cumsum(x, 0)                    # no row: recorded by the generic path
     torch.nonzero(x)                      # data-dependent shape: eager
-    torch.rand_like(x)                    # random: eager
+    torch.bernoulli(x)                    # random, drawn from the values: eager
     torch.add(x, x, out=torch.empty(4))   # an argument pattern rules do not take
     with pytest.raises(TypeError):
         torch.maximum(x, 2)               # eager refuses it, at the call
     text = fastlazy.explain()
     assert "cumsum" not in text
     assert "nonzero" in text and "depends on the data" in text
-    assert "rand_like" in text and "random" in text
+    assert "bernoulli" in text and "random" in text
     assert "torch.add" in text and "aten.add.out mutates its input" in text
     assert "torch.maximum" in text and "eager judges the arguments" in text
