@@ -187,6 +187,9 @@ cdef class Segment:
     cdef object lock          # held while another thread runs this segment
     cdef object error         # the exception a failed flush raised
     cdef object sites         # per node: recording site, when tracing is on
+    cdef list after_run       # callables to run once the graph has run (after_run())
+    cdef list slot_storages   # per slot, filled when first asked: the address of
+                              # a tensor's storage (0: none, or not a tensor)
     cdef object __weakref__
 
     cdef Node *append(self) except NULL
@@ -195,6 +198,7 @@ cdef class Segment:
     cdef void drop_owner(self, int32_t idx) noexcept
     cdef int check_versions(self, tuple slots) except -1
     cdef NodeRecord record_of(self, int32_t i)
+    cdef bint may_read(self, object written) except -1
 
 
 cdef class LazyTensor:
@@ -266,4 +270,4 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
 # csrc/flush.pxi
 cdef int flush(Segment seg, int reason) except -1
 cdef int run_segment_for(LazyTensor t) except -1
-cdef int flush_pending() except -1
+cdef int flush_pending(PyObject *written) except -1

@@ -38,7 +38,7 @@ cdef extern from "Python.h":
 cdef extern from "_entry.h":
     ctypedef object (*fl_handler_t)(object, PyObject**, Py_ssize_t, object)
     int fl_entry_setup(type lazy_type, fl_handler_t handler,
-                       int (*flush_pending)() except -1) except -1
+                       int (*flush_pending)(PyObject *) except -1) except -1
     int fl_pending
     object fl_entry_new(object orig, object name, int op, int form)
     int fl_entry_op(object e)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 
-from fastlazy import _core, fallback, generic, mutation, random_ops
+from fastlazy import _core, fallback, generic, mutation, random_ops, running_stats
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
@@ -23,6 +23,9 @@ def call(func, name, args, kwargs, inplace, ruled=False):
     arguments): record it if it is pure, else run it eagerly."""
     out = random_ops.record(func, args, kwargs)
     if out is not random_ops.NOT_HANDLED:
+        return out
+    out = running_stats.record(func, args, kwargs)
+    if out is not running_stats.NOT_HANDLED:
         return out
     # torch.nn.functional's `inplace=True` (hardswish, elu, ...) makes the
     # call the in-place form: functionalized like Tensor.X_

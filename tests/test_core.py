@@ -228,8 +228,9 @@ def test_torch_function_records_without_enable():
 def test_lazy_of_lazy_and_to():
     a = fastlazy.lazy(torch.rand(3))
     assert fastlazy.lazy(a) is a and a.to("lazy") is a
-    e = a.to("cpu")
-    assert type(e) is torch.Tensor
+    same = a.to("cpu")                # the device it lives on: recorded, stays lazy
+    assert type(same) is fastlazy.LazyTensor and torch.equal(same.to_eager(), a.to_eager())
+    assert type(a.cpu()) is torch.Tensor
     d = a.to(torch.float64)
     assert isinstance(d, fastlazy.LazyTensor) and d.dtype == torch.float64
     with pytest.raises(TypeError):

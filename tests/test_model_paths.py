@@ -163,3 +163,64 @@ def test_to_another_device_gives_an_eager_tensor_and_counts_a_fallback():
     assert type(out) is torch.Tensor and out.device.type == "meta"
     c = fastlazy.metrics.counters()
     assert c["fallbacks"] == 1 and c["fallback.to"] == 1
+
+
+def _bn_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                               torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1),
+                               torch.nn.BatchNorm2d(2, momentum=None)).train()
+
+
+def test_batch_norm_training_is_recorded_with_eagers_statistics():
+    """Three SGD steps: eager's outputs, gradients, running statistics and
+    num_batches_tracked, bit for bit; one graph per step (the backward's
+    read), none of them run eagerly; the module's buffers are the tensors
+    it had before, updated."""
+    eager, lazy = _bn_net(), _bn_net()
+    buffers_before = [b for b in lazy.buffers()]
+    xs = [torch.randn(2, 3, 6, 6) for _ in range(3)]
+    for x in xs:
+        for model, inp in ((eager, x), (lazy, fastlazy.lazy(x))):
+            model.zero_grad()
+            model(inp).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+    c = fastlazy.metrics.counters()
+    assert c["fallbacks"] == 0, fastlazy.explain()
+    assert c["flushes"] == 3
+    for mine, want in zip(lazy.state_dict().values(), eager.state_dict().values()):
+        assert type(mine) is torch.Tensor
+        assert torch.equal(mine, want)
+    assert all(a is b for a, b in zip(lazy.buffers(), buffers_before))
+
+
+def test_a_buffer_read_before_the_graph_runs_sees_the_update():
+    eager, lazy = _bn_net(), _bn_net()
+    x = torch.randn(2, 3, 6, 6)
+    want = eager(x)
+    out = lazy(fastlazy.lazy(x))
+    assert fastlazy.metrics.counters()["flushes"] == 0
+    bn = lazy[1]
+    assert torch.equal(bn.running_mean.to_eager(), eager[1].running_mean)   # computes
+    assert type(bn.running_var) is torch.Tensor          # the graph ran: eager again
+    assert torch.equal(bn.running_var, eager[1].running_var)
+    assert torch.equal(out.to_eager(), want)
+
+
+def test_batch_norm_with_statistics_a_module_does_not_own_runs_eagerly():
+    x = torch.randn(4, 3)
+    mean, var = torch.zeros(3), torch.ones(3)
+    want_mean, want_var = mean.clone(), var.clone()
+    want = F.batch_norm(x * 2, want_mean, want_var, training=True)
+    got = F.batch_norm(fastlazy.lazy(x) * 2, mean, var, training=True)
+    assert torch.equal(got.to_eager(), want)
+    assert torch.equal(mean, want_mean) and torch.equal(var, want_var)
+    assert fastlazy.metrics.counters()["fallbacks"] == 1
+
+
+def test_batch_norm_training_on_one_value_per_channel_raises_eagers_error():
+    bn = torch.nn.BatchNorm1d(3).train()
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        bn(fastlazy.lazy(torch.randn(1, 3)))

@@ -89,3 +89,34 @@ def _line_of(snippet):
     import inspect
     source, start = inspect.getsourcelines(test_reads_that_split_the_program_are_named_by_line)
     return start + next(i for i, line in enumerate(source) if snippet in line)
+
+
+def test_copies_pickles_and_checkpoints():
+    import copy
+    import io
+    import pickle
+
+    a = torch.rand(2, 3)
+    x = fastlazy.lazy(a) * 2
+    deep = copy.deepcopy(x)
+    assert type(deep) is LazyTensor and torch.equal(deep.to_eager(), a * 2)
+    assert deep.to_eager() is not x.to_eager()              # a copy of the value
+    assert torch.equal(copy.copy(x).to_eager(), a * 2)
+    assert torch.equal(pickle.loads(pickle.dumps(x)), a * 2)  # saved as its value
+    buffer = io.BytesIO()
+    torch.save({"w": x}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)                # weights_only=True, torch's default
+    assert type(loaded["w"]) is torch.Tensor and torch.equal(loaded["w"], a * 2)
+
+
+def test_module_buffers_and_state_dict_take_lazy_tensors():
+    module = torch.nn.Module()
+    module.register_buffer("scale", fastlazy.lazy(torch.rand(3)) + 1)
+    assert type(module.scale) is LazyTensor
+    state = module.state_dict()
+    assert torch.equal(state["scale"].to_eager(), module.scale.to_eager())
+    other = torch.nn.Module()
+    other.register_buffer("scale", torch.zeros(3))
+    other.load_state_dict(state)
+    assert torch.equal(other.scale, module.scale.to_eager())

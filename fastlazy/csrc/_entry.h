@@ -37,10 +37,11 @@ typedef PyObject *(*fl_handler_t)(PyObject *entry, PyObject *const *args,
 static PyTypeObject *fl_lazy_type = NULL;   /* LazyTensor */
 static fl_handler_t fl_lazy_handler = NULL;
 /* Nodes are waiting in the buffer (kept by _core.pyx).  An in-place entry
- * point then computes them before an eager tensor is written: they may read
- * that tensor, and must see the contents it had when they were recorded. */
+ * point then asks the core before an eager tensor is written: the nodes
+ * that may read that tensor's memory are computed first, since they must
+ * see the contents it had when they were recorded. */
 static int fl_pending = 0;
-static int (*fl_flush_pending)(void) = NULL;
+static int (*fl_flush_pending)(PyObject *written) = NULL;
 
 static PyObject *
 fl_entry_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -54,7 +55,7 @@ fl_entry_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
             /* Cython code sees a missing kwnames as None, never NULL */
             return fl_lazy_handler(self, args, n, kwnames ? kwnames : Py_None);
     }
-    if (fl_pending && e->form == FORM_INPLACE && fl_flush_pending() < 0)
+    if (fl_pending && e->form == FORM_INPLACE && n > 0 && fl_flush_pending(args[0]) < 0)
         return NULL;
     return PyObject_Vectorcall(e->orig, args, nargsf, kwnames);
 }
@@ -180,7 +181,8 @@ fl_entry_new(PyObject *orig, PyObject *name, int op, int form)
 }
 
 static int
-fl_entry_setup(PyTypeObject *lazy_type, fl_handler_t handler, int (*flush_pending)(void))
+fl_entry_setup(PyTypeObject *lazy_type, fl_handler_t handler,
+               int (*flush_pending)(PyObject *))
 {
     fl_lazy_type = lazy_type;
     fl_lazy_handler = handler;

@@ -89,6 +89,7 @@ cdef int flush(Segment seg, int reason) except -1:
         counters[C_EMPTY_FLUSHES] += 1
         seg.state = SEG_DONE
         seg.release()
+        run_after(seg)
         return 0
     counters[C_FLUSHES] += 1
     if reason != REASON_MARK_STEP:
@@ -128,7 +129,30 @@ cdef int flush(Segment seg, int reason) except -1:
             t.slot_epoch = 0
     seg.state = SEG_DONE
     seg.release()
+    run_after(seg)
     return 0
+
+
+cdef int run_after(Segment seg) except -1:
+    """The segment's after_run callables, in registration order."""
+    callbacks, seg.after_run = seg.after_run, None
+    if callbacks is not None:
+        for callback in callbacks:
+            callback()
+    return 0
+
+
+def after_run(LazyTensor t, callback):
+    """Call `callback()` once the graph computing `t` has run (at once if
+    t is not pending): how an eager tensor is brought up to date with a
+    value computed lazily (BatchNorm's running statistics)."""
+    cdef Segment seg = t.seg
+    if seg is None or seg.state != SEG_RECORDING:
+        callback()
+        return
+    if seg.after_run is None:
+        seg.after_run = []
+    seg.after_run.append(callback)
 
 
 cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
@@ -176,12 +200,19 @@ cdef int run_segment_for(LazyTensor t) except -1:
     return 0
 
 
-cdef int flush_pending() except -1:
-    """Called by an in-place entry point before it writes an eager tensor."""
+cdef int flush_pending(PyObject *written) except -1:
+    """Called by an in-place entry point before it writes the eager tensor
+    `written`: the pending nodes are computed first if they may read its
+    memory (an eager write elsewhere, such as BatchNorm's
+    num_batches_tracked.add_(1), leaves the graph whole)."""
     global fl_pending
+    if _current is None or not _current.n:
+        fl_pending = 0
+        return 0
+    if not _current.may_read(<object>written):
+        return 0
     fl_pending = 0
-    if _current is not None and _current.n:
-        flush(_current, REASON_EAGER_WRITE)
+    flush(_current, REASON_EAGER_WRITE)
     return 0
 
 

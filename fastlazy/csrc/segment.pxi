@@ -49,6 +49,8 @@ cdef class Segment:
         self.input_keys = []
         self.state = SEG_RECORDING
         self.sites = [] if _record_sites else None
+        self.slot_storages = []
+        self.after_run = None
 
     def __dealloc__(self):
         free(self.nodes)
@@ -150,8 +152,28 @@ cdef class Segment:
         self.inputs = None
         self.input_keys = None
         self.sites = None
+        self.slot_storages = None
         self.n = 0
         self.nslots = 0
+
+    cdef bint may_read(self, object written) except -1:
+        """May a node of this segment read memory of the eager tensor
+        `written`?  Yes if one of its input slots shares the storage (a view
+        of it, a `.data` alias, the tensor itself), or if that cannot be
+        told.  The storages of the slots are looked up once per segment."""
+        cdef Py_ssize_t k
+        cdef object address = _storage_address(written)
+        if address is None:
+            return True
+        if address == 0:
+            return False               # no memory: nothing can read it
+        for k in range(len(self.slot_storages), self.nslots):
+            self.slot_storages.append(_storage_address(self.inputs[k]))
+        for k in range(self.nslots):
+            other = self.slot_storages[k]
+            if other is None or other == address:
+                return True
+        return False
 
     # -- read-only views for lowering and debugging (not on the hot path) --
 
@@ -221,6 +243,18 @@ cdef class Segment:
     @property
     def state(self):
         return ("recording", "running", "done", "failed")[self.state]
+
+
+cdef object _storage_address(object value):
+    """The address of an eager tensor's storage; 0 for a tensor without
+    memory, or for anything that is not a tensor (a Python scalar slot); None
+    where it cannot be told (a sparse or nested tensor)."""
+    if not isinstance(value, TensorType):
+        return 0
+    try:
+        return value.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
 
 
 @cython.final

@@ -313,8 +313,18 @@ cdef class LazyTensor:
         return id(self)
 
     def __reduce_ex__(self, proto):
-        # Pickles as its value: the graph is not part of a tensor's state.
-        return (lazy, (materialize(self),))
+        # Saved as its value, a plain tensor: the graph is not part of a
+        # tensor's state, and a checkpoint must load without fastlazy
+        # (torch.load's default weights_only=True allows only torch's types).
+        return materialize(self).__reduce_ex__(proto)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        # a LazyTensor of a copy of the value (copies stay lazy, as the
+        # results of every other op on a LazyTensor do)
+        return wrap_value(materialize(self).__deepcopy__(memo))
 
     def to(self, *args, **kwargs):
         return _hooks.tensor_to(self, args, kwargs)

@@ -1,0 +1,129 @@
+"""Batch normalization in training, recorded: the normalization and the
+running-statistics update are nodes of the graph, and the module's buffers
+follow them.
+
+Eager `F.batch_norm(x, running_mean, running_var, ..., training=True)`
+writes the running statistics in place, and a module's buffers are eager
+tensors that any code may read.  Here the call is recorded as aten's
+functional batch norm, which computes the same kernel into new tensors
+(output, and the updated running mean and variance: eager's values and
+gradients bit for bit).  The module that owns the two buffers (found among
+the calling frames: the `self` whose buffers they are) gets the pending
+results as its buffers, so `bn.running_mean`, `state_dict()` and the next
+training step read the updated values; once the graph has run, the results
+are copied into the original buffer tensors and those are put back, so the
+module holds the very tensors it held before.
+
+Not taken (the call runs eagerly, as before): running statistics that are
+not the buffers of a calling module, CUDA (where eager runs cuDNN's kernel),
+mixed dtypes.  A reference to a buffer taken before the step sees the update
+once the step's graph has run, not before.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from fastlazy import _core, generic
+from fastlazy._core import LazyTensor
+
+NOT_HANDLED = object()
+_FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
+# torch's own function (imported before enable() patches torch.nn.functional)
+_BATCH_NORM = F.batch_norm
+_PARAMS = list(inspect.signature(_BATCH_NORM).parameters)
+_FRAMES = 8            # caller frames searched for the module owning the buffers
+
+# module -> {buffer name: the eager tensor it held before fastlazy rebound it}
+_originals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def record(func, args, kwargs):
+    """F.batch_norm in training with a module's running statistics,
+    recorded; NOT_HANDLED for any other call."""
+    if func is not _BATCH_NORM:
+        return NOT_HANDLED
+    bound = dict(zip(_PARAMS, args))
+    if any(k in bound or k not in _PARAMS for k in kwargs):
+        return NOT_HANDLED
+    bound.update(kwargs)
+    x = bound.get("input")
+    mean, var = bound.get("running_mean"), bound.get("running_var")
+    weight, bias = bound.get("weight"), bound.get("bias")
+    training = bound.get("training", False)
+    momentum, eps = bound.get("momentum", 0.1), bound.get("eps", 1e-5)
+    if (training is not True or type(x) is not LazyTensor or mean is None or var is None
+            or x.device.type != "cpu" or type(momentum) not in (float, int)
+            or type(eps) not in (float, int)):
+        return NOT_HANDLED
+    if any(t is not None and (not isinstance(t, torch.Tensor) or t.dtype != x.dtype)
+           for t in (mean, var, weight, bias)):
+        return NOT_HANDLED
+    owner = _owner(mean, var)
+    if owner is None or not all(_ours_to_rebind(owner[0], name) for name in owner[1]):
+        return NOT_HANDLED
+    F._verify_batch_size(x.size())        # eager's check, at the call
+    # The graph reads copies of eager buffers: autograd keeps the graph's
+    # inputs for the backward, and the buffers are written once it has run.
+    mean, var = (t if type(t) is LazyTensor else t.detach().clone() for t in (mean, var))
+    out, _, _, new_mean, new_var = generic.record(
+        _FUNCTIONAL, (x, weight, bias, mean, var, True, float(momentum), float(eps)), {},
+        "F.batch_norm")
+    module, names = owner
+    for name, new in zip(names, (new_mean, new_var)):
+        _rebind(module, name, new)
+    return out
+
+
+def _owner(mean, var):
+    """(module, (mean's name, var's name)) of the nn.Module among the
+    calling frames whose buffers `mean` and `var` are; None if none is."""
+    frame = sys._getframe(2)
+    for _ in range(_FRAMES):
+        if frame is None:
+            return None
+        module = frame.f_locals.get("self")
+        if isinstance(module, torch.nn.Module):
+            names = [None, None]
+            for name, buffer in module._buffers.items():
+                if buffer is mean:
+                    names[0] = name
+                elif buffer is var:
+                    names[1] = name
+            if None not in names:
+                return module, tuple(names)
+        frame = frame.f_back
+    return None
+
+
+def _ours_to_rebind(module, name):
+    """An eager buffer, or one this module rebound and not yet restored (a
+    step recorded before the last one's graph ran); not a LazyTensor the
+    user put there."""
+    return (type(module._buffers[name]) is not LazyTensor
+            or name in _originals.get(module, ()))
+
+
+def _rebind(module, name, new):
+    originals = _originals.setdefault(module, {})
+    if name not in originals:
+        originals[name] = module._buffers[name]
+    module._buffers[name] = new
+    _core.after_run(new, functools.partial(_restore, weakref.ref(module), name, new))
+
+
+def _restore(module_ref, name, new):
+    """The graph computing `new` has run: copy it into the buffer's original
+    tensor and put that back, unless a later step rebound the buffer again."""
+    module = module_ref()
+    if module is None or module._buffers.get(name) is not new:
+        return
+    original = _originals[module].pop(name)
+    with torch.no_grad():
+        original.copy_(new.to_eager())
+    module._buffers[name] = original
