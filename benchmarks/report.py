@@ -1,16 +1,18 @@
 """Run the benchmark suite and report it against the targets P1-P8.
 
     python benchmarks/report.py [--quick] [--large] [--no-compile] [--threads N]
-                                [--out results] [--stat min|median]
+                                [--out results] [--stat min|median] [-k EXPRESSION]
 
 Run it from the repository root.  The suite (the pytest-benchmark tests in
 this folder) runs under pytest-benchmark in a subprocess; this report reads
 back the JSON that pytest-benchmark writes, so the two never disagree.  It
 prints one table (rows: workloads; columns: contenders; cells: time and
 speedup over eager, plus ns per recorded op for trace-only rows; W1, then
-W2, then W3), the first-call times, and the targets P1-P8 (`TARGETS` in this
-file: each target's measure, threshold and the function that judges it) with
-PASS or MISS.  Into the output folder go bench.json, table.md and speedup.png.
+W2, then W3, then W4), the first-call times, W4's first 100 calls from a
+cold process and what fastlazy recorded and ran eagerly per W4 call, and the
+targets P1-P8 (`TARGETS` in this file: each target's measure, threshold and
+the function that judges it) with PASS or MISS.  Into the output folder go
+bench.json, table.md, speedup.png (W1) and w4_speedup.png (W4).
 """
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ W2_MODES = {"infer": "inference", "train": "training step"}
 # amortized, as P1 amortizes it over a 32-op chain.  test_w3.py imports it
 # from here (this module imports neither torch nor fastlazy).
 SHAPE_ADDS_PER_CALL = 100
+W4_MODELS = {"resnet18": "resnet18", "mobilenet_v3_small": "mobilenet_v3_small",
+             "vit": "ViT 2 layers", "bert": "BERT 2 layers", "gpt2": "GPT-2 2 layers",
+             "llama": "Llama 2 layers"}
+W4_SIZES = {1: "1x3x64x64 or 1x32 tokens", 8: "8x3x128x128 or 8x128 tokens"}
 W3_LABELS = {
     "x+y": "W3 x + y, 1 element: enable() off vs on",
     "mlp": "W3 MLP 4x256 batch 1: enable() off vs on",
@@ -60,16 +66,21 @@ class Row:
         if self.workload == "W2":
             return (f"W2 {W2_MODELS.get(self.item, self.item)} batch {self.n} "
                     f"{W2_MODES.get(self.mode, self.mode)}")
+        if self.workload == "W4":
+            return (f"W4 {W4_MODELS.get(self.item, self.item)} batch {self.n} "
+                    f"{W2_MODES.get(self.mode, self.mode)}")
         cf = " cf" if self.control_flow else ""
         return f"W1 {self.mode} n={self.n} {self.ops} ops{cf}"
 
     def sort_key(self) -> tuple:
         """W1 by mode, n, ops, variant; W2 by model, mode, batch; then W3 in
-        W3_LABELS order."""
+        W3_LABELS order; W4 by model, batch, mode."""
         if self.workload == "W1":
             return (0, MODE_ORDER.index(self.mode), self.n, self.ops, self.control_flow)
         if self.workload == "W2":
             return (1, _order(W2_MODELS, self.item), _order(W2_MODES, self.mode), self.n)
+        if self.workload == "W4":
+            return (3, _order(W4_MODELS, self.item), self.n, _order(W2_MODES, self.mode))
         return (2, _order(W3_LABELS, self.item))
 
 
@@ -101,8 +112,8 @@ class Results:
 def _row(info: dict) -> Row:
     if info["workload"] == "W3":
         return Row("W3", item=info["item"])
-    if info["workload"] == "W2":
-        return Row("W2", info["mode"], info["batch"], item=info["model"])
+    if info["workload"] in ("W2", "W4"):
+        return Row(info["workload"], info["mode"], info["batch"], item=info["model"])
     return Row("W1", info["mode"], info["n"], info["ops"], info["control_flow"])
 
 
@@ -165,7 +176,11 @@ LEGEND = ("Cells: time per call ({stat} over rounds) ×speedup over the row's ea
           "column (>1: faster). W2 rows: one inference (no_grad) or one training "
           "step (forward, MSE loss, backward, SGD step) with the result read. "
           "W3 rows: eager = the baseline named first in the "
-          "label, fastlazy = the second. Trace rows also give the time per op.")
+          "label, fastlazy = the second. Trace rows also give the time per op. "
+          "W4 rows: real models with random weights, the modules eager and the "
+          "inputs lazy (or moved, or the module compiled); batch 1 is "
+          f"{W4_SIZES[1]}, batch 8 {W4_SIZES[8]}; training: forward, "
+          "cross-entropy loss, backward, SGD step.")
 
 
 # -- targets -----------------------------------------------------------------
@@ -327,14 +342,71 @@ def targets(results: Results) -> list[list[str]]:
 
 def first_calls(results: Results) -> list[list[str]]:
     """Time to the first result of each variant (setup and compilation
-    included), W1 32-op exec rows and W2 rows."""
+    included), W1 32-op exec rows, W2 and W4 rows."""
     rows = [["first call", *results.contenders()]]
     for row in results.rows():
-        if row.workload == "W2" or (row.workload == "W1" and row.mode == "exec"
-                                    and row.ops == 32):
+        if row.workload in ("W2", "W4") or (row.workload == "W1" and row.mode == "exec"
+                                            and row.ops == 32):
             rows.append([row.label, *(
                 fmt_time(results.info[(row, c)]["first_call_s"])
                 if (row, c) in results.info else "—" for c in results.contenders())])
+    return rows
+
+
+def _w4_rows(results: Results) -> list[Row]:
+    return [r for r in results.rows() if r.workload == "W4"]
+
+
+def _w4_contenders(results: Results) -> list[str]:
+    """The contenders that ran some W4 case, in the table's order."""
+    ran = {c for r, c in results.seconds if r.workload == "W4"}
+    return [c for c in results.contenders() if c in ran]
+
+
+def first_100(results: Results) -> list[list[str]]:
+    """W4: time to finish the first 100 calls in a fresh process
+    (compilation included), by contender."""
+    columns = _w4_contenders(results)
+    rows = [["first 100 calls, cold process", *columns]]
+    for row in _w4_rows(results):
+        cells = []
+        for c in columns:
+            info = results.info.get((row, c))
+            if info is None:
+                cells.append("—")
+            elif info.get("first_100_s") is None:
+                cells.append(f"failed: {info.get('first_100_error')}")
+            else:
+                cells.append(fmt_time(info["first_100_s"]))
+        rows.append([row.label, *cells])
+    return rows
+
+
+def _fallbacks_text(fallbacks: dict) -> str:
+    if not fallbacks:
+        return "none"
+    return ", ".join(f"{op} {n}" for op, n in sorted(fallbacks.items(), key=lambda kv: -kv[1]))
+
+
+def w4_recorded(results: Results) -> list[list[str]]:
+    """W4, fastlazy over one steady-state call: nodes recorded, graphs
+    computed, calls recorded by the generic path, calls run eagerly by op;
+    one line per row and distinct set of counts (the fastlazy contenders
+    that share it named)."""
+    rows = [["W4 per call (fastlazy)", "contenders", "nodes", "graphs", "generic calls",
+             "fallbacks by op"]]
+    for row in _w4_rows(results):
+        seen: dict = {}
+        for c in _w4_contenders(results):
+            info = results.info.get((row, c))
+            if not info or info.get("nodes") is None:
+                continue
+            key = (info["nodes"], info["graphs_per_call"], info["generic_calls"],
+                   _fallbacks_text(info["fallbacks"]))
+            seen.setdefault(key, []).append(c)
+        for (nodes, graphs, generic, fallbacks), names in seen.items():
+            rows.append([row.label, ", ".join(names), str(nodes), str(graphs), str(generic),
+                         fallbacks])
     return rows
 
 
@@ -383,6 +455,60 @@ def plot(results: Results, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_w4(results: Results, path: Path, threads) -> None:
+    """W4's speedup over eager as a grouped bar chart: one group per model,
+    batch and mode, one bar per contender (same colours as speedup.png)."""
+    rows = [r for r in _w4_rows(results) if results.get(r, "eager")]
+    others = [c for c in _w4_contenders(results) if c != "eager"]
+    if not rows or not others:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator
+
+    colours = dict(zip(others, plt.get_cmap("tab10").colors))
+    width = 0.8 / len(others)
+    speedups = [1.0]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(rows) * max(1, len(others)) ** 0.5 + 2),
+                                    4.8))
+    for k, contender in enumerate(others):
+        xs, ys = [], []
+        for i, row in enumerate(rows):
+            t = results.get(row, contender)
+            if t:
+                xs.append(i - 0.4 + width * (k + 0.5))
+                ys.append(results.get(row, "eager") / t)
+        speedups += ys
+        # from 1 to the speedup: up when faster than eager, down when slower
+        bars = ax.bar(xs, [y - 1 for y in ys], width, bottom=1, color=colours[contender],
+                      label=contender)
+        if len(others) <= 3:
+            ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7, padding=1)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yscale("log")
+    low, high = min(min(speedups) / 1.3, 0.5), max(max(speedups) * 1.3, 2.0)
+    ax.set_ylim(low, high)
+    ticks = [m * 10.0 ** e for e in range(-3, 4) for m in (1, 2, 5)]
+    ax.yaxis.set_major_locator(FixedLocator([t for t in ticks if low <= t <= high]))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.grid(axis="y", color="0.9", linewidth=0.8)
+    ax.set_axisbelow(True)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r.item}\nbatch {r.n}\n{W2_MODES.get(r.mode, r.mode)}"
+                        for r in rows], fontsize=8)
+    thread_text = f"{threads} thread{'s' if threads != 1 else ''}" if threads else \
+        "torch's default threads"
+    ax.set(title=f"W4 real models: speedup over eager (>1: faster), {thread_text}, CPU",
+           xlabel="model, batch size, mode",
+           ylabel="speedup over eager (eager time / time)")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # -- running ------------------------------------------------------------------
 
 def pytest_command(args, json_path: Path) -> list[str]:
@@ -399,6 +525,8 @@ def pytest_command(args, json_path: Path) -> list[str]:
         cmd.append("--bench-large")
     if args.no_compile:
         cmd.append("--bench-no-compile")
+    if args.k:
+        cmd += ["-k", args.k]
     return cmd
 
 
@@ -418,7 +546,9 @@ def parse_args(argv):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="W1 at n=100 and 32 ops only, W2 MLP batch 1 inference "
-                             "only, no torch.compile (~1-2 min)")
+                             "only, W4 resnet18 and BERT batch 1 inference on eager "
+                             "and fastlazy's default backend only, no torch.compile "
+                             "(~2 min)")
     parser.add_argument("--large", action="store_true", help="also n=10000 (slow, ~8 GB)")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--threads", type=int, default=1,
@@ -430,6 +560,9 @@ def parse_args(argv):
     parser.add_argument("--stat", choices=("min", "median"), default="min",
                         help="statistic over rounds (default min: the least disturbed "
                              "by a noisy machine)")
+    parser.add_argument("-k", metavar="EXPRESSION",
+                        help="only the benchmarks pytest -k selects, e.g. "
+                             "'test_w4 and b1' (W4 at batch 1)")
     return parser.parse_args(argv)
 
 
@@ -449,15 +582,24 @@ def main(argv=None) -> int:
         ("Results", table(results)),
         ("First calls (setup and compilation included; cf: both variants)",
          first_calls(results)),
-        ("Targets", targets(results)),
     ]
+    if _w4_rows(results):
+        sections += [
+            ("W4: first 100 calls from a cold process (a fresh process per model and "
+             "contender, empty inductor cache; imports and model construction excluded)",
+             first_100(results)),
+            ("W4: what fastlazy records per steady-state call", w4_recorded(results)),
+        ]
+    sections.append(("Targets", targets(results)))
     for title, rows in sections:
         print(f"\n{title}\n\n{as_text(rows)}")
     print(f"\n{legend}\nSuite ran in {elapsed:.0f} s (pytest exit status {rc}).")
     (args.out / "table.md").write_text("\n\n".join(
         f"## {title}\n\n{as_markdown(rows)}" for title, rows in sections) + f"\n\n{legend}\n")
     plot(results, args.out / "speedup.png")
-    print(f"Wrote {json_path}, {args.out / 'table.md'}, {args.out / 'speedup.png'}")
+    plot_w4(results, args.out / "w4_speedup.png", args.threads)
+    print(f"Wrote {json_path}, {args.out / 'table.md'}, {args.out / 'speedup.png'}, "
+          f"{args.out / 'w4_speedup.png'}")
     return rc
 
 

@@ -10,6 +10,11 @@ Linear(256, 256)+ReLU layers at batch 1 and 64, inference and one training
 step, and an nn.TransformerEncoderLayer (d_model 256, 4 heads, seq 32,
 batch 1) in eval (see the W2 section below).
 
+W4 is real models (zoo.py: torchvision's resnet18, mobilenet_v3_small and a
+small ViT; HuggingFace's BERT, GPT-2 and Llama) at batch 1 and at batch 8 on
+larger inputs, inference and, for resnet18 and GPT-2, one training step (see
+the W4 section below).
+
 A contender is one way of running a workload (eager, torch.jit, torch._lazy,
 torch.compile, fastlazy with each backend).  It turns a workload into one
 zero-argument call per variant; `prepared()` wraps those calls into the step
@@ -21,6 +26,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -34,6 +47,7 @@ from torch import nn
 import fastlazy
 import fastlazy.backends
 import fastlazy.graph_cache
+import zoo
 
 TRACE, EXEC = "trace", "exec"      # build the graph only / read the result
 MODES = (TRACE, EXEC)
@@ -150,6 +164,17 @@ class Contender:
         the model's parameters as eager tensors (for the check)."""
         return _w2_step(model, model, x, y, mode), functools.partial(_eager_params, model)
 
+    # W4 (real models)
+    w4_tolerance = dict(rtol=1e-4, atol=1e-5)
+    first_call_limit_s: float | None = None     # W4: the first call may run this long
+
+    def w4_step(self, model: zoo.ZooModel, module: nn.Module, x, target, mode: str):
+        """A W4 call as a zero-argument function (see zoo.step), and a
+        function giving the module's gradients, parameters and buffers as
+        eager tensors (for the check)."""
+        return (zoo.step(model, module, module, x, target, mode),
+                functools.partial(zoo.state, module))
+
 
 class Jit(Contender):
     """torch.jit.trace of the chain; torch.jit.script for the control-flow
@@ -199,6 +224,17 @@ class TorchLazy(Contender):
                         read=_mark_step_and_cpu, after_step=torch._lazy.mark_step)
         return step, lambda: [p.detach().cpu() for p in model.parameters()]
 
+    first_call_limit_s = 120.0
+
+    def w4_step(self, model, module, x, target, mode):
+        """As w2_step: the module, input and target moved to the lazy device
+        once, `mark_step()` after each call."""
+        device = _torch_lazy_device()
+        module.to(device)
+        step = zoo.step(model, module, module, x.to(device), target.to(device), mode,
+                        read=_mark_step_and_cpu, after_step=torch._lazy.mark_step)
+        return step, functools.partial(zoo.state, module, torch.Tensor.cpu)
+
 
 def _mark_step_and_read(call):
     r = call()
@@ -233,6 +269,15 @@ class Compile(Contender):
         backward too); loss, backward and the SGD step as in eager."""
         forward = torch.compile(model, dynamic=False)
         return _w2_step(model, forward, x, y, mode), functools.partial(_eager_params, model)
+
+    w4_tolerance = dict(rtol=1e-3, atol=1e-4)
+
+    def w4_step(self, model, module, x, target, mode):
+        """The module's forward compiled (with a language model's loss, which
+        HuggingFace computes in it); the rest as in eager."""
+        forward = torch.compile(module, dynamic=False)
+        return (zoo.step(model, module, forward, x, target, mode),
+                functools.partial(zoo.state, module))
 
 
 class FastLazy(Contender):
@@ -271,6 +316,23 @@ class FastLazy(Contender):
                         read=fastlazy.LazyTensor.to_eager)
         return step, functools.partial(_eager_params, model)
 
+    @property
+    def w4_tolerance(self):
+        return Compile.w4_tolerance if self.backend == "inductor" else Contender.w4_tolerance
+
+    def w4_step(self, model, module, x, target, mode):
+        """The module stays eager (its parameters join the graphs as
+        inputs); the input and target are made lazy once; inference reads
+        the output with `.to_eager()`, training the loss with `.item()`."""
+        step = zoo.step(model, module, module, fastlazy.lazy(x), fastlazy.lazy(target), mode,
+                        read=_eager_value)
+        return step, functools.partial(zoo.state, module, _eager_value)
+
+
+def _eager_value(t):
+    """A LazyTensor's value; an eager tensor as it is."""
+    return t.to_eager() if isinstance(t, fastlazy.LazyTensor) else t
+
 
 def _to_eager(call):
     return call().to_eager()
@@ -284,6 +346,15 @@ def contenders(with_compile: bool = True) -> list[Contender]:
     found.append(FastLazy())
     found += [FastLazy(name) for name in fastlazy.backends.names()]
     return found
+
+
+def contender_named(name: str) -> Contender:
+    """The contender of that name (as Contender.name gives it)."""
+    for c in [Contender(), Jit(), TorchLazy(), Compile()] + [
+            FastLazy(b) for b in (None, *fastlazy.backends.names())]:
+        if c.name == name:
+            return c
+    raise KeyError(f"no contender named {name!r}")
 
 
 @dataclass(frozen=True)
@@ -505,3 +576,169 @@ def prepared_w2(case: W2Case):
             step()
         yield Prepared(step, first_call_s,
                        lambda: None if compiled is None else contender.compiles() - compiled)
+
+
+# -- W4: real models (zoo.py) -------------------------------------------------------
+
+W4_QUICK_MODELS = ("resnet18", "bert")
+W4_FIRST_CALLS = 100             # "first 100 calls": what a user waits for
+W4_COLD_TIMEOUT_S = 600          # one fresh process's run of them
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class W4Case:
+    """One W4 benchmark: a contender running a zoo model at a size."""
+    model: zoo.ZooModel
+    size: zoo.Size
+    mode: str
+    contender: Contender
+
+    @property
+    def id(self) -> str:
+        return f"{self.mode}-b{self.size.batch}-{self.model.name}-{self.contender.name}"
+
+    @property
+    def label(self) -> str:
+        return f"W4 {self.model.name} {self.mode} batch={self.size.batch}"
+
+
+def w4_contenders(quick: bool = False, with_compile: bool = True) -> list[Contender]:
+    """eager, torch._lazy, torch.compile, fastlazy with each backend
+    (inductor only with compilation); quick: eager and fastlazy's default
+    backend."""
+    if quick:
+        return [Contender(), FastLazy(fastlazy.backend())]
+    found = [Contender(), TorchLazy()]
+    if with_compile:
+        found.append(Compile())
+    return found + [FastLazy(name) for name in fastlazy.backends.names()
+                    if with_compile or name != "inductor"]
+
+
+def w4_cases(quick: bool = False, with_compile: bool = True) -> list[W4Case]:
+    """All W4 cases, by model, batch and mode; quick: resnet18 and BERT at
+    batch 1, inference."""
+    return [W4Case(m, zoo.SIZES[b], mode, c)
+            for m in zoo.W4 if not quick or m.name in W4_QUICK_MODELS
+            for b in zoo.SIZES if not quick or b == 1
+            for mode in m.modes if not quick or mode == INFER
+            for c in w4_contenders(quick, with_compile)]
+
+
+@dataclass
+class W4Prepared:
+    """A W4 case ready to be timed: `step` makes one call; `first_call_s`
+    is the time to the first result (setup and compilation included);
+    `call_s` the last warm-up call's time; `counts` fastlazy's counters
+    over one steady-state call (None for other contenders)."""
+    step: Callable
+    first_call_s: float
+    call_s: float
+    counts: dict | None
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """TimeoutError in this thread after `seconds` (None: no limit; only
+    the main thread can be interrupted, elsewhere there is no limit)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"first call over {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def fastlazy_counts(step: Callable) -> dict:
+    """fastlazy's counters over one call of step: nodes recorded, graphs
+    computed (flushes), calls run eagerly by op (counters' fallback.<op>
+    keys), calls recorded by the generic path."""
+    fastlazy.metrics.reset()
+    step()
+    c = fastlazy.metrics.counters()
+    return dict(nodes=c["nodes_recorded"], graphs_per_call=c["flushes"],
+                fallbacks={k[len("fallback."):]: v for k, v in c.items()
+                           if k.startswith("fallback.")},
+                fallbacks_total=c["fallbacks"], generic_calls=c["generic_calls"])
+
+
+def _check_w4(case: W4Case, got, want, got_state, want_state):
+    tolerance = case.contender.w4_tolerance
+    if case.mode == INFER:
+        torch.testing.assert_close(got, want, **tolerance)
+        return
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **tolerance)
+    assert len(got_state) == len(want_state), "gradients, parameters, buffers"
+    for k, (g, w) in enumerate(zip(got_state, want_state)):
+        torch.testing.assert_close(g, w, **tolerance, msg=lambda m: f"zoo.state [{k}]: {m}")
+
+
+@contextlib.contextmanager
+def prepared_w4(case: W4Case):
+    """Set up a W4 case as `prepared_w2` does a W2 one: the first call
+    (timed: the contender's setup and compilation included, the model's
+    construction not), a check against eager (the output; or the loss and
+    every gradient, parameter and buffer after the first SGD step), a
+    warm-up, fastlazy's counters over one more call.  Raises Unsupported
+    when torch._lazy or torch.compile fails in the first call, or
+    torch._lazy's first call runs past its time limit."""
+    model, size, mode, contender = case.model, case.size, case.mode, case.contender
+    x, target = model.inputs(size)
+    with fastlazy_state(False):
+        step, state = Contender().w4_step(model, model.build(size, mode), x, target, mode)
+        want = step()
+        want_state = state() if mode == TRAIN else None
+    module = model.build(size, mode)
+    with contender.session():
+        start = time.perf_counter()
+        try:
+            with _time_limit(contender.first_call_limit_s):
+                step, state = contender.w4_step(model, module, x, target, mode)
+                got = step()
+        except Exception as error:
+            if not contender.skips_on_error:
+                raise
+            raise Unsupported(f"{contender.name} cannot run {case.label}: "
+                              f"{type(error).__name__}: {str(error)[:300]}") from error
+        first_call_s = time.perf_counter() - start
+        _check_w4(case, got, want, state() if mode == TRAIN else None, want_state)
+        for _ in range(WARMUP_CALLS):
+            start = time.perf_counter()
+            step()
+            call_s = time.perf_counter() - start
+        counts = fastlazy_counts(step) if isinstance(contender, FastLazy) else None
+        yield W4Prepared(step, first_call_s, call_s, counts)
+
+
+def first_calls_cold(case: W4Case, calls: int = W4_FIRST_CALLS,
+                     timeout_s: float = W4_COLD_TIMEOUT_S) -> dict:
+    """The case's first `calls` calls in a fresh process (w4_cold.py) with
+    an empty inductor cache and this process's intra-op threads and
+    fastlazy: {"first_call_s", "first_calls_s"} or {"error"}."""
+    threads = torch.get_num_threads()
+    source = str(pathlib.Path(fastlazy.__file__).resolve().parent.parent)
+    cmd = [sys.executable, str(BENCH_DIR / "w4_cold.py"), case.model.name,
+           str(case.size.batch), case.mode, case.contender.name,
+           f"--calls={calls}", f"--threads={threads}"]
+    with tempfile.TemporaryDirectory(prefix="fastlazy-w4-inductor-") as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS=str(threads),
+                   PYTHONPATH=os.pathsep.join(
+                       p for p in (source, os.environ.get("PYTHONPATH")) if p))
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"over {timeout_s} s"}
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {tail[:300]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])

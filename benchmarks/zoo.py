@@ -103,6 +103,7 @@ def _torchvision():
 
 
 def _transformers():
+    define_torchvision_ops()      # transformers imports torchvision where it is installed
     import transformers
     transformers.logging.set_verbosity_error()   # config notes on every build
     return transformers
