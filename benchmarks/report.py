@@ -456,8 +456,9 @@ def plot(results: Results, path: Path) -> None:
 
 
 def plot_w4(results: Results, path: Path, threads) -> None:
-    """W4's speedup over eager as a grouped bar chart: one group per model,
-    batch and mode, one bar per contender (same colours as speedup.png)."""
+    """W4's speedup over eager as grouped bars: one panel per batch size,
+    one group per model and mode, one bar per contender from 1 to its
+    speedup (up: faster than eager; down: slower), log scale."""
     rows = [r for r in _w4_rows(results) if results.get(r, "eager")]
     others = [c for c in _w4_contenders(results) if c != "eager"]
     if not rows or not others:
@@ -468,43 +469,48 @@ def plot_w4(results: Results, path: Path, threads) -> None:
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator
 
     colours = dict(zip(others, plt.get_cmap("tab10").colors))
-    width = 0.8 / len(others)
-    speedups = [1.0]
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(rows) * max(1, len(others)) ** 0.5 + 2),
-                                    4.8))
-    for k, contender in enumerate(others):
-        xs, ys = [], []
-        for i, row in enumerate(rows):
-            t = results.get(row, contender)
-            if t:
-                xs.append(i - 0.4 + width * (k + 0.5))
-                ys.append(results.get(row, "eager") / t)
-        speedups += ys
-        # from 1 to the speedup: up when faster than eager, down when slower
-        bars = ax.bar(xs, [y - 1 for y in ys], width, bottom=1, color=colours[contender],
-                      label=contender)
-        if len(others) <= 3:
-            ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7, padding=1)
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax.set_yscale("log")
+    batches = sorted({r.n for r in rows})
+    panels = [[r for r in rows if r.n == b] for b in batches]
+    speedups = [results.get(r, "eager") / results.get(r, c)
+                for r in rows for c in others if results.get(r, c)] + [1.0]
     low, high = min(min(speedups) / 1.3, 0.5), max(max(speedups) * 1.3, 2.0)
-    ax.set_ylim(low, high)
     ticks = [m * 10.0 ** e for e in range(-3, 4) for m in (1, 2, 5)]
-    ax.yaxis.set_major_locator(FixedLocator([t for t in ticks if low <= t <= high]))
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.grid(axis="y", color="0.9", linewidth=0.8)
-    ax.set_axisbelow(True)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([f"{r.item}\nbatch {r.n}\n{W2_MODES.get(r.mode, r.mode)}"
-                        for r in rows], fontsize=8)
+    groups = max(len(p) for p in panels)
+    width = 0.8 / len(others)
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
+                             figsize=(min(15.0, max(6.0, 1.2 + groups * (0.6 + 0.22 * len(others))))
+                                      + 2.2, 1.0 + 3.4 * len(panels)))
+    for ax, batch, panel in zip(axes[:, 0], batches, panels):
+        for k, contender in enumerate(others):
+            xs, ys = [], []
+            for i, row in enumerate(panel):
+                t = results.get(row, contender)
+                if t:
+                    xs.append(i - 0.4 + width * (k + 0.5))
+                    ys.append(results.get(row, "eager") / t)
+            bars = ax.bar(xs, [y - 1 for y in ys], width, bottom=1, color=colours[contender])
+            if len(others) <= 4:
+                ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=6, padding=1)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_yscale("log")
+        ax.set_ylim(low, high)
+        ax.yaxis.set_major_locator(FixedLocator([t for t in ticks if low <= t <= high]))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.grid(axis="y", color="0.9", linewidth=0.8)
+        ax.set_axisbelow(True)
+        ax.set_xticks(range(len(panel)))
+        ax.set_xticklabels([f"{r.item}\n{W2_MODES.get(r.mode, r.mode)}" for r in panel],
+                           fontsize=8)
+        ax.set_xlim(-0.6, groups - 0.4)
+        ax.set(title=f"batch {batch} ({W4_SIZES.get(batch, '')})", xlabel="model, mode",
+               ylabel="speedup over eager\n(eager time / time)")
     thread_text = f"{threads} thread{'s' if threads != 1 else ''}" if threads else \
         "torch's default threads"
-    ax.set(title=f"W4 real models: speedup over eager (>1: faster), {thread_text}, CPU",
-           xlabel="model, batch size, mode",
-           ylabel="speedup over eager (eager time / time)")
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in others]
+    fig.legend(handles, others, loc="center right", fontsize=8)
+    fig.suptitle(f"W4 real models: speedup over eager (>1: faster), {thread_text}, CPU")
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -548,7 +554,7 @@ def parse_args(argv):
                         help="W1 at n=100 and 32 ops only, W2 MLP batch 1 inference "
                              "only, W4 resnet18 and BERT batch 1 inference on eager "
                              "and fastlazy's default backend only, no torch.compile "
-                             "(~2 min)")
+                             "(~1-2 min)")
     parser.add_argument("--large", action="store_true", help="also n=10000 (slow, ~8 GB)")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--threads", type=int, default=1,
