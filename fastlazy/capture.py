@@ -106,9 +106,18 @@ def analyse(func, args, kwargs, tensors, ruled, nestable):
     MAX_INPUTS tensors (the Signature is then only checked, and `nested`).
     Raises Unsafe with the reason it is not recorded."""
     held = _core.hold_pending()
+    # Tracing a random op (attention with dropout) may draw from the global
+    # generator; the call itself then runs eagerly, and must draw what eager
+    # would have, so the analysis leaves the generators as it found them.
+    cpu_state = torch.random.get_rng_state()
+    cuda_states = (torch.cuda.get_rng_state_all()
+                   if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
     try:
         return _analyse(func, args, kwargs, tensors, ruled, nestable)
     finally:
+        torch.random.set_rng_state(cpu_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
         _core.release_pending(held)
 
 

@@ -26,7 +26,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from fastlazy import _core
+from fastlazy import _core, views
 from fastlazy._core import LazyTensor
 
 NOT_HANDLED = object()
@@ -65,8 +65,15 @@ def _bind(func, args, kwargs):
 
 
 def _like(x):
-    """A tensor of x's metadata (contiguous: a LazyTensor's layout)."""
-    return torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+    """An uninitialized tensor as empty_like(x) would make it in eager: x's
+    metadata, and x's strides where x is a non-overlapping, dense view (a
+    random fill then puts each number where eager's would go); contiguous
+    otherwise (a LazyTensor that is not a view is contiguous)."""
+    shape = tuple(x.shape)
+    where = views.geometry(x)
+    if where is not None and views.dense(shape, where[1]):
+        return torch.empty_strided(shape, where[1], dtype=x.dtype, device=x.device)
+    return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
 def _dropout(func, args, kwargs):
@@ -75,13 +82,13 @@ def _dropout(func, args, kwargs):
         return NOT_HANDLED
     names = list(bound)
     x = bound[names[0]]
-    if type(x) is not LazyTensor or x.family is not None:
-        return NOT_HANDLED            # views: the generic path keeps their layout
+    if type(x) is not LazyTensor:
+        return NOT_HANDLED
     if any(type(v) is LazyTensor for k, v in bound.items() if k != names[0]):
         return NOT_HANDLED
     inplace = bound.get("inplace", False) is True
     call = dict(bound)
-    call[names[0]] = torch.ones(tuple(x.shape), dtype=x.dtype, device=x.device)
+    call[names[0]] = _like(x).fill_(1)
     if "inplace" in call:
         call["inplace"] = False
     # eager's own checks (p out of range...) raise here, at the call
@@ -92,7 +99,7 @@ def _dropout(func, args, kwargs):
 
 
 def _fill_like(func, args, kwargs):
-    if not args or type(args[0]) is not LazyTensor or args[0].family is not None:
+    if not args or type(args[0]) is not LazyTensor:
         return NOT_HANDLED
     if any(type(v) is LazyTensor for v in (*args[1:], *kwargs.values())):
         return NOT_HANDLED

@@ -81,7 +81,7 @@ def _place(t):
     return t, size, tuple(stride), 0
 
 
-def _dense(size, stride):
+def dense(size, stride):
     """Non-overlapping and dense: some permutation of the dims is contiguous."""
     dims = sorted((st, n) for n, st in zip(size, stride) if n != 1)
     expected = 1
@@ -111,7 +111,7 @@ def check_write(target, operands):
     numel = 1
     for n in size:
         numel *= n
-    if not numel or not _dense(size, stride):
+    if not numel or not dense(size, stride):
         return
     for other in operands:
         if other is target or other.family is None:
@@ -122,7 +122,7 @@ def check_write(target, operands):
         o_numel = 1
         for n in o_size:
             o_numel *= n
-        if not o_numel or not _dense(o_size, o_stride):
+        if not o_numel or not dense(o_size, o_stride):
             continue
         full = offset == o_offset and numel == o_numel and stride == o_stride
         if not full and offset < o_offset + o_numel and o_offset < offset + numel:
