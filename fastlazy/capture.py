@@ -53,16 +53,18 @@ class Signature:
     recorded (None if it is); else `kinds`, per result leaf ("new", a "view"
     of an argument, an "input" itself, "none"), `recorded`, the results that
     become nodes, the results' pytree `spec` (None for one recorded result),
-    whether they are `detach`ed, the `constants` lifted from the program, and
-    the program's `lowering` (interned by generic.py); `nested`: a cat-like
-    call recorded as a tree of such calls."""
+    whether they are `detach`ed, the `constants` lifted from the program, the
+    random `draws` made at each call (Draw), and the program's `lowering`
+    (interned by generic.py); `nested`: a cat-like call recorded as a tree
+    of such calls."""
     __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested",
-                 "constants")
+                 "constants", "draws")
 
     def __init__(self, reason=None):
         self.reason = reason
         self.nested = False
         self.constants = ()
+        self.draws = ()
 
 
 def _substitute(x, it):
@@ -154,17 +156,18 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
         return sig, None
 
     # 2. the aten program
-    gm, constants = _trace(func, args, kwargs, examples,
-                           [type(t) is LazyTensor and views.geometry(t) is None
-                            for t in tensors])
-    if len(tensors) + len(constants) > MAX_INPUTS:
-        raise Unsafe(f"more than {MAX_INPUTS} tensor arguments and constants")
+    gm, constants, draws = _trace(func, args, kwargs, examples,
+                                  [type(t) is LazyTensor and views.geometry(t) is None
+                                   for t in tensors])
+    if len(tensors) + len(constants) + len(draws) > MAX_INPUTS:
+        raise Unsafe(f"more than {MAX_INPUTS} tensor arguments, constants and random draws")
     outputs = list(gm.graph.nodes)[-1].args[0]
     if len(outputs) != len(results):
         raise Unsafe("the traced program's outputs differ from the call's")
 
     sig = Signature()
     sig.constants = constants
+    sig.draws = draws
     single = spec.is_leaf() and results[0] is not None
     sig.spec = spec
     sig.kinds = []
@@ -177,6 +180,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
             continue
         index, (leaf, node) = next(pairs)
         same = [i for i, f in enumerate(fakes) if leaf is f]
+        if node in placeholders and placeholders.index(node) >= len(tensors):
+            raise Unsafe("returns a constant or a random draw itself")
         if same or node in placeholders:
             i = same[0] if same else placeholders.index(node)
             sig.kinds.append(("input", i))
@@ -335,6 +340,7 @@ def _trace(func, args, kwargs, examples, contiguous):
     except Exception as exc:
         raise Unsafe(f"not traceable to aten ({type(exc).__name__})") from None
     constants = _lift_constants(gm)
+    draws = _lift_draws(gm)
     inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
@@ -365,7 +371,121 @@ def _trace(func, args, kwargs, examples, contiguous):
         raise Unsafe("returns something other than tensors")
     output.args = (tuple(leaves),)
     gm.recompile()
-    return gm, constants
+    return gm, constants, draws
+
+
+class Draw:
+    """A random draw of a captured program, made at each call instead of in
+    the graph: `target` (a random aten op) on fresh tensors of the
+    `carriers`' metadata (shape, stride, dtype, device: the values are never
+    read), with constant `args`.  It consumes the generator exactly as the
+    eager call does at that point, so seeded runs stay eager's bit for bit."""
+    __slots__ = ("target", "args", "kwargs")
+
+    def __init__(self, target, args, kwargs):
+        self.target, self.args, self.kwargs = target, args, kwargs
+
+    def __call__(self):
+        def real(a):
+            if type(a) is _Carrier:
+                return torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device=a.device)
+            return a
+        return self.target(*[real(a) for a in self.args],
+                           **{k: real(v) for k, v in self.kwargs.items()})
+
+
+class _Carrier:
+    __slots__ = ("shape", "stride", "dtype", "device")
+
+    def __init__(self, fake):
+        self.shape, self.stride = tuple(fake.shape), fake.stride()
+        self.dtype, self.device = fake.dtype, fake.device
+
+
+# ops that make a tensor whose values no one reads before a random fill
+# overwrites them
+_CARRIERS = frozenset({torch.ops.aten.empty_like.default, torch.ops.aten.empty.memory_format,
+                       torch.ops.aten.empty_strided.default,
+                       torch.ops.aten.new_empty.default,
+                       torch.ops.aten.new_empty_strided.default})
+# random ops whose tensor arguments give only metadata (functional fills,
+# the form in-place fills take in a functionalized program)
+_METADATA_ONLY = frozenset(
+    getattr(getattr(torch.ops.aten, name), overload)
+    for name, overload in (("rand_like", "default"), ("randn_like", "default"),
+                           ("uniform", "default"), ("bernoulli", "p"),
+                           ("normal_functional", "default"), ("exponential", "default"),
+                           ("geometric", "default"), ("log_normal", "default"),
+                           ("cauchy", "default"), ("random", "default"),
+                           ("random", "from"), ("random", "to"))
+    if hasattr(getattr(torch.ops.aten, name, None), overload))
+
+
+def _lift_draws(gm):
+    """Random ops whose draw depends on metadata and constants alone -- an
+    in-place fill (bernoulli_, uniform_, normal_...) of a freshly made
+    tensor, rand_like, randn_like -- become inputs of the program, drawn at
+    each call (Draw): dropout inside a decomposed kernel (attention's math
+    path) is then recorded like the rest.  Any other random op stays, and
+    the purity check refuses the call."""
+    draws = []
+    order = {n: k for k, n in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        target = node.target
+        if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
+                or _SEEDED not in target.tags or _no_dropout(node)):
+            continue
+        carrier = _fill_carrier(node, order)
+        if carrier is None and target not in _METADATA_ONLY:
+            continue
+        if any(isinstance(a, torch.fx.Node) and (a is not carrier and target not in _METADATA_ONLY)
+               for a in (*node.args, *node.kwargs.values())):
+            continue                   # reads another tensor's values (bernoulli(p))
+        def template(a):
+            if isinstance(a, torch.fx.Node):
+                return _Carrier(a.meta["val"])
+            if isinstance(a, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in a):
+                raise Unsafe("a random op with a list of tensors")
+            return a
+        draw = Draw(target, tuple(template(a) for a in node.args),
+                    {k: template(v) for k, v in node.kwargs.items()})
+        last = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+        with gm.graph.inserting_after(last):
+            placeholder = gm.graph.placeholder(f"draw{len(draws)}")
+        placeholder.meta.update(node.meta)
+        # the program may write the drawn tensor (dropout's div_): a copy of
+        # its own, so the input stays as drawn
+        with gm.graph.inserting_after(placeholder):
+            drawn = gm.graph.call_function(torch.ops.aten.clone.default, (placeholder,))
+        drawn.meta.update(node.meta)
+        drawn.meta["val"] = node.meta["val"].clone()    # its own storage, as a copy has
+        node.replace_all_uses_with(drawn)
+        if carrier is not None:
+            carrier.replace_all_uses_with(drawn, delete_user_cb=lambda u: u is not node)
+        gm.graph.erase_node(node)
+        if carrier is not None and not carrier.users:
+            gm.graph.erase_node(carrier)
+        draws.append(draw)
+    if draws:
+        gm.recompile()
+    return tuple(draws)
+
+
+def _fill_carrier(node, order):
+    """The tensor an in-place random fill overwrites, if it was made in the
+    program for it (empty_like...) and nothing reads it before the fill."""
+    schema = node.target._schema
+    if not schema.arguments or not node.args:
+        return None
+    first = schema.arguments[0]
+    if first.alias_info is None or not first.alias_info.is_write:
+        return None
+    carrier = node.args[0]
+    if not isinstance(carrier, torch.fx.Node) or carrier.target not in _CARRIERS:
+        return None
+    if any(order[user] < order[node] for user in carrier.users if user is not node):
+        return None
+    return carrier
 
 
 def _lift_constants(gm):

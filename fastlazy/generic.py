@@ -99,6 +99,9 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False):
     inputs = tuple([t if type(t) is LazyTensor else _core.lazy(t) for t in tensors])
     if sig.constants:
         inputs += tuple([_core.lazy(c) for c in sig.constants])
+    if sig.draws:
+        # drawn now, in the call's order, as eager draws them
+        inputs += tuple([_core.lazy(draw()) for draw in sig.draws])
     new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach)
                if sig.recorded else ())
     if sig.spec is None:            # one result, recorded: the common case

@@ -16,8 +16,10 @@ the commonest ones depend on the input's metadata alone, not its values:
   metadata: the call on an empty tensor of that metadata is the result.
 
 So seeded programs stay bit-equal to eager while the graph is not split.
-Calls these rules do not cover (a probability that is a tensor, arguments
-eager must judge) go on to the generic path, which runs them eagerly.
+Calls these rules do not cover go on to the generic path, which lifts the
+random fills it finds in a captured program the same way (capture.Draw:
+attention's dropout) and runs the rest eagerly (a probability that is a
+tensor, arguments eager must judge).
 """
 from __future__ import annotations
 

@@ -224,3 +224,54 @@ def test_batch_norm_training_on_one_value_per_channel_raises_eagers_error():
     bn = torch.nn.BatchNorm1d(3).train()
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         bn(fastlazy.lazy(torch.randn(1, 3)))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_attention_dropout_is_drawn_at_the_call(grad):
+    """scaled_dot_product_attention's dropout is drawn inside the kernel
+    (its math path on CPU): the captured program's random fill becomes an
+    input drawn at each call, so values, gradients and the generator's
+    next draw are eager's."""
+    q, k, v = (torch.rand(2, 4, 8, 16) for _ in range(3))
+    q.requires_grad_(grad)
+    torch.manual_seed(11)
+    want = F.scaled_dot_product_attention(q * 1, k, v, dropout_p=0.3, is_causal=True)
+    want_after = torch.rand(2)
+    torch.manual_seed(11)
+    got = F.scaled_dot_product_attention(fastlazy.lazy(q) * 1, k, v, dropout_p=0.3,
+                                         is_causal=True)
+    got_after = torch.rand(2)
+    _no_split()
+    assert torch.equal(got.to_eager(), want)
+    assert torch.equal(got_after, want_after)
+    if grad:
+        want.sum().backward()
+        expected, q.grad = q.grad, None
+        got.sum().backward()
+        assert torch.equal(q.grad, expected)
+
+
+def _noisy(x):
+    a = torch.empty_like(x).uniform_(-1, 1)
+    b = torch.empty_like(x).bernoulli_(0.25)
+    return x * a + b + torch.empty_like(x).normal_(0, 2)
+
+
+def test_random_fills_in_a_function_are_drawn_at_the_call():
+    x = torch.rand(5, 3)
+    torch.manual_seed(2)
+    want = _noisy(x * 2)
+    torch.manual_seed(2)
+    got = _noisy(fastlazy.lazy(x) * 2)
+    _no_split()
+    assert torch.equal(got.to_eager(), want)
+
+
+def test_random_draws_from_values_still_run_eagerly():
+    p = torch.rand(6)
+    torch.manual_seed(4)
+    want = torch.bernoulli(p * 0.5)
+    torch.manual_seed(4)
+    got = torch.bernoulli(fastlazy.lazy(p) * 0.5)
+    assert torch.equal(got.to_eager(), want)
+    assert fastlazy.metrics.counters()["fallback.bernoulli"] == 1
