@@ -123,7 +123,21 @@ def analyse(func, args, kwargs, tensors, ruled, nestable):
         _core.release_pending(held)
 
 
+# torch.Tensor's methods that call Python back (apply_, map_) or read a
+# tensor's memory directly: run on a fake tensor, which has no memory, they
+# can crash the process, so they are never analysed; they run eagerly, where
+# eager's own checks raise for bad arguments.
+_NEVER_ON_FAKES = frozenset(
+    getattr(torch.Tensor, name) for name in (
+        "apply_", "map_", "map2_", "data_ptr", "storage", "untyped_storage", "_storage",
+        "share_memory_", "pin_memory", "is_pinned", "numpy", "tolist", "item",
+        "__array__", "__dlpack__", "__dlpack_device__", "element_size", "nbytes")
+    if callable(getattr(torch.Tensor, name, None)))
+
+
 def _analyse(func, args, kwargs, tensors, ruled, nestable):
+    if getattr(func, "__wrapped__", func) in _NEVER_ON_FAKES:
+        raise Unsafe("calls Python back or reads the tensor's memory (never traced)")
     if not any(type(t) is LazyTensor for t in tensors):
         raise Unsafe("no LazyTensor argument at the top of a list")
     if len(tensors) > MAX_INPUTS and not nestable:

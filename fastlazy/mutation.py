@@ -73,6 +73,7 @@ def _functional(func):
                 raise TypeError("NotImplemented")
             return out
         wrapper.functionalize = True
+        wrapper.__wrapped__ = func          # what capture checks before tracing
         wrapper.__name__ = getattr(func, "__name__", "inplace")
         _functionals[func] = wrapper
     return wrapper

@@ -1,0 +1,50 @@
+"""Calls that once crashed the process: each runs in a subprocess with a
+timeout, so a crash fails the test instead of the suite.
+
+Tensor methods that call Python back (apply_, map_, map2_) or read a
+tensor's memory must never run on the generic path's fake tensors, which
+have no memory: with bad arguments they raise eager's error at the call,
+with good ones they give eager's value."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PROGRAM = textwrap.dedent("""
+    import torch, fastlazy
+    fastlazy.enable()
+    t = torch.rand(3)
+    keep = t.clone()
+    lazy = fastlazy.lazy(t) if {materialized} else fastlazy.lazy(t) * 1
+    try:
+        got = lazy.{call}
+    except Exception as exc:
+        got = exc
+    try:
+        want = (keep.clone() * 1).{call}
+    except Exception as exc:
+        want = exc
+    if isinstance(want, Exception):
+        assert type(got) is type(want), (got, want)
+        print("raised", type(got).__name__)
+    else:
+        value = got.to_eager() if type(got) is fastlazy.LazyTensor else got
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(want)), (value, want)
+        print("value")
+    assert torch.equal(t, keep), "the eager tensor a LazyTensor was made from was written"
+""")
+
+CALLS = ["apply_(None)", "apply_(1)", "apply_('abc')", "apply_(lambda v: v * 2)",
+         "map_(torch.rand(3), None)", "map_(torch.ones(3), lambda a, b: a + b)",
+         "map2_(torch.rand(3), torch.rand(3), None)", "data_ptr() > 0", "tolist()",
+         "element_size()"]
+
+
+@pytest.mark.parametrize("materialized", [True, False])
+@pytest.mark.parametrize("call", CALLS)
+def test_no_crash_and_eagers_result(call, materialized):
+    program = PROGRAM.format(call=call, materialized=materialized)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
