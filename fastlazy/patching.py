@@ -11,6 +11,7 @@ alone any attribute that someone else has patched since.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 
@@ -42,6 +43,24 @@ def _inplace_methods():
                                "__imatmul__"))
         if mutates and callable(getattr(torch.Tensor, name, None)):
             yield torch.Tensor, name, -1, FORM_INPLACE
+
+
+def _unbound_methods():
+    """Every other public Tensor method written in C (a method descriptor,
+    which refuses a self that is not a tensor): an entry without a row, so
+    that `torch.Tensor.item(x)` called unbound on a LazyTensor works as
+    `x.item()` does.  Without a lazy argument the entry forwards the call
+    untouched (one more C call).  Methods written in Python take any self
+    and need none."""
+    table = {attr for op in OPS for attr in op.methods + op.inplace}
+    for name in sorted(dir(torch.Tensor)):
+        if name.startswith("_") or name.endswith("_") or name in table or name == "to":
+            continue
+        if type(inspect.getattr_static(torch.Tensor, name)) is _METHOD_DESCRIPTOR:
+            yield torch.Tensor, name, -1, FORM_CALL
+
+
+_METHOD_DESCRIPTOR = type(torch.Tensor.dim)
 
 
 def entry_points():
@@ -80,7 +99,8 @@ def enable() -> None:
         if _installed:
             return
         _prime_dynamo()
-        for owner, attr, opcode, form in itertools.chain(entry_points(), _inplace_methods()):
+        for owner, attr, opcode, form in itertools.chain(entry_points(), _inplace_methods(),
+                                                         _unbound_methods()):
             original = getattr(owner, attr)
             entry = _core.make_entry(original, qualname(owner, attr), opcode, form)
             own = attr in vars(owner)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 
+import torch
+
 from fastlazy import _core, fallback, generic, mutation, random_ops, running_stats
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
@@ -21,6 +23,11 @@ def call(func, name, args, kwargs, inplace, ruled=False):
     """An entry point's call (or a __torch_function__ call) with LazyTensor
     arguments and no C rule (`ruled`: its row's C rule does not take these
     arguments): record it if it is pure, else run it eagerly."""
+    if args and type(args[0]) is LazyTensor:
+        native = _native_methods().get(name)
+        if native is not None:
+            # torch.Tensor.size(x) called unbound: LazyTensor's own method
+            return native(*args, **kwargs)
     out = random_ops.record(func, args, kwargs)
     if out is not random_ops.NOT_HANDLED:
         return out
@@ -80,3 +87,24 @@ def _inplace_position(func):
     except (TypeError, ValueError):
         return None                     # a builtin: its in-place form has its own name
     return names.index("inplace") if "inplace" in names else None
+
+
+_natives: dict = {}
+
+
+def _native_methods():
+    """"Tensor.<name>" (an entry point's name) -> LazyTensor's own method of
+    that name, for the methods the compiled core implements (size, item,
+    numpy, cpu...): they answer from metadata or compute the value once."""
+    if not _natives:
+        for name, method in vars(LazyTensor).items():
+            # (LazyTensor.to records through this very function)
+            if (not name.startswith("_") and name != "to"
+                    and type(method).__name__ in _CORE_METHOD_TYPES
+                    and hasattr(torch.Tensor, name)):
+                _natives["Tensor." + name] = getattr(LazyTensor, name)
+        _natives[None] = None           # built (even if empty)
+    return _natives
+
+
+_CORE_METHOD_TYPES = ("cython_function_or_method", "method_descriptor")

@@ -120,3 +120,33 @@ def test_module_buffers_and_state_dict_take_lazy_tensors():
     other.register_buffer("scale", torch.zeros(3))
     other.load_state_dict(state)
     assert torch.equal(other.scale, module.scale.to_eager())
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: torch.Tensor.size(t), lambda t: torch.Tensor.size(t, 1),
+    lambda t: torch.Tensor.dim(t), lambda t: torch.Tensor.numel(t),
+    lambda t: torch.Tensor.is_floating_point(t), lambda t: torch.Tensor.element_size(t)],
+    ids=["size", "size(1)", "dim", "numel", "is_floating_point", "element_size"])
+def test_unbound_metadata_methods_answer_without_computing(call):
+    a = torch.rand(2, 3)
+    assert call(fastlazy.lazy(a) * 2) == call(a * 2)
+    assert fastlazy.metrics.counters()["flushes"] == 0
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: torch.Tensor.item(t.sum()), lambda t: torch.Tensor.tolist(t),
+    lambda t: torch.Tensor.stride(t), lambda t: torch.Tensor.is_contiguous(t),
+    lambda t: torch.Tensor.add(t, 1), lambda t: torch.Tensor.nonzero(t),
+    lambda t: torch.Tensor.cpu(t), lambda t: torch.Tensor.type(t),
+    lambda t: torch.Tensor.sum(t, 0), lambda t: torch.Tensor.argmax(t)],
+    ids=["item", "tolist", "stride", "is_contiguous", "add", "nonzero", "cpu", "type",
+         "sum", "argmax"])
+def test_unbound_tensor_methods_take_a_lazy_tensor(call):
+    a = torch.rand(2, 3)
+    got, want = call(fastlazy.lazy(a) * 2), call(a * 2)
+    if type(got) is LazyTensor:
+        got = got.to_eager()
+    if isinstance(want, torch.Tensor):
+        assert torch.equal(got, want)
+    else:
+        assert got == want
