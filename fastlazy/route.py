@@ -2,11 +2,14 @@
 
 The core hands such a call up through two hooks: record_call (no C rule
 takes it) and run_eagerly (its row runs it eagerly, or a rule's checks
-refused it).  call() records it -- an in-place call functionalized
-(mutation.py), any other through the generic path (generic.py) -- and
-runs it eagerly where it is not recordable (Unsafe).  run_eagerly() sends
-a write (out= naming LazyTensors, or an in-place call) to mutation.py and
-anything else to fallback.py, counting every one.
+refused it).  call() tries, in order: LazyTensor's own method for an
+unbound torch.Tensor method it implements (size, item...); the random
+calls whose draw is made at the call (random_ops.py); batch norm in
+training (running_stats.py); then records it -- an in-place call
+functionalized (mutation.py), any other through the generic path
+(generic.py) -- and runs it eagerly where it is not recordable (Unsafe).
+run_eagerly() sends a write (out= naming LazyTensors, or an in-place call)
+to mutation.py and anything else to fallback.py, counting every one.
 """
 from __future__ import annotations
 
