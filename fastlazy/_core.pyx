@@ -73,13 +73,12 @@ cdef class Hooks:
             setattr(self, name, value)
 
     def missing(self):
-        """Names of the hooks not set yet."""
-        return [name for name in HOOK_NAMES if getattr(self, name) is None]
+        """Names of the hooks not set yet (the fields _core.pxd declares)."""
+        return [name for name, field in vars(Hooks).items()
+                if type(field) is _getset_descriptor and getattr(self, name) is None]
 
 
-HOOK_NAMES = ("record_call", "run_eagerly", "tensor_to", "check_leaf", "check_write",
-              "after_mutation", "geometry", "compile_and_run", "recover", "programs",
-              "site_of_call", "note_flush", "unsafe", "atoms")
+cdef object _getset_descriptor = type(type.__dict__["__dict__"])
 
 cdef Hooks _hooks = None
 

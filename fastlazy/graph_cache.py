@@ -53,15 +53,11 @@ def set_capacity(n: int) -> None:
     if n < 1:
         raise ValueError("graph cache capacity must be at least 1")
     _capacity = n
-    while len(programs) > _capacity:
-        programs.popitem(last=False)
-        metrics.count_event("cache_evictions")
-    metrics.set_gauge("cache_size", len(programs))
+    _trim()
 
 
 def clear() -> None:
     programs.clear()
-    metrics.set_gauge("cache_size", 0)
     recompiles.forget()
 
 
@@ -71,10 +67,13 @@ def size() -> int:
 
 def _insert(key, program):
     programs[key] = program
+    _trim()
+
+
+def _trim():
     while len(programs) > _capacity:
         programs.popitem(last=False)
         metrics.count_event("cache_evictions")
-    metrics.set_gauge("cache_size", len(programs))
 
 
 def compile_and_run(seg, key, outputs):

@@ -20,7 +20,6 @@ recompile_reasons: collections.Counter = collections.Counter()
 # (reason, "file:line") -> graphs computed there other than by mark_step
 flushes_by_site: collections.Counter = collections.Counter()
 _events: collections.Counter = collections.Counter()    # cache_evictions, compile_failures
-_gauges: dict = {"cache_size": 0}
 
 
 def count_fallback(name: str, reason: str = "") -> None:
@@ -55,11 +54,6 @@ def count_event(name: str) -> None:
         _events[name] += 1
 
 
-def set_gauge(name: str, value) -> None:
-    """A level rather than a count (cache_size): reset() leaves it."""
-    _gauges[name] = value
-
-
 def counters() -> dict:
     """All counters as a plain dict.
 
@@ -77,7 +71,7 @@ def counters() -> dict:
             d["recompile." + reason] = n
         d["compiles"] = len(compile_seconds)
         d["compile_seconds"] = sum(compile_seconds)
-        d["cache_size"] = _gauges["cache_size"]
+        d["cache_size"] = _core.cache_size()
         d["cache_evictions"] = _events["cache_evictions"]
         d["compile_failures"] = _events["compile_failures"]
     d["kernel_layers"] = _steps.kernel_calls()

@@ -27,7 +27,7 @@ def call(func, name, args, kwargs, inplace, ruled=False):
     arguments and no C rule (`ruled`: its row's C rule does not take these
     arguments): record it if it is pure, else run it eagerly."""
     if args and type(args[0]) is LazyTensor:
-        native = _native_methods().get(name)
+        native = _NATIVE_METHODS.get(name)
         if native is not None:
             # torch.Tensor.size(x) called unbound: LazyTensor's own method
             return native(*args, **kwargs)
@@ -92,22 +92,13 @@ def _inplace_position(func):
     return names.index("inplace") if "inplace" in names else None
 
 
-_natives: dict = {}
-
-
-def _native_methods():
-    """"Tensor.<name>" (an entry point's name) -> LazyTensor's own method of
-    that name, for the methods the compiled core implements (size, item,
-    numpy, cpu...): they answer from metadata or compute the value once."""
-    if not _natives:
-        for name, method in vars(LazyTensor).items():
-            # (LazyTensor.to records through this very function)
-            if (not name.startswith("_") and name != "to"
-                    and type(method).__name__ in _CORE_METHOD_TYPES
-                    and hasattr(torch.Tensor, name)):
-                _natives["Tensor." + name] = getattr(LazyTensor, name)
-        _natives[None] = None           # built (even if empty)
-    return _natives
-
-
-_CORE_METHOD_TYPES = ("cython_function_or_method", "method_descriptor")
+# "Tensor.<name>" (an entry point's name) -> LazyTensor's own method of that
+# name, for the methods the compiled core implements (size, item, numpy,
+# cpu...): they answer from metadata or compute the value once.  (Read off
+# the class's core-defined methods; the entries the boot installs later are
+# of another type.  LazyTensor.to records through call() itself.)
+_NATIVE_METHODS = {
+    "Tensor." + name: getattr(LazyTensor, name)
+    for name, method in vars(LazyTensor).items()
+    if not name.startswith("_") and name != "to" and hasattr(torch.Tensor, name)
+    and type(method).__name__ in ("cython_function_or_method", "method_descriptor")}

@@ -36,7 +36,7 @@ NOT_HANDLED = object()
 _FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
 # torch's own function (imported before enable() patches torch.nn.functional)
 _BATCH_NORM = F.batch_norm
-_PARAMS = list(inspect.signature(_BATCH_NORM).parameters)
+_SIGNATURE = inspect.signature(_BATCH_NORM)
 _FRAMES = 8            # caller frames searched for the module owning the buffers
 
 # module -> {buffer name: the eager tensor it held before fastlazy rebound it}
@@ -48,15 +48,15 @@ def record(func, args, kwargs):
     recorded; NOT_HANDLED for any other call."""
     if func is not _BATCH_NORM:
         return NOT_HANDLED
-    bound = dict(zip(_PARAMS, args))
-    if any(k in bound or k not in _PARAMS for k in kwargs):
-        return NOT_HANDLED
-    bound.update(kwargs)
-    x = bound.get("input")
-    mean, var = bound.get("running_mean"), bound.get("running_var")
-    weight, bias = bound.get("weight"), bound.get("bias")
-    training = bound.get("training", False)
-    momentum, eps = bound.get("momentum", 0.1), bound.get("eps", 1e-5)
+    try:
+        bound = _SIGNATURE.bind(*args, **kwargs)
+    except TypeError:
+        return NOT_HANDLED                # eager raises its own error
+    bound.apply_defaults()
+    a = bound.arguments
+    x, mean, var = a["input"], a["running_mean"], a["running_var"]
+    weight, bias, training = a["weight"], a["bias"], a["training"]
+    momentum, eps = a["momentum"], a["eps"]
     if (training is not True or type(x) is not LazyTensor or mean is None or var is None
             or x.device.type != "cpu" or type(momentum) not in (float, int)
             or type(eps) not in (float, int)):

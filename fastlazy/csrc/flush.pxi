@@ -157,7 +157,7 @@ def after_run(LazyTensor t, callback):
 
 cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
     """(program, output values).  A cache hit runs here, in C; a miss goes
-    to graph_cache.run, which compiles and caches the program."""
+    to graph_cache.compile_and_run, which compiles and caches the program."""
     cdef object programs = _hooks.programs
     program = programs.get(key)
     if program is None:
@@ -239,6 +239,11 @@ def set_flush_threshold(Py_ssize_t n):
 
 def get_flush_threshold():
     return flush_threshold
+
+
+def cache_size():
+    """Compiled programs the graph cache holds."""
+    return 0 if _hooks is None else len(_hooks.programs)
 
 
 def pending_nodes():
