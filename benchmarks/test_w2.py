@@ -13,11 +13,7 @@ import workloads
 def pytest_generate_tests(metafunc):
     if "w2_case" not in metafunc.fixturenames:
         return
-    option = metafunc.config.getoption
-    quick = option("--bench-quick")
-    with_compile = not (quick or option("--bench-no-compile"))
-    cases = workloads.w2_cases(quick, with_compile)
-    metafunc.parametrize("w2_case", cases, ids=[c.id for c in cases])
+    workloads.parametrize_cases(metafunc, "w2_case", workloads.w2_cases)
 
 
 def test_w2(benchmark, w2_case):

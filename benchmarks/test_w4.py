@@ -27,11 +27,7 @@ W4_MIN_ROUNDS, W4_MAX_ROUNDS = 5, 1000
 def pytest_generate_tests(metafunc):
     if "w4_case" not in metafunc.fixturenames:
         return
-    option = metafunc.config.getoption
-    quick = option("--bench-quick")
-    with_compile = not (quick or option("--bench-no-compile"))
-    cases = workloads.w4_cases(quick, with_compile)
-    metafunc.parametrize("w4_case", cases, ids=[c.id for c in cases])
+    workloads.parametrize_cases(metafunc, "w4_case", workloads.w4_cases)
 
 
 @pytest.fixture(scope="module", autouse=True)

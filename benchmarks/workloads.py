@@ -529,6 +529,16 @@ def w2_contenders(with_compile: bool = True) -> list[Contender]:
     return found + [FastLazy(name) for name in fastlazy.backends.names()]
 
 
+def parametrize_cases(metafunc, fixture: str, make_cases: Callable) -> None:
+    """Parametrize `fixture` over make_cases(quick, with_compile), as the
+    suite's --bench-quick and --bench-no-compile options ask."""
+    option = metafunc.config.getoption
+    quick = option("--bench-quick")
+    with_compile = not (quick or option("--bench-no-compile"))
+    cases = make_cases(quick, with_compile)
+    metafunc.parametrize(fixture, cases, ids=[c.id for c in cases])
+
+
 def w2_cases(quick: bool = False, with_compile: bool = True) -> list[W2Case]:
     """All W2 cases; quick: the MLP at batch 1, inference (target P7) only."""
     return [W2Case(m, b, mode, c)
