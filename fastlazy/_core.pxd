@@ -221,7 +221,8 @@ cdef class Hooks:
     """The Python functions the core calls up into, installed once by
     fastlazy's boot (`_core.install(hooks)`)."""
     # a call with a LazyTensor and no C rule that takes it:
-    # (func, name, args, kwargs, inplace, ruled) -> result
+    # (func, name, args, kwargs, inplace, ruled[, prepared]) -> result, where
+    # prepared is the signature key and tensors the core has already built
     cdef public object record_call
     # a call to run eagerly: (func, name, args, kwargs, inplace, reason) -> result
     cdef public object run_eagerly
@@ -247,6 +248,8 @@ cdef class Hooks:
     # not describe, and the argument types that describe themselves
     cdef public object unsafe
     cdef public object atoms
+    # a generic-path view joins its base's family: (view, base, where, detached)
+    cdef public object attach_view
 
 
 # -- functions the parts share --
@@ -267,6 +270,9 @@ cdef LazyTensor try_wrap(object value)
 cdef LazyTensor wrap_value(object value)
 # csrc/dispatch.pxi
 cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kwnames)
+
+# csrc/generic_record.pxi
+cdef object generic_hit(object func, tuple pos, dict kw, bint ruled)
 # csrc/flush.pxi
 cdef int flush(Segment seg, int reason) except -1
 cdef int run_segment_for(LazyTensor t) except -1

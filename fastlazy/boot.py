@@ -34,6 +34,7 @@ def hooks() -> _core.Hooks:
         note_flush=metrics.note_flush,
         unsafe=capture.Unsafe,
         atoms=generic.ATOMS,
+        attach_view=views.attach,
     )
 
 
@@ -44,6 +45,7 @@ def boot() -> None:
     _core.install(hooks())
     optable.register(_core.register_op)
     tensor_methods.install_lazy_tensor_methods()
+    metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
     graph_cache.set_backend(backends.default_name())
     _configure_from_environment()
     _booted = True

@@ -77,12 +77,17 @@ def lowering(index):
     return _lowerings[index]
 
 
-def record(func, args, kwargs, name=None, track_views=True, ruled=False):
+def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepared=None):
     """Record func(*args, **kwargs); the result with LazyTensors in place of
-    tensors.  Raises Unsafe for a call it does not take."""
-    tensors = []
-    key = (func, _core.describe_call(args, kwargs, tensors), torch.is_grad_enabled(),
-           _autocast_key(), ruled)
+    tensors.  Raises Unsafe for a call it does not take.  `prepared`: the
+    (key, tensors) the core built for this call (route.call), which also
+    lets this signature's later calls be recorded by the core alone."""
+    if prepared:
+        key, tensors = prepared
+    else:
+        tensors = []
+        key = (func, _core.describe_call(args, kwargs, tensors), torch.is_grad_enabled(),
+               _autocast_key(), ruled)
     sig = _signatures.get(key)
     if sig is None:
         sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"),
@@ -91,6 +96,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False):
             if len(_signatures) >= MAX_SIGNATURES:
                 # a loop over ever-new shapes: start over rather than grow
                 _signatures.clear()
+                _core.forget_generic()
             _signatures[key] = sig
     if sig.reason is not None:
         raise Unsafe(sig.reason)
@@ -106,8 +112,16 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False):
                if sig.recorded else ())
     if sig.spec is None:            # one result, recorded: the common case
         t = next(new)
-        if sig.kinds[0][0] == "view" and track_views:
+        view = sig.kinds[0][0] == "view"
+        if view and track_views:
             views.attach(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
+        if prepared and len(sig.recorded) == 1 and not sig.draws:
+            # the core records this signature's later calls itself
+            _core.publish_generic(key, sig.lowering.index, sig.recorded, sig.detach,
+                                  tuple(sig.constants or ()),
+                                  sig.kinds[0][1] if view else -1,
+                                  sig.kinds[0][2] if view else None,
+                                  bool(sig.kinds[0][3]) if view else False)
         return t
     flat = []
     for kind in sig.kinds:
@@ -186,4 +200,5 @@ def reset():
     """Forget every signature (not the lowerings: graphs refer to them)."""
     with _lock:
         _signatures.clear()
+        _core.forget_generic()
 

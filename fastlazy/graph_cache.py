@@ -5,7 +5,9 @@ The core computes the key (a 128-bit structural hash of the outputs) and
 runs a hit itself: one dict lookup and the program's call.  On a miss it
 calls `compile_and_run`, which builds a GraphView and has it compiled.
 
-Policy: the active backend compiles every graph, except that
+Policy: the active backend compiles every graph -- with the tiered engine
+("auto", the default: fastlazy.tiering) the torchscript backend compiles it
+for the fast tier and the engine takes it from there -- except that
 
 - a torchscript graph that nothing fuses (CPU without LLVM) and that has a
   linear layer recorded on one row goes to the native backend, whose kernel
@@ -23,7 +25,7 @@ from __future__ import annotations
 import collections
 import time
 
-from fastlazy import _core, backends, metrics, recompiles
+from fastlazy import _core, backends, metrics, recompiles, tiering
 from fastlazy.backends import native
 from fastlazy.graph import GraphView
 from fastlazy.sites import site_of_call
@@ -36,8 +38,16 @@ _capacity = 1024
 
 def set_backend(name: str) -> None:
     global _backend
-    _backend = backends.get(name)
+    if name not in backend_names():
+        raise ValueError(f"unknown fastlazy backend {name!r}; choose one of "
+                         f"{', '.join(backend_names())}")
+    _backend = tiering.ENGINE if name == tiering.ENGINE.name else backends.get(name)
     _core.set_backend_key(_backend.name, _backend.specializes_shapes)
+
+
+def backend_names() -> tuple:
+    """What set_backend accepts."""
+    return (tiering.ENGINE.name, *backends.names())
 
 
 def backend_name() -> str:
@@ -45,7 +55,9 @@ def backend_name() -> str:
 
 
 def active_backend():
-    return _backend
+    """The backend that compiles a new graph (with the tiered engine: the
+    fast tier's)."""
+    return backends.get("torchscript") if _backend is tiering.ENGINE else _backend
 
 
 def set_capacity(n: int) -> None:
@@ -63,6 +75,16 @@ def clear() -> None:
 
 def size() -> int:
     return len(programs)
+
+
+def tiers() -> list[dict]:
+    """Per cached graph, oldest first: its tier and what the tiered engine
+    measured (fastlazy.tiering.describe)."""
+    return [tiering.describe(p) for p in list(programs.values())]
+
+
+def tier_summary() -> str:
+    return tiering.summary(list(programs.values()))
 
 
 def _insert(key, program):
@@ -86,6 +108,8 @@ def compile_and_run(seg, key, outputs):
                        site_of_call())
     backend = _choose(view)
     program = _compile(backend, view)
+    if _backend is tiering.ENGINE and backend.name != "eager":
+        program = tiering.TieredProgram(view, program)
     _insert(key, program)
     used = [slot_order[p] for p in program.slots]
     seg._check_versions(used)
@@ -105,10 +129,11 @@ def compile_and_run(seg, key, outputs):
 
 def _choose(view):
     """The backend that compiles `view` (see the module docstring)."""
-    if (_backend.name == "torchscript" and not _backend.fuses(view)
+    backend = active_backend()
+    if (backend.name == "torchscript" and not backend.fuses(view)
             and native.takes_one_row(view)):
         return backends.get("native")
-    return _backend
+    return backend
 
 
 def _compile(backend, view):

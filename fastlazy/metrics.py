@@ -20,6 +20,12 @@ recompile_reasons: collections.Counter = collections.Counter()
 # (reason, "file:line") -> graphs computed there other than by mark_step
 flushes_by_site: collections.Counter = collections.Counter()
 _events: collections.Counter = collections.Counter()    # cache_evictions, compile_failures
+# set by the boot: the graph cache's per-graph tiers (fastlazy.tiering) as
+# a list of dicts, and as one line ("hot 2, fast 5")
+tier_listing = None
+tier_summary = None
+_TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_failed",
+                "tier_promotions", "tier_fast_runs_while_compiling")
 
 
 def count_fallback(name: str, reason: str = "") -> None:
@@ -49,7 +55,7 @@ def count_recompile(reason: str) -> None:
 
 
 def count_event(name: str) -> None:
-    """cache_evictions or compile_failures."""
+    """cache_evictions, compile_failures or one of _TIER_EVENTS."""
     with _lock:
         _events[name] += 1
 
@@ -74,8 +80,21 @@ def counters() -> dict:
         d["cache_size"] = _core.cache_size()
         d["cache_evictions"] = _events["cache_evictions"]
         d["compile_failures"] = _events["compile_failures"]
+        # the tiered engine (fastlazy.tiering): background compiles queued,
+        # done and failed, graphs promoted to the compiled tier, and runs
+        # on the fast tier while a compile of their graph was under way
+        for name in _TIER_EVENTS:
+            d[name] = _events[name]
     d["kernel_layers"] = _steps.kernel_calls()
     return d
+
+
+def tiers() -> list:
+    """Per cached graph, oldest first: its tier with the tiered engine
+    ("fast", "compiling", "probation", "hot", "fast (compile failed)",
+    "fast (compiled was slower)"), runs, background compile time, the two
+    tiers' measured run times, and any compile error."""
+    return tier_listing()
 
 
 def reset() -> None:
@@ -100,6 +119,8 @@ def report() -> str:
     for key, value in d.items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         lines.append(f"{key:<{width}}  {shown:>12}")
+    if tier_summary is not None:
+        lines += ["", f"graphs by tier (tiered engine): {tier_summary()}"]
     if recompiles.log:
         lines += ["", "compiles, most recent last (reason: detail @ site)"]
         for reason, detail, site in list(recompiles.log)[-20:]:

@@ -22,10 +22,11 @@ from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
 
-def call(func, name, args, kwargs, inplace, ruled=False):
+def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
     """An entry point's call (or a __torch_function__ call) with LazyTensor
     arguments and no C rule (`ruled`: its row's C rule does not take these
-    arguments): record it if it is pure, else run it eagerly."""
+    arguments): record it if it is pure, else run it eagerly.  `prepared`:
+    the generic signature's (key, tensors), when the core built them."""
     if args and type(args[0]) is LazyTensor:
         native = _NATIVE_METHODS.get(name)
         if native is not None:
@@ -45,7 +46,7 @@ def call(func, name, args, kwargs, inplace, ruled=False):
         if inplace:
             out = mutation.record_inplace(func, args, kwargs, name, ruled=ruled, flag=flag)
         else:
-            out = generic.record(func, args, kwargs, name, ruled=ruled)
+            out = generic.record(func, args, kwargs, name, ruled=ruled, prepared=prepared)
     except Unsafe as exc:
         return run_eagerly(func, name, args, kwargs, inplace, str(exc))
     _core.count("generic_calls")

@@ -29,7 +29,7 @@ def get(name: str) -> Backend:
 
 
 def default_name() -> str:
-    return os.environ.get("FASTLAZY_BACKEND", "torchscript")
+    return os.environ.get("FASTLAZY_BACKEND", "auto")
 
 
 __all__ = ["Backend", "Program", "get", "names", "default_name"]

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.fx
 
-from fastlazy import metrics
+from fastlazy import compile_worker, metrics
 from fastlazy.backends.base import Backend, Program, builtin, lower
 from fastlazy._core import Rule
 from fastlazy.optable import SCALAR_ARGS
@@ -42,63 +42,99 @@ class InductorBackend(Backend):
     def __init__(self):
         self.dynamic_after = int(os.environ.get("FASTLAZY_DYNAMIC_AFTER", "3"))
         self.async_compile = os.environ.get("FASTLAZY_ASYNC_COMPILE") == "1"
-        self._pool = None
 
-    def compile(self, view, replay=None) -> Program:
-        """replay: a program of the same view to run while an asynchronous
-        compile is under way (the graph cache passes one when
-        `async_compile` is on)."""
+    def compile(self, view, replay=None, on_replay=None) -> Program:
+        """replay: a callable computing the same graph (same inputs, a
+        sequence of outputs), run while a compile for new input shapes is
+        under way on the background thread; without one, compiles happen
+        at the call that needs them.  on_replay(): called per replayed run
+        (default: counted as a fallback)."""
         gm, kinds = _build_fx(view)
-        dispatch = _ShapeDispatch(gm, kinds, self, replay)
+        dispatch = _ShapeDispatch(gm, kinds, self, replay, on_replay)
         return Program([s.position for s in view.slots], dispatch, False, gm.code)
 
     def submit(self, fn, *args):
-        """Run fn(*args) on the one background compile thread."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="fastlazy-inductor")
-        return self._pool.submit(fn, *args)
+        """Run fn(*args) on fastlazy's one background compile thread."""
+        return compile_worker.submit(fn, *args)
 
 
 class _ShapeDispatch:
     """Compiled versions of one graph structure, by input shapes."""
 
-    def __init__(self, gm, kinds, backend, replay):
+    def __init__(self, gm, kinds, backend, replay, on_replay):
         self.gm = gm
         self.kinds = kinds        # per input: None (a tensor) or a scalar kind
         self.backend = backend
-        self.replay = replay      # eager replay while an async compile runs
+        self.replay = replay      # runs the graph while a background compile does
+        self.on_replay = on_replay
         self.by_shape = {}        # shapes -> compiled callable or pending Future
-        self.dynamic = None
+        self.dynamic = None       # the dynamic-shape version (or its Future)
+        self.failed = False       # a background compile failed: replay from now on
+
+    def _args(self, inputs):
+        return [v if kind is None else torch.tensor(v, dtype=_SCALAR_DTYPES[kind])
+                for v, kind in zip(inputs, self.kinds)]
+
+    def warm(self, inputs):
+        """Compile now, on this thread, for the shapes of `inputs` (the
+        tiered engine calls this on the compile thread)."""
+        args = self._args(inputs)
+        self.by_shape[tuple(a.shape for a in args)] = self._compile(args, dynamic=False)
 
     def __call__(self, *inputs):
-        args = [v if kind is None else torch.tensor(v, dtype=_SCALAR_DTYPES[kind])
-                for v, kind in zip(inputs, self.kinds)]
-        if self.dynamic is not None:
+        if self.failed:
+            return self._replayed(inputs)
+        args = self._args(inputs)
+        dynamic = self.dynamic
+        if dynamic is not None:
+            if not isinstance(dynamic, concurrent.futures.Future):
+                return dynamic(*args)
+            if not dynamic.done():
+                return self._replayed(inputs)
+            try:
+                self.dynamic = dynamic.result()
+            except Exception:     # noqa: BLE001 - the replay keeps computing the graph
+                return self._failed(inputs)
             return self.dynamic(*args)
         shapes = tuple(a.shape for a in args)
         fn = self.by_shape.get(shapes)
         if fn is None:
             if len(self.by_shape) >= self.backend.dynamic_after:
-                self.dynamic = self._compile(args, dynamic=True)
                 metrics.count_recompile("inductor: dynamic shapes")
+                if self.replay is not None:
+                    self.dynamic = self.backend.submit(self._compile, _examples(args), True)
+                    return self._replayed(inputs)
+                self.dynamic = self._compile(args, dynamic=True)
                 return self.dynamic(*args)
             if self.by_shape:
                 metrics.count_recompile("inductor: new input shape")
             if self.replay is not None:
-                examples = [a.detach().clone() for a in args]
-                self.by_shape[shapes] = self.backend.submit(self._compile, examples, False)
+                self.by_shape[shapes] = self.backend.submit(self._compile, _examples(args), False)
                 return self._replayed(inputs)
             fn = self.by_shape[shapes] = self._compile(args, dynamic=False)
         elif isinstance(fn, concurrent.futures.Future):
             if not fn.done():
                 return self._replayed(inputs)
-            fn = self.by_shape[shapes] = fn.result()
+            try:
+                fn = self.by_shape[shapes] = fn.result()
+            except Exception:     # noqa: BLE001 - the replay keeps computing the graph
+                return self._failed(inputs)
         return fn(*args)
 
+    def _failed(self, inputs):
+        """A background compile failed: this and every later call replay."""
+        metrics.count_event("compile_failures")
+        self.failed = True
+        return self._replayed(inputs)
+
     def _replayed(self, inputs):
-        metrics.count_fallback("inductor: replayed while compiling")
+        if self.on_replay is None:
+            metrics.count_fallback("inductor: replayed while compiling")
+        else:
+            self.on_replay()
         return self.replay(*inputs)
+
+
 
     def _compile(self, args, dynamic):
         start = time.perf_counter()
@@ -114,6 +150,10 @@ class _ShapeDispatch:
             compiled = inductor_compile(self.gm, list(args))
         metrics.add_compile_time(time.perf_counter() - start)
         return compiled
+
+
+def _examples(args):
+    return [a.detach().clone() for a in args]
 
 
 def _example(node_or_slot):

@@ -164,8 +164,15 @@ cdef object not_taken(object entry, PyObject **args, Py_ssize_t nargs, object kw
 cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
                          int form, bint ruled=False):
     pos, kw = split_arguments(args, nargs, kwnames)
-    return _hooks.record_call(entry.__wrapped__, entry.qualname, pos, kw,
-                              form == FORM_INPLACE, ruled)
+    func = entry.__wrapped__
+    if form != FORM_INPLACE:
+        # a signature the generic path has seen and recorded before: its
+        # nodes are appended here (generic_record.pxi), without Python
+        found = generic_hit(func, pos, kw, ruled)
+        if type(found) is not tuple:
+            return found
+        return _hooks.record_call(func, entry.qualname, pos, kw, False, ruled, found)
+    return _hooks.record_call(func, entry.qualname, pos, kw, True, ruled)
 
 
 def make_entry(object orig, str name, int op, int form):

@@ -74,6 +74,100 @@ def record_generic(int lowering, tuple inputs, list outs, bint detach):
     return result
 
 
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
+
+
+# -- signature hits in C --
+#
+# The generic path (fastlazy/generic.py) analyses a call signature once
+# and then records every call of it from its cached Signature.  For the
+# common signatures -- one result, recorded as one node, no random draws --
+# it also publishes a GenericHit here under the same key, and a later call
+# of that signature is recorded without going up into Python: describe the
+# arguments, look the key up, append the node.
+
+@cython.final
+@cython.no_gc
+cdef class GenericHit:
+    cdef Meta meta              # the one result's (its device: the first input's)
+    cdef int attr               # lowering id | output index << ATTR_GENERIC_OUT_SHIFT
+    cdef int flags
+    cdef tuple constants        # eager tensors the program reads, appended as inputs
+    cdef int view_of            # the result is a view of tensors[view_of]; -1: not a view
+    cdef object where           # the view's place in its base (fastlazy.views.attach)
+    cdef bint detached_view
+
+
+cdef dict _generic_hits = {}
+
+
+def publish_generic(key, int lowering, list outs, bint detach, tuple constants,
+                    int view_of, where, bint detached_view):
+    """Record later calls of signature `key` in C (fastlazy.generic)."""
+    cdef GenericHit hit = GenericHit.__new__(GenericHit)
+    index, dtype, shape, requires_grad = outs[0]
+    if len(outs) != 1 or len(shape) > MAX_NDIM or index > 255 or not (
+            0 <= lowering < (1 << ATTR_GENERIC_OUT_SHIFT)):
+        raise ValueError("generic call out of range")
+    hit.meta.dtype = dtype_code(dtype)
+    hit.meta.ndim = len(shape)
+    for j in range(hit.meta.ndim):
+        hit.meta.shape[j] = shape[j]
+    hit.meta.requires_grad = requires_grad
+    hit.attr = lowering | (<int>index << ATTR_GENERIC_OUT_SHIFT)
+    hit.flags = NODE_DETACH if detach else 0
+    hit.constants = constants
+    hit.view_of = view_of
+    hit.where = where
+    hit.detached_view = detached_view
+    _generic_hits[key] = hit
+
+
+def forget_generic():
+    """Drop every published signature (the generic path starts over)."""
+    _generic_hits.clear()
+
+
+cdef object generic_hit(object func, tuple pos, dict kw, bint ruled):
+    """The result of recording func(*pos, **kw) from a published signature;
+    on a miss, (key, tensors) for the generic path to go on with -- or ()
+    if the arguments have no signature here (the generic path describes
+    them itself and decides)."""
+    if fl_autocast:
+        return ()          # the key holds the autocast state: Python builds it
+    cdef list tensors = []
+    cdef list parts = []
+    try:
+        describe(pos, tensors, parts)
+        describe(kw, tensors, parts)
+    except Exception:
+        return ()
+    key = (func, tuple(parts), grad_enabled(), None, ruled)
+    found = _generic_hits.get(key)
+    if found is None:
+        return key, tensors
+    cdef GenericHit hit = <GenericHit>found
+    cdef Py_ssize_t n = len(tensors), nc = len(hit.constants), k
+    if n + nc > MAX_IN:
+        return key, tensors
+    cdef Operand ops[MAX_IN]
+    cdef list held = []         # the LazyTensors made here, alive until recorded
+    for k in range(n + nc):
+        v = tensors[k] if k < n else hit.constants[k - n]
+        if type(v) is not LazyTensor:
+            v = wrap_value(v)
+            held.append(v)
+        classify(&ops[k], <PyObject*>v)
+    cdef Meta m = hit.meta
+    m.device = ops[0].m.device if n + nc else 0
+    out = record(GENERIC_OP, ops, <int>(n + nc), &m, hit.attr, hit.flags, None)
+    if hit.view_of >= 0:
+        _hooks.attach_view(out, tensors[hit.view_of], hit.where, hit.detached_view)
+    counters[C_GENERIC] += 1
+    return out
+
+
 def adopt(LazyTensor target, LazyTensor source):
     """Move target onto source's node (or value), leaving source empty: how
     a view or its base is rebound to the node that recomputes it after a
@@ -113,7 +207,11 @@ cdef int describe(object x, list tensors, list parts) except -1:
     cdef type t = type(x)
     cdef LazyTensor lt
     cdef Py_ssize_t i
-    if t is LazyTensor:
+    if t is int:
+        # an int stands for itself (the commonest argument: sizes, dims);
+        # every other type is tagged, so that 1, True and 1.0 differ
+        parts.append(x)
+    elif t is LazyTensor:
         lt = <LazyTensor>x
         tensors.append(x)
         shape = PyTuple_New(lt.meta.ndim)

@@ -1,0 +1,101 @@
+"""The one background thread that runs compilers (inductor), so that no
+user call waits for one.
+
+One thread, because inductor's compile path is not made for concurrent use
+and because one core of compile work at a time is what a user's program can
+spare.  The thread lowers its own scheduling priority (Linux: per-thread
+niceness, inherited by the C++ compiler processes inductor starts), so the
+user's thread keeps its core; the GIL is still shared, which is why the
+compile is measured against the user's loop in tests/test_tiering.py.
+
+At interpreter exit the compiles still queued are dropped (a program that
+ends must not wait for compiles nobody will use) and the one under way is
+waited for: interrupting a compiler mid-way can abort the process.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import os
+import queue
+import threading
+
+NICENESS = 10           # added to the thread's priority value (lower priority)
+
+_queue: queue.SimpleQueue = queue.SimpleQueue()
+_thread: threading.Thread | None = None
+_start_lock = threading.Lock()
+_closing = False
+
+
+def submit(fn, *args) -> concurrent.futures.Future:
+    """Run fn(*args) on the compile thread; its Future."""
+    future = concurrent.futures.Future()
+    _ensure_thread()
+    _queue.put((future, fn, args))
+    return future
+
+
+def idle(timeout: float | None = None) -> bool:
+    """Wait until every submitted compile has finished (tests, benchmarks
+    and `fastlazy.wait_compiles()`); False if `timeout` passed first."""
+    done = submit(lambda: None)
+    try:
+        done.result(timeout)
+    except concurrent.futures.TimeoutError:
+        return False
+    return True
+
+
+def _ensure_thread():
+    global _thread
+    if _thread is not None:
+        return
+    with _start_lock:
+        if _thread is None:
+            _thread = threading.Thread(target=_work, name="fastlazy-compile", daemon=True)
+            _thread.start()
+
+
+def _lower_priority():
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                       os.getpriority(os.PRIO_PROCESS, 0) + NICENESS)
+    except (AttributeError, OSError):     # not Linux, or not permitted: run as is
+        pass
+
+
+def _work():
+    _lower_priority()
+    while True:
+        future, fn, args = _queue.get()
+        if fn is _stop:
+            return
+        if _closing or not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:      # noqa: BLE001 - reported through the Future
+            future.set_exception(exc)
+
+
+def _finish():
+    """At exit: drop the compiles still queued and wait for the one under
+    way (a thread still inside the compiler while the interpreter tears
+    down C++ state can abort the process)."""
+    global _closing
+    _closing = True
+    thread = _thread
+    if thread is not None and thread.is_alive():
+        _queue.put((concurrent.futures.Future(), _stop, ()))
+        thread.join()
+
+
+def _stop():
+    """The sentinel that ends the worker."""
+
+
+# threading's exit hook runs before atexit handlers, so the compile ends
+# before inductor's own exit handlers shut its worker pools down
+_register = getattr(threading, "_register_atexit", atexit.register)
+_register(_finish)

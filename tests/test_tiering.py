@@ -1,0 +1,272 @@
+"""The tiered engine ("auto", the default): a graph runs on the fast tier at
+once, is compiled on the background thread once hot, and moves to the
+compiled tier only if that runs faster; a compile that fails or is slow
+never costs a call anything.
+
+Most tests stand a scripted hot backend in for inductor (its compile can be
+made slow, failing, or its program slow), so that what the engine decides is
+what the test set up; two tests run the real inductor end to end.
+"""
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import fastlazy
+from fastlazy import backends, graph_cache, tiering
+from fastlazy.backends.base import Program
+
+from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
+
+
+@pytest.fixture
+def auto(monkeypatch):
+    """The tiered engine with graphs hot after one run, an empty cache and
+    zeroed counters."""
+    before = fastlazy.backend()
+    fastlazy.mark_step()
+    fastlazy.set_backend("auto")
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
+    graph_cache.clear()
+    fastlazy.metrics.reset()
+    yield
+    tiering.wait(60)
+    fastlazy.mark_step()
+    graph_cache.clear()
+    fastlazy.set_backend(before)
+
+
+class Scripted:
+    """Stands in for the inductor backend: its programs compute the graph
+    with the eager backend, after `compile_seconds` (on the compile thread),
+    `run_seconds` per call, or raising `fail` when compiled."""
+
+    def __init__(self, compile_seconds=0.0, run_seconds=0.0, fail=None):
+        self.compile_seconds, self.run_seconds, self.fail = compile_seconds, run_seconds, fail
+        self.compiled = threading.Event()
+
+    def compile(self, view, replay=None, on_replay=None):
+        eager = backends.get("eager").compile(view)
+        scripted = self
+
+        class Call:
+            def warm(self, examples):
+                time.sleep(scripted.compile_seconds)
+                if scripted.fail is not None:
+                    raise scripted.fail
+                scripted.compiled.set()
+
+            def __call__(self, *inputs):
+                if scripted.run_seconds:
+                    time.sleep(scripted.run_seconds)
+                return eager.call(*inputs)
+
+        return Program(eager.slots, Call(), False, "scripted")
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    def use(**kwargs):
+        stand_in = Scripted(**kwargs)
+        real_get = backends.get
+        monkeypatch.setattr(backends, "get",
+                            lambda name: stand_in if name == "inductor" else real_get(name))
+        return stand_in
+    return use
+
+
+def graph(a, b, k):
+    return ((a * b + k).relu() * 2 - a).sum(1)
+
+
+def run(a, b, k):
+    return graph(fastlazy.lazy(a), fastlazy.lazy(b), k).to_eager()
+
+
+def only_tier():
+    (entry,) = graph_cache.tiers()
+    return entry
+
+
+def test_auto_is_the_default_backend(monkeypatch):
+    monkeypatch.delenv("FASTLAZY_BACKEND", raising=False)
+    assert backends.default_name() == "auto"
+    assert "auto" in graph_cache.backend_names()
+
+
+def test_unknown_backend_names_every_choice():
+    with pytest.raises(ValueError, match="auto, torchscript, inductor, native, eager"):
+        fastlazy.set_backend("tvm")
+
+
+def test_a_hot_graph_moves_to_the_faster_compiled_tier(auto, scripted, monkeypatch):
+    scripted()
+    # the fast tier made slower than the compiled one: the switch must happen
+    real = backends.get("torchscript").compile
+
+    def slow_fast_tier(view):
+        program = real(view)
+        inner = program.call
+
+        def call(*inputs):
+            time.sleep(0.002)
+            return inner(*inputs)
+        program.call = call
+        program._first_call = None
+        return program
+    monkeypatch.setattr(backends.get("torchscript"), "compile", slow_fast_tier)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    for k in range(3):
+        torch.testing.assert_close(run(a, b, float(k)), graph(a, b, float(k)))
+    assert tiering.wait(30)
+    for k in range(tiering.PROBE_RUNS + 3):
+        torch.testing.assert_close(run(a, b, float(k)), graph(a, b, float(k)))
+    entry = only_tier()
+    assert entry["tier"] == "hot", entry
+    c = fastlazy.metrics.counters()
+    assert c["tier_compiles_queued"] == c["tier_compiles_done"] == c["tier_promotions"] == 1
+    assert c["cache_misses"] == 1
+
+
+def test_a_slower_compiled_program_is_dropped(auto, scripted):
+    scripted(run_seconds=0.003)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    run(a, b, 1)
+    run(a, b, 1)
+    assert tiering.wait(30)
+    for k in range(tiering.PROBE_RUNS + 5):
+        torch.testing.assert_close(run(a, b, k), graph(a, b, k))
+    entry = only_tier()
+    assert entry["tier"] == "fast (compiled was slower)", entry
+    assert entry["compiled_run_seconds"] > entry["fast_run_seconds"]
+    assert fastlazy.metrics.counters()["tier_promotions"] == 0
+
+
+def test_no_call_waits_for_a_compile(auto, scripted):
+    stand_in = scripted(compile_seconds=3.0)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    run(a, b, 0)
+    start = time.perf_counter()
+    for k in range(20):                     # the compile is under way meanwhile
+        torch.testing.assert_close(run(a, b, k), graph(a, b, k))
+    elapsed = time.perf_counter() - start
+    assert not stand_in.compiled.is_set(), "the loop outlasted the compile: test proves nothing"
+    assert elapsed < 1.5, f"20 calls took {elapsed:.2f} s while a 3 s compile ran"
+    assert only_tier()["tier"] == "compiling"
+    assert fastlazy.metrics.counters()["tier_fast_runs_while_compiling"] >= 19
+
+
+def test_a_failed_compile_leaves_the_graph_on_the_fast_tier(auto, scripted):
+    scripted(fail=RuntimeError("inductor cannot lower this"))
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    run(a, b, 0)
+    run(a, b, 0)
+    assert tiering.wait(30)
+    for k in range(5):
+        torch.testing.assert_close(run(a, b, k), graph(a, b, k))
+    entry = only_tier()
+    assert entry["tier"] == "fast (compile failed)"
+    assert "inductor cannot lower this" in entry["error"]
+    c = fastlazy.metrics.counters()
+    assert c["tier_compiles_failed"] == c["compile_failures"] == 1
+    assert "fast (compile failed) 1" in fastlazy.metrics.report()
+
+
+def test_a_graph_that_never_turns_hot_keeps_no_input_alive(auto, monkeypatch):
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1000)
+    a = torch.randn(64, 64)
+    ref = __import__("weakref").ref(a)
+    out = (fastlazy.lazy(a) * 2).to_eager()
+    del a
+    assert ref() is None, "the cached graph keeps its first input alive"
+    assert out.shape == (64, 64)
+
+
+def test_constant_bool_slots_reach_the_compiled_tier(auto, scripted, monkeypatch):
+    """TorchScript folds a bool scalar into the graph (it is part of the
+    key), so the fast tier takes fewer inputs than the compiled program."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    scripted()
+    a = torch.randn(3, 4)
+
+    def f(x):
+        return (x + True) * 3
+    for _ in range(2):
+        f(fastlazy.lazy(a)).to_eager()
+    assert tiering.wait(30)
+    for _ in range(5):
+        torch.testing.assert_close(f(fastlazy.lazy(a)).to_eager(), f(a))
+    assert only_tier()["tier"] in ("hot", "fast (compiled was slower)")
+
+
+# -- the real inductor, end to end ------------------------------------------
+
+
+def test_inductor_tier_gives_eagers_values_before_and_after_the_switch(auto, monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    run(a, b, 0.5)
+    run(a, b, 0.5)
+    assert tiering.wait(300)
+    for k in range(6):
+        torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
+    entry = only_tier()
+    assert entry["tier"] in ("hot", "fast (compiled was slower)"), entry
+    assert entry["compile_seconds"] > 0
+
+
+def test_inductor_tier_runs_a_new_shape_on_the_fast_tier_while_compiling(auto, monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    # promote whatever the timings say: the point is the compiled tier's
+    # handling of a shape it was not compiled for
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    run(a, b, 1)
+    run(a, b, 1)
+    assert tiering.wait(300)
+    for _ in range(4):
+        run(a, b, 1)
+    assert only_tier()["tier"] == "hot"
+    fastlazy.metrics.reset()
+    c, d = torch.randn(5, 16), torch.randn(5, 16)
+    start = time.perf_counter()
+    torch.testing.assert_close(run(c, d, 2), graph(c, d, 2))
+    assert time.perf_counter() - start < 1.0, "the new shape waited for its compile"
+    assert fastlazy.metrics.counters()["tier_fast_runs_while_compiling"] == 1
+    assert tiering.wait(300)
+    torch.testing.assert_close(run(c, d, 3), graph(c, d, 3))
+    assert fastlazy.metrics.counters()["cache_misses"] == 0
+
+
+def _always_promote(self):
+    self.tier = "hot"
+    self.call = self._compiled
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.5, 1.5])
+def test_a_program_that_ends_during_a_compile_exits_cleanly(delay):
+    """The compile under way is waited for, queued ones are dropped; the
+    process exits normally (a compiler thread cut off mid-way by the
+    interpreter's teardown can abort it).  `delay`: how far into the
+    compile the program ends."""
+    program = textwrap.dedent(f"""
+        import time, torch, fastlazy
+        from fastlazy import tiering
+        tiering.ENGINE.hot_after = 1
+        fastlazy.enable(backend="auto")
+        for k in range(4):                 # four graphs queued for compiles
+            x = torch.randn(4, 8)
+            for _ in range(2):
+                y = ((fastlazy.lazy(x) * 2).relu() - k).sum(k % 2).to_eager()
+                y = [fastlazy.lazy(x).exp() for _ in range(k)]
+        time.sleep({delay})
+        print("done")
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "done"
