@@ -47,6 +47,7 @@ from torch import nn
 import fastlazy
 import fastlazy.backends
 import fastlazy.graph_cache
+from fastlazy import tiering
 import zoo
 
 TRACE, EXEC = "trace", "exec"      # build the graph only / read the result
@@ -156,6 +157,10 @@ class Contender:
     def compiles(self) -> int | None:
         """Graphs compiled so far (None: not counted for this contender)."""
         return None
+
+    def settle(self, calls: list[Callable]) -> None:
+        """Run the warmed-up calls until the contender's steady state (a
+        tiered engine: every hot graph compiled and its tier chosen)."""
 
     # W2 (small models)
     w2_tolerance = dict(rtol=1e-4, atol=1e-5)   # for the check against eager
@@ -309,6 +314,19 @@ class FastLazy(Contender):
     def compiles(self):
         return fastlazy.metrics.counters()["cache_misses"]
 
+    def settle(self, calls):
+        """The tiered engine: each graph past its hot threshold, its
+        background compile done, and its probe runs over."""
+        if self.backend != tiering.ENGINE.name:
+            return
+        for _ in range(tiering.ENGINE.hot_after + 1):
+            for call in calls:
+                call()
+        tiering.wait()
+        for _ in range(tiering.PROBE_RUNS + 2):
+            for call in calls:
+                call()
+
     @property
     def w2_tolerance(self):
         return Compile.w2_tolerance if self.backend == "inductor" else Contender.w2_tolerance
@@ -355,14 +373,14 @@ def contenders(with_compile: bool = True) -> list[Contender]:
     if with_compile:
         found.append(Compile())
     found.append(FastLazy())
-    found += [FastLazy(name) for name in fastlazy.backends.names()]
+    found += [FastLazy(name) for name in fastlazy.graph_cache.backend_names()]
     return found
 
 
 def contender_named(name: str) -> Contender:
     """The contender of that name (as Contender.name gives it)."""
     for c in [Contender(), Jit(), TorchLazy(), Compile()] + [
-            FastLazy(b) for b in (None, *fastlazy.backends.names())]:
+            FastLazy(b) for b in (None, *fastlazy.graph_cache.backend_names())]:
         if c.name == name:
             return c
     raise KeyError(f"no contender named {name!r}")
@@ -416,6 +434,7 @@ def prepared(case: Case):
         for _ in range(WARMUP_CALLS):
             for call in calls:
                 call()
+        contender.settle(calls)
         yield Prepared(_alternate(calls), first_call_s,
                        lambda: None if compiled is None else contender.compiles() - compiled)
 
@@ -526,7 +545,7 @@ def w2_contenders(with_compile: bool = True) -> list[Contender]:
     found = [Contender(), TorchLazy()]
     if with_compile:
         found.append(Compile())
-    return found + [FastLazy(name) for name in fastlazy.backends.names()]
+    return found + [FastLazy(name) for name in fastlazy.graph_cache.backend_names()]
 
 
 def parametrize_cases(metafunc, fixture: str, make_cases: Callable) -> None:
@@ -595,6 +614,7 @@ def prepared_w2(case: W2Case):
         compiled = contender.compiles()
         for _ in range(WARMUP_CALLS):
             step()
+        contender.settle([step])
         yield Prepared(step, first_call_s,
                        lambda: None if compiled is None else contender.compiles() - compiled)
 
@@ -633,7 +653,7 @@ def w4_contenders(quick: bool = False, with_compile: bool = True) -> list[Conten
     found = [Contender(), TorchLazy()]
     if with_compile:
         found.append(Compile())
-    return found + [FastLazy(name) for name in fastlazy.backends.names()
+    return found + [FastLazy(name) for name in fastlazy.graph_cache.backend_names()
                     if with_compile or name != "inductor"]
 
 
@@ -738,6 +758,7 @@ def prepared_w4(case: W4Case):
                               f"{type(error).__name__}: {str(error)[:300]}") from error
         first_call_s = time.perf_counter() - start
         _check_w4(case, got, want, state() if mode == TRAIN else None, want_state)
+        contender.settle([step])
         for _ in range(WARMUP_CALLS):
             start = time.perf_counter()
             step()

@@ -23,6 +23,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fastlazy import _core, views
+from fastlazy.symbolic_sizes import make_sizes_symbolic
 from fastlazy._core import LazyTensor
 
 MAX_INPUTS = _core.MAX_IN     # tensor arguments of one node
@@ -373,6 +374,7 @@ def _trace(func, args, kwargs, examples, contiguous):
                 raise Unsafe(f"{target}: {reason}")
         if target is torch.ops.aten._local_scalar_dense.default:
             raise Unsafe("reads a tensor's value")
+    make_sizes_symbolic(gm)         # (before the nodes below, which have no metadata)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, flag in zip(placeholders, contiguous):
         if flag and node.users:

@@ -53,6 +53,10 @@ def _ensure_thread():
         return
     with _start_lock:
         if _thread is None:
+            # threading's exit hook runs before atexit handlers, so the
+            # compile ends before inductor's own exit handlers shut its
+            # worker pools down
+            getattr(threading, "_register_atexit", atexit.register)(_finish)
             _thread = threading.Thread(target=_work, name="fastlazy-compile", daemon=True)
             _thread.start()
 
@@ -94,8 +98,3 @@ def _finish():
 def _stop():
     """The sentinel that ends the worker."""
 
-
-# threading's exit hook runs before atexit handlers, so the compile ends
-# before inductor's own exit handlers shut its worker pools down
-_register = getattr(threading, "_register_atexit", atexit.register)
-_register(_finish)

@@ -196,6 +196,10 @@ def _emit_generic(ir, env, node, emitted):
 def _emit_aten(ir, fx, values):
     """One aten call of an FX graph as IR: every schema argument spelled out
     (the IR has no defaults), typed so that the right overload matches."""
+    if fx.target is torch.ops.aten.sym_size.int:
+        # a size read when the graph runs (fastlazy.symbolic_sizes)
+        source, dim = fx.args
+        return ir.call("size", [values[source], ir.constant(dim)], type="int")
     schema = fx.target._schema
     args = []
     for i, arg in enumerate(schema.arguments):
@@ -239,6 +243,10 @@ def _ir_value(ir, value, arg, values):
             return ir.list([ir.constant(bool(v)) for v in value], "bool[]")
         if "float" in kind:
             return ir.list([ir.constant(float(v)) for v in value], "float[]")
+        if any(isinstance(v, torch.fx.Node) for v in value):
+            # sizes read when the graph runs, beside constant ones
+            return ir.list([values[v] if isinstance(v, torch.fx.Node) else ir.constant(v)
+                            for v in value], "int[]")
         return ir.constant(list(value))
     if type(value) is int and kind.startswith("List[int]") and arg.N:
         return ir.constant([value] * arg.N)
