@@ -62,6 +62,7 @@ include "csrc/tensor.pxi"
 include "csrc/dispatch.pxi"
 include "csrc/generic_record.pxi"
 include "csrc/flush.pxi"
+include "csrc/throttle.pxi"
 
 
 # -- the upward interface --

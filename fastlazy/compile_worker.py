@@ -20,7 +20,12 @@ import os
 import queue
 import threading
 
+from fastlazy import _core
+
 NICENESS = 10           # added to the thread's priority value (lower priority)
+# the compile thread's duty cycle: it runs at most RUN_US of every
+# RUN_US + SLEEP_US microseconds
+RUN_US, SLEEP_US = 1000, 1000
 
 _queue: queue.SimpleQueue = queue.SimpleQueue()
 _thread: threading.Thread | None = None
@@ -71,6 +76,11 @@ def _lower_priority():
 
 def _work():
     _lower_priority()
+    # The GIL has no priorities: a compiler's Python would take half of the
+    # user's thread's time, in stalls of up to the switch interval (5 ms).
+    # So the compile thread runs RUN_US, then sleeps SLEEP_US without the
+    # GIL (a C profile hook: csrc/throttle.pxi).
+    _core.throttle_this_thread(RUN_US, SLEEP_US)
     while True:
         future, fn, args = _queue.get()
         if fn is _stop:

@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from fastlazy import backends, compile_worker, metrics
+from fastlazy import backends, compile_worker, fx_threads, metrics
 
 PROBE_RUNS = 5            # compiled runs timed before the faster tier is kept
 FAST_SAMPLES = 8          # recent fast-tier run times kept for the comparison
@@ -108,6 +108,12 @@ class TieredProgram:
         return out
 
     def _submit(self, inputs):
+        if not fx_threads.install():
+            # this torch's tracer cannot run beside the user's thread
+            self.tier = "fast (no background compiles with this torch)"
+            self._view = None
+            self.call = self._fast
+            return
         view, self._view = self._view, None
         examples = _examples(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.fx
 
-from fastlazy import compile_worker, metrics
+from fastlazy import compile_worker, fx_threads, metrics
 from fastlazy.backends.base import Backend, Program, builtin, lower
 from fastlazy._core import Rule
 from fastlazy.optable import SCALAR_ARGS
@@ -54,7 +54,10 @@ class InductorBackend(Backend):
         return Program([s.position for s in view.slots], dispatch, False, gm.code)
 
     def submit(self, fn, *args):
-        """Run fn(*args) on fastlazy's one background compile thread."""
+        """Run fn(*args) on fastlazy's one background compile thread (its
+        traces made safe beside the user's thread: fastlazy.fx_threads)."""
+        if not fx_threads.install():
+            raise RuntimeError("this torch's FX tracer cannot run on a background thread")
         return compile_worker.submit(fn, *args)
 
 
