@@ -35,21 +35,6 @@ def backend(request):
         fastlazy.set_backend(before)
 
 
-@pytest.fixture
-def inductor():
-    """The inductor backend for one test, which runs once rather than once
-    per backend of BACKENDS (generating those items only to skip them made
-    444 skips); afterwards the pending graph is computed and the backend
-    found before restored."""
-    before = fastlazy.backend()
-    fastlazy.set_backend("inductor")
-    try:
-        yield "inductor"
-    finally:
-        fastlazy.mark_step()
-        fastlazy.set_backend(before)
-
-
 def pytest_configure(config):
     torch.manual_seed(0)
     # CI: a few hundred generated programs; --fuzz-long: tens of thousands
