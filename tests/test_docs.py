@@ -26,16 +26,25 @@ def _stub_names(path):
     return names
 
 
+def _public(module):
+    return {n for n in dir(module) if not n.startswith("_")
+            and getattr(getattr(module, n), "__module__", None) == module.__name__}
+
+
 def test_core_stubs_declare_every_public_name_of_the_core():
-    """fastlazy/_core.pyi is current: every public function and class of the
-    compiled core, and every method LazyTensor defines in the core."""
+    """fastlazy/_core.pyi and _steps.pyi are current: every public function
+    and class of the compiled modules, and every method LazyTensor defines
+    in the core."""
     import fastlazy._core as core
+    import fastlazy._steps as steps
     from fastlazy._core import LazyTensor
+    for module in (core, steps):
+        stub = _stub_names(pathlib.Path(module.__file__).parent
+                           / (module.__name__.rsplit(".", 1)[1] + ".pyi"))
+        public = _public(module)
+        assert public - set(stub) == set(), f"missing from {module.__name__}'s stub"
+        assert set(stub) - public - {"__getattr__"} == set(), f"{module.__name__}: stale stub"
     stub = _stub_names(pathlib.Path(core.__file__).with_name("_core.pyi"))
-    public = {n for n in dir(core) if not n.startswith("_")
-              and getattr(getattr(core, n), "__module__", None) == core.__name__}
-    assert public - set(stub) == set(), "missing from _core.pyi"
-    assert set(stub) - public - {"__getattr__"} == set(), "in _core.pyi, not in the core"
     own = {n for n, v in vars(LazyTensor).items() if not n.startswith("_")
            and type(v).__name__ in ("cython_function_or_method", "method_descriptor",
                                     "getset_descriptor")}

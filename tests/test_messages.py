@@ -159,3 +159,16 @@ def test_data_ptr_of_a_pending_tensor_warns_nothing(on, recwarn):
     assert y.data_ptr() == y.to_eager().data_ptr()
     assert not [w for w in recwarn if "FakeTensor" in str(w.message)]
     assert type(y) is LazyTensor
+
+
+def test_readme_example_report_names_its_compile_site():
+    """The README's ten lines print metrics.report(): its compile is named
+    by the snippet's line, not '<unknown>'."""
+    import pathlib
+    import re
+    readme = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+                 if "metrics.report()" in b)
+    done = run(block)
+    assert done.returncode == 0, done.stderr
+    assert "first graph @ <string>:" in done.stdout and "<unknown>" not in done.stdout
