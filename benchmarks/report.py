@@ -2,17 +2,21 @@
 
     python benchmarks/report.py [--quick] [--large] [--no-compile] [--threads N]
                                 [--out results] [--stat min|median] [-k EXPRESSION]
+    python benchmarks/report.py --replot TABLE.md [TABLE.md ...] --out FOLDER
 
 Run it from the repository root.  The suite (the pytest-benchmark tests in
 this folder) runs under pytest-benchmark in a subprocess; this report reads
 back the JSON that pytest-benchmark writes, so the two never disagree.  It
-prints one table (rows: workloads; columns: contenders; cells: time and
-speedup over eager, plus ns per recorded op for trace-only rows; W1, then
-W2, then W3, then W4), the first-call times, W4's first 100 calls from a
-cold process and what fastlazy recorded and ran eagerly per W4 call, and the
-targets P1-P8 (`TARGETS` in this file: each target's measure, threshold and
-the function that judges it) with PASS or MISS.  Into the output folder go
-bench.json, table.md, speedup.png (W1) and w4_speedup.png (W4).
+prints what the workloads and the columns are (BACKGROUND, COLUMNS), one
+table per workload (rows: configurations; columns: the contenders that ran
+it; cells: time and speedup over eager, where eager does the same work),
+the first-call times, W4's first 100 calls from a cold process and what
+fastlazy recorded and ran eagerly per W4 call, and the targets P1-P8
+(`TARGETS` in this file: each target's measure, threshold and the function
+that judges it) with PASS or MISS.  Into the output folder go bench.json,
+table.md, w4_speedup.png (the models) and speedup.png (W1's chains).
+`--replot` redraws the two plots from tables this report wrote (the
+committed ones in benchmarks/measured/) without running anything.
 """
 from __future__ import annotations
 
@@ -143,20 +147,44 @@ def cell(results: Results, row: Row, contender: str) -> str:
     t = results.get(row, contender)
     if t is None:
         return "—"
+    if row.mode == "trace":
+        # recording (fastlazy, torch._lazy) against eager running the ops:
+        # not the same work, so no speedup
+        return f"{fmt_time(t / row.ops)}/op" if contender != "eager" else \
+            f"{fmt_time(t / row.ops)}/op run"
     text = fmt_time(t)
     eager = results.get(row, "eager")
     if eager is not None and contender != "eager":
         text += " " + fmt_ratio(eager / t)
-    if row.mode == "trace":
-        text += f" ({fmt_time(t / row.ops)}/op)"
     return text
 
 
-def table(results: Results) -> list[list[str]]:
-    """The report as a header row and one row per workload configuration."""
-    columns = results.contenders()
-    return [["workload", *columns]] + [
-        [row.label, *(cell(results, row, c) for c in columns)] for row in results.rows()]
+WORKLOAD_TITLES = {
+    ("W1", "trace"): "W1 trace: recording a chain of elementwise ops, nothing run (time per op)",
+    ("W1", "exec"): "W1 exec: a chain of elementwise ops run and read",
+    ("W2", ""): "W2: small nn models",
+    ("W3", ""): "W3: fastlazy's overheads, each against the baseline named first",
+    ("W4", ""): "W4: real models",
+}
+
+
+def _group(row: Row) -> tuple:
+    return (row.workload, row.mode if row.workload == "W1" else "")
+
+
+def tables(results: Results) -> list[tuple[str, list[list[str]]]]:
+    """(title, rows) per workload: a header row and one row per
+    configuration, with only the contenders that ran that workload."""
+    out = []
+    for group, title in WORKLOAD_TITLES.items():
+        rows = [r for r in results.rows() if _group(r) == group]
+        if not rows:
+            continue
+        columns = [c for c in results.contenders()
+                   if any(results.get(r, c) is not None for r in rows)]
+        out.append((title, [["workload", *columns]] + [
+            [row.label, *(cell(results, row, c) for c in columns)] for row in rows]))
+    return out
 
 
 def as_text(rows: list[list[str]]) -> str:
@@ -172,15 +200,41 @@ def as_markdown(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-LEGEND = ("Cells: time per call ({stat} over rounds) ×speedup over the row's eager "
-          "column (>1: faster). W2 rows: one inference (no_grad) or one training "
-          "step (forward, MSE loss, backward, SGD step) with the result read. "
-          "W3 rows: eager = the baseline named first in the "
-          "label, fastlazy = the second. Trace rows also give the time per op. "
-          "W4 rows: real models with random weights, the modules eager and the "
-          "inputs lazy (or moved, or the module compiled); batch 1 is "
-          f"{W4_SIZES[1]}, batch 8 {W4_SIZES[8]}; training: forward, "
-          "cross-entropy loss, backward, SGD step.")
+BACKGROUND = """\
+What is measured (benchmarks/workloads.py defines every workload):
+  W1  a chain of 8, 16 or 32 elementwise calls (add, sub, mul, div) over nine
+      n x n float32 tensors.  "trace": record the chain and discard it, nothing
+      runs (lazy tensors' recording cost); "exec": run it and read the result.
+      "cf": the 32-op chain whose int argument picks one of two middle blocks,
+      alternating call by call (a lazy tensor library must not recompile).
+  W2  small nn models: an 8-layer MLP of width 256 and nn.TransformerEncoderLayer,
+      inference (no_grad) or one training step (forward, MSE loss, backward,
+      SGD step), the result read.
+  W3  fastlazy's own overheads, each against its baseline (named first in the
+      row): eager code under enable(), the C shape rule against a meta tensor,
+      a cache-hit flush, the generic path recording a call eager would run.
+  W4  real models from torchvision and HuggingFace with seeded random weights
+      (benchmarks/zoo.py): inference, or a training step (forward,
+      cross-entropy, backward, SGD step, loss.item()).  The modules stay eager
+      and the inputs are lazy (or moved to torch._lazy's device, or the module
+      compiled).  Batch 1 is {b1}; batch 8 {b8}."""
+
+COLUMNS = """\
+Columns: eager = plain PyTorch; torch._lazy = PyTorch's own lazy tensors
+(TorchScript backend); torch.jit = torch.jit.script/trace; torch.compile =
+inductor on the whole function; fastlazy = recording only (W1 trace rows, and
+fastlazy's side of W3's rows: nothing is run); fastlazy[B] = recorded, then
+run and read on fastlazy's backend B (torchscript, the default; native;
+inductor; eager, a node-by-node replay).
+Cells: time per call ({stat} over rounds), then ×speedup over eager (>1:
+faster) where eager does the same work.  Trace rows give the time per
+recorded op instead: eager's column there runs the ops, for reference, and
+is not compared."""
+
+
+def legend(stat: str, threads) -> str:
+    return (BACKGROUND.format(b1=W4_SIZES[1], b8=W4_SIZES[8]) + "\n\n"
+            + COLUMNS.format(stat=stat) + f"\nIntra-op threads: {threads}.")
 
 
 # -- targets -----------------------------------------------------------------
@@ -340,16 +394,31 @@ def targets(results: Results) -> list[list[str]]:
     return rows
 
 
+def targets_text(rows: list[list[str]], width: int = 100) -> str:
+    """The targets as short blocks (a table would be as wide as the longest
+    measurement): id, measure and target, then the measurement, wrapped."""
+    import textwrap
+    blocks = []
+    for tid, measure, target, measured, verdict in rows[1:]:
+        head = f"{tid} {verdict:<4}  {measure}: {target}"
+        blocks.append("\n".join([head] + textwrap.wrap(
+            measured, width, initial_indent=" " * 10, subsequent_indent=" " * 10)))
+    return "\n".join(blocks)
+
+
 def first_calls(results: Results) -> list[list[str]]:
     """Time to the first result of each variant (setup and compilation
     included), W1 32-op exec rows, W2 and W4 rows."""
-    rows = [["first call", *results.contenders()]]
-    for row in results.rows():
-        if row.workload in ("W2", "W4") or (row.workload == "W1" and row.mode == "exec"
-                                            and row.ops == 32):
-            rows.append([row.label, *(
-                fmt_time(results.info[(row, c)]["first_call_s"])
-                if (row, c) in results.info else "—" for c in results.contenders())])
+    shown = [row for row in results.rows()
+             if row.workload in ("W2", "W4") or (row.workload == "W1" and row.mode == "exec"
+                                                 and row.ops == 32)]
+    columns = [c for c in results.contenders()
+               if any("first_call_s" in results.info.get((r, c), {}) for r in shown)]
+    rows = [["first call", *columns]]
+    for row in shown:
+        rows.append([row.label, *(
+            fmt_time(results.info[(row, c)]["first_call_s"])
+            if "first_call_s" in results.info.get((row, c), {}) else "—" for c in columns)])
     return rows
 
 
@@ -418,20 +487,28 @@ def _speedups(results: Results, rows: list[Row], contender: str) -> list[tuple]:
             for r in rows if results.get(r, contender) and results.get(r, "eager")]
 
 
-def plot(results: Results, path: Path) -> None:
-    """Speedup over eager against op count, one panel per mode and n, one
-    line per contender, same colour in every panel (straight chains only)."""
+def _threads_text(threads) -> str:
+    return (f"{threads} thread{'s' if threads != 1 else ''}" if threads
+            else "torch's default threads")
+
+
+def plot(results: Results, path: Path, threads=1) -> None:
+    """W1 exec: speedup over eager against op count, one panel per n, one
+    line per contender, same colour in every panel (straight chains only;
+    trace rows record without running and are not compared with eager)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
-    chains = [r for r in results.rows() if r.workload == "W1" and not r.control_flow]
+    chains = [r for r in results.rows()
+              if r.workload == "W1" and r.mode == "exec" and not r.control_flow]
     if not chains:
         return
-    modes = [m for m in MODE_ORDER if any(r.mode == m for r in chains)]
+    modes = ["exec"]
     ns = sorted({r.n for r in chains})
-    others = [c for c in results.contenders() if c != "eager"]
+    others = [c for c in results.contenders() if c != "eager"
+              and any(results.get(r, c) for r in chains)]
     colours = dict(zip(others, plt.get_cmap("tab10").colors))
     fig, axes = plt.subplots(len(modes), len(ns), squeeze=False,
                              figsize=(4 * len(ns) + 2, 3.4 * len(modes)))
@@ -442,14 +519,17 @@ def plot(results: Results, path: Path) -> None:
             if points:
                 ax.plot(*zip(*points), marker="o", color=colours[contender], label=contender)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-        ax.set(title=f"{mode}, n={n}", xlabel="ops", ylabel="speedup over eager",
+        ax.set(title=f"nine {n}x{n} float32 inputs", xlabel="elementwise calls in the chain",
+               ylabel="speedup over eager\n(eager time / time)",
                yscale="log", xticks=sorted({r.ops for r in rows}))
         ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(NullFormatter())
     handles = [plt.Line2D([], [], marker="o", color=colours[c], label=c) for c in others]
     fig.legend(handles=handles, loc="center right", fontsize=8)
-    fig.suptitle("fastlazy W1: speedup over eager (higher is better)")
+    fig.suptitle("W1: a chain of elementwise calls (add, sub, mul, div) run and read\n"
+                 f"speedup over eager per call (>1: faster), {_threads_text(threads)}, CPU",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -500,19 +580,74 @@ def plot_w4(results: Results, path: Path, threads) -> None:
         ax.grid(axis="y", color="0.9", linewidth=0.8)
         ax.set_axisbelow(True)
         ax.set_xticks(range(len(panel)))
-        ax.set_xticklabels([f"{r.item}\n{W2_MODES.get(r.mode, r.mode)}" for r in panel],
-                           fontsize=8)
+        ax.set_xticklabels([f"{W4_MODELS.get(r.item, r.item)}\n{W2_MODES.get(r.mode, r.mode)}"
+                            for r in panel], fontsize=8)
         ax.set_xlim(-0.6, groups - 0.4)
-        ax.set(title=f"batch {batch} ({W4_SIZES.get(batch, '')})", xlabel="model, mode",
+        ax.set(title=f"batch {batch}: {W4_SIZES.get(batch, '')}", xlabel="model, mode",
                ylabel="speedup over eager\n(eager time / time)")
-    thread_text = f"{threads} thread{'s' if threads != 1 else ''}" if threads else \
-        "torch's default threads"
+    thread_text = _threads_text(threads)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in others]
     fig.legend(handles, others, loc="center right", fontsize=8)
-    fig.suptitle(f"W4 real models: speedup over eager (>1: faster), {thread_text}, CPU")
+    fig.suptitle("Real models (torchvision, HuggingFace; random weights), modules eager, "
+                 "inputs lazy\n"
+                 f"speedup over eager per call (>1: faster; <1: slower), {thread_text}, CPU",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -- redrawing the plots from a table this report wrote ------------------------
+
+def _parse_time(text: str) -> float | None:
+    """Seconds from a cell's leading "10.2 ms" (or "85.5 ns/op")."""
+    parts = text.replace("/op", "").split()
+    if len(parts) < 2:
+        return None
+    scale = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}.get(parts[1])
+    try:
+        return None if scale is None else float(parts[0]) * scale
+    except ValueError:
+        return None
+
+
+def _parse_label(label: str) -> Row | None:
+    import re
+    m = re.fullmatch(r"W1 (trace|exec) n=(\d+) (\d+) ops( cf)?", label)
+    if m:
+        return Row("W1", m[1], int(m[2]), int(m[3]), bool(m[4]))
+    m = re.fullmatch(r"(W2|W4) (.+) batch (\d+) (.+)", label)
+    if m:
+        models = W2_MODELS if m[1] == "W2" else W4_MODELS
+        item = next((k for k, v in models.items() if v == m[2]), m[2])
+        mode = next((k for k, v in W2_MODES.items() if v == m[4]), m[4])
+        return Row(m[1], mode, int(m[3]), item=item)
+    item = next((k for k, v in W3_LABELS.items() if v == label), None)
+    return None if item is None else Row("W3", item=item)
+
+
+def load_markdown(paths) -> Results:
+    """The timings of every workload table in table.md files this report
+    wrote (benchmarks/measured/), for redrawing the plots."""
+    results = Results()
+    for path in paths:
+        header = None
+        for line in Path(path).read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not line.startswith("|") or set(cells[0]) <= {"-"}:
+                header = None if not line.startswith("|") else header
+                continue
+            if cells[0] == "workload":
+                header = cells
+                continue
+            row = _parse_label(cells[0]) if header else None
+            if row is None:
+                continue
+            for contender, text in zip(header[1:], cells[1:]):
+                t = _parse_time(text)
+                if t is not None:
+                    results.seconds[row, contender] = t * (row.ops if row.mode == "trace" else 1)
+    return results
 
 
 # -- running ------------------------------------------------------------------
@@ -566,6 +701,9 @@ def parse_args(argv):
     parser.add_argument("--stat", choices=("min", "median"), default="min",
                         help="statistic over rounds (default min: the least disturbed "
                              "by a noisy machine)")
+    parser.add_argument("--replot", nargs="+", type=Path, metavar="TABLE_MD",
+                        help="run nothing: redraw speedup.png and w4_speedup.png into "
+                             "--out from table.md files this report wrote")
     parser.add_argument("-k", metavar="EXPRESSION",
                         help="only the benchmarks pytest -k selects, e.g. "
                              "'test_w4 and b1' (W4 at batch 1)")
@@ -575,6 +713,12 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        results = load_markdown(args.replot)
+        plot(results, args.out / "speedup.png", args.threads)
+        plot_w4(results, args.out / "w4_speedup.png", args.threads)
+        print(f"Wrote {args.out / 'speedup.png'}, {args.out / 'w4_speedup.png'}")
+        return 0
     json_path = args.out / "bench.json"
     start = time.perf_counter()
     rc = run_suite(args, json_path)
@@ -583,9 +727,9 @@ def main(argv=None) -> int:
         sys.exit(f"pytest exited with {rc} and wrote no {json_path}")
     results = load(json_path, args.stat)
     threads = args.threads or "torch's default"
-    legend = LEGEND.format(stat=args.stat) + f" Intra-op threads: {threads}."
+    text = legend(args.stat, threads)
     sections = [
-        ("Results", table(results)),
+        *tables(results),
         ("First calls (setup and compilation included; cf: both variants)",
          first_calls(results)),
     ]
@@ -596,13 +740,16 @@ def main(argv=None) -> int:
              first_100(results)),
             ("W4: what fastlazy records per steady-state call", w4_recorded(results)),
         ]
-    sections.append(("Targets", targets(results)))
+    print(f"\n{text}")
     for title, rows in sections:
         print(f"\n{title}\n\n{as_text(rows)}")
-    print(f"\n{legend}\nSuite ran in {elapsed:.0f} s (pytest exit status {rc}).")
-    (args.out / "table.md").write_text("\n\n".join(
-        f"## {title}\n\n{as_markdown(rows)}" for title, rows in sections) + f"\n\n{legend}\n")
-    plot(results, args.out / "speedup.png")
+    print(f"\nTargets (TARGETS in benchmarks/report.py)\n\n{targets_text(targets(results))}")
+    print(f"\nSuite ran in {elapsed:.0f} s (pytest exit status {rc}).")
+    sections.append(("Targets", targets(results)))
+    (args.out / "table.md").write_text(
+        "```\n" + text + "\n```\n\n" + "\n\n".join(
+            f"## {title}\n\n{as_markdown(rows)}" for title, rows in sections) + "\n")
+    plot(results, args.out / "speedup.png", args.threads)
     plot_w4(results, args.out / "w4_speedup.png", args.threads)
     print(f"Wrote {json_path}, {args.out / 'table.md'}, {args.out / 'speedup.png'}, "
           f"{args.out / 'w4_speedup.png'}")

@@ -201,6 +201,8 @@ class Jit(Contender):
 @functools.cache
 def _torch_lazy_device() -> torch.device:
     import torch._lazy.ts_backend
+    import fastlazy.lazy_device
+    fastlazy.lazy_device.remove()       # torch._lazy's kernels take the Lazy key back
     torch._lazy.ts_backend.init()
     # A device object, not the string "lazy", which fastlazy's Tensor.to takes.
     return torch.device("lazy")

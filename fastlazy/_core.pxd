@@ -240,6 +240,9 @@ cdef class Hooks:
     cdef public object compile_and_run
     cdef public object recover
     cdef public object programs
+    # a graph's run raised: (seg, outs, error) -> the exception to raise
+    # (eager's, from the node that raised it; fastlazy.failures)
+    cdef public object graph_failed
     # () -> "file:line" of the user's call
     cdef public object site_of_call
     # a graph was computed for a reason other than mark_step: (reason name)

@@ -9,10 +9,11 @@ cache its backend, and the environment variables take effect.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 
-from fastlazy import (_core, backends, capture, generic, graph_cache, metrics, mutation,
-                      optable, recompiles, route, sites, tensor_methods, views)
+from fastlazy import (_core, backends, capture, failures, generic, graph_cache, lazy_device,
+                      metrics, mutation, optable, recompiles, route, sites, tensor_methods, views)
 
 _booted = False
 
@@ -30,6 +31,7 @@ def hooks() -> _core.Hooks:
         compile_and_run=graph_cache.compile_and_run,
         recover=graph_cache.recover,
         programs=graph_cache.programs,
+        graph_failed=functools.partial(failures.graph_failed, backends.get("eager")),
         site_of_call=sites.site_of_call,
         note_flush=metrics.note_flush,
         unsafe=capture.Unsafe,
@@ -47,6 +49,7 @@ def boot() -> None:
     tensor_methods.install_lazy_tensor_methods()
     metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
     graph_cache.set_backend(backends.default_name())
+    lazy_device.install()
     _configure_from_environment()
     _booted = True
 
@@ -56,6 +59,10 @@ def _configure_from_environment():
         # every op runs at its call, node by node: bisect a wrong result
         graph_cache.set_backend("eager")
         _core.set_flush_threshold(1)
+    if os.environ.get("FASTLAZY_SITES") == "1":
+        # every node keeps the line that recorded it (about 1 µs per op):
+        # errors raised when a value is read name it
+        _core.set_record_sites(True)
     warn_after = int(os.environ.get("FASTLAZY_WARN_RECOMPILES", "0") or 0)
     if warn_after:
         recompiles.warn_after = warn_after

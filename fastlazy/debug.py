@@ -10,10 +10,19 @@ from fastlazy._core import LazyTensor
 from fastlazy.graph import GraphView
 
 
+def _tensors(tensors):
+    """A list of tensors: one LazyTensor is taken as itself (iterating over
+    it would compute it and give its rows)."""
+    if tensors is None or type(tensors) is LazyTensor:
+        return tensors if tensors is None else [tensors]
+    return list(tensors)
+
+
 def _view(tensors=None):
     """The GraphView of the pending nodes the given tensors need (all live
     tensors when None)."""
     seg = _core.current()
+    tensors = _tensors(tensors)
     if tensors is None:
         return GraphView(seg, seg.live())
     outs = []
@@ -25,8 +34,9 @@ def _view(tensors=None):
 
 
 def pending_graph(tensors=None) -> str:
-    """The nodes waiting in the buffer (for `tensors`, or all live ones), as
-    text: one line per node with its op, inputs, dtype and shape."""
+    """The nodes waiting in the buffer (for `tensors` -- one LazyTensor or a
+    list -- or all live ones), as text: one line per node with its op,
+    inputs, dtype and shape.  Empty when nothing is pending."""
     return str(_view(tensors))
 
 
@@ -60,18 +70,37 @@ def to_dot(tensors=None) -> str:
     return "\n".join(lines)
 
 
+def record_sites(on: bool = True) -> None:
+    """Keep the file:line that recorded each node (about a microsecond per
+    op; FASTLAZY_SITES=1 does it from the start): an error raised when a
+    value is read (an index out of range) then names the line that recorded
+    the op that raised it, and recompiles name where graphs diverge.  Takes
+    effect from the next graph recorded (after the next mark_step() or
+    read)."""
+    _core.set_record_sites(on)
+
+
 # torch._lazy.debug names
 
 def dump_ir(tensors, ir_format: str) -> str:
-    """torch._lazy.debug.dump_ir: "text" is the pending graph of `tensors`;
-    "backend" is the code the active backend generates for it (compiling it
-    without running it)."""
+    """torch._lazy.debug.dump_ir: "text" is the pending graph of `tensors`
+    (one LazyTensor or a list), nothing computed; "backend" is the code the
+    active backend generates for it (compiled, not run) -- for tensors
+    already computed, the code that computed them."""
+    if ir_format not in ("text", "backend"):
+        raise ValueError(f'dump_ir format must be "text" or "backend", not {ir_format!r}')
     if ir_format == "text":
         return pending_graph(tensors)
-    if ir_format == "backend":
+    view = _view(tensors)
+    if view.nodes:
         from fastlazy import graph_cache
-        return graph_cache.active_backend().compile(_view(tensors)).source
-    raise ValueError(f'dump_ir format must be "text" or "backend", not {ir_format!r}')
+        return graph_cache.active_backend().compile(view).source
+    done = [t for t in _tensors(tensors) or () if type(t) is LazyTensor and t.program is not None]
+    if not done:
+        raise ValueError("dump_ir(tensors, 'backend'): nothing to compile -- no LazyTensor "
+                         "given is pending or was computed by a graph (pass LazyTensors "
+                         "before reading their values)")
+    return "\n".join(dict.fromkeys(t.program.source for t in done))
 
 
 def render_ir_graph(tensors) -> str:
@@ -79,4 +108,5 @@ def render_ir_graph(tensors) -> str:
     return to_dot(tensors)
 
 
-__all__ = ["pending_graph", "compiled_graph", "to_dot", "dump_ir", "render_ir_graph"]
+__all__ = ["pending_graph", "compiled_graph", "to_dot", "record_sites", "dump_ir",
+           "render_ir_graph"]

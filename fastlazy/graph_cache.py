@@ -119,12 +119,14 @@ def compile_and_run(seg, key, outputs):
     except Exception as exc:
         if backend.name == "eager":
             raise
-        # Some graphs only fail when first run (TorchScript's alias analysis
-        # of an aten op it cannot type): run it on the eager backend, which
-        # raises eager's own error if the values really cannot be computed.
-        program = _fallback_program(view, exc, backend)
-        _insert(key, program)
-        return program.run([inputs[slot_order[p]] for p in program.slots])
+        failed = exc
+    # Some graphs only fail when first run (TorchScript's alias analysis
+    # of an aten op it cannot type): run it on the eager backend, which
+    # raises eager's own error if the values really cannot be computed
+    # (outside the except block: that error is not chained to the backend's).
+    program = _fallback_program(view, failed, backend)
+    _insert(key, program)
+    return program.run([inputs[slot_order[p]] for p in program.slots])
 
 
 def _choose(view):

@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from fastlazy import _core
+from fastlazy import _core, conversions
 from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
@@ -111,6 +111,13 @@ def enable() -> None:
         entry = _core.make_to_entry(original_to)
         torch.Tensor.to = entry
         _installed.append((torch.Tensor, "to", original_to, own, entry))
+        for owner, attr, make in conversions.wrappers():
+            # the attribute as stored (Parameter.__new__ is a staticmethod in
+            # its class's dict), so that disable() puts back that object
+            original = vars(owner).get(attr, _MISSING)
+            entry = make(getattr(owner, attr))
+            setattr(owner, attr, entry)
+            _installed.append((owner, attr, original, original is not _MISSING, entry))
         _track_autocast()
 
 

@@ -48,9 +48,14 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         else:
             out = generic.record(func, args, kwargs, name, ruled=ruled, prepared=prepared)
     except Unsafe as exc:
-        return run_eagerly(func, name, args, kwargs, inplace, str(exc))
-    _core.count("generic_calls")
-    return out
+        reason = str(exc)
+    else:
+        _core.count("generic_calls")
+        return out
+    # run outside the except block: an exception eager raises (a shape
+    # error) is then the user's alone, not chained "during handling of" our
+    # internal Unsafe
+    return run_eagerly(func, name, args, kwargs, inplace, reason)
 
 
 def run_eagerly(func, name, args, kwargs, inplace, reason):

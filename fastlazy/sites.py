@@ -6,7 +6,10 @@ import sys
 
 import torch
 
-_SKIP = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
+# directories with their separator: a user's fastlazy_demo.py beside the
+# package is not inside it
+_SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+         os.path.dirname(torch.__file__) + os.sep)
 
 
 def site_of_call() -> str:

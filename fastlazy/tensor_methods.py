@@ -94,8 +94,25 @@ def install_lazy_tensor_methods():
     torch.Tensor.  Called once, by fastlazy's boot."""
     _install_table_methods()
     _install_other_methods()
+    _install_numpy_protocol()
     for query in ("is_complex", "is_floating_point", "numel"):
         _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
+
+
+def _install_numpy_protocol():
+    """numpy meets a LazyTensor as it meets a tensor: torch.Tensor's
+    __array_priority__ makes numpy scalars and arrays defer to the tensor's
+    operators (np.float64(2) * x is x.__rmul__), and the result of a ufunc
+    numpy computes on its value (x + ndarray, where eager's operator also
+    declines the array) comes back as a tensor, not an ndarray."""
+    _core.set_method("__array_priority__", torch.Tensor.__array_priority__)
+    _core.set_method("__array_wrap__", _array_wrap)
+
+
+def _array_wrap(self, array, context=None, return_scalar=False):
+    # torch.Tensor.__array_wrap__'s answer (bool arrays as uint8, as eager),
+    # as a LazyTensor: results of ops on a LazyTensor stay lazy
+    return fallback.wrap_result(torch.Tensor.__array_wrap__(torch.empty(0), array))
 
 
 def _install_table_methods():

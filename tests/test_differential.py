@@ -34,7 +34,7 @@ from fastlazy._core import OpFlag, Rule
 from fastlazy.optable import COMPLEX, OPS, Attr, Call
 
 from helpers import fastlazy_enabled  # noqa: F401  (fixture: enable() for the module)
-from helpers import (BACKENDS, DEFAULT_BACKEND, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
+from helpers import (BACKENDS, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
                      T, assert_same, check, forms_of, make_value, returns_self, seed, show)
 
 # every test runs once per backend in helpers.BACKENDS (conftest's backend fixture)
@@ -821,15 +821,16 @@ def _inductor_params():
                for bug, cases in bugs.items()])
 
 
+# The module's `backend` fixture parametrized with inductor alone: one item
+# per case, where the fixture's own parameters would make one per backend
+# (generated only to skip, 444 items once).
+ON_INDUCTOR = pytest.mark.parametrize("backend", ["inductor"], indirect=True)
+
+
+@ON_INDUCTOR
 @pytest.mark.parametrize("cases, bug", _inductor_params())
-def test_op_on_inductor(cases, bug, backend):
-    if backend != DEFAULT_BACKEND:
-        pytest.skip("inductor is tested once, not once per parametrized backend")
-    fastlazy.set_backend("inductor")
-    try:
-        check_cases(cases, bug)
-    finally:
-        fastlazy.set_backend(backend)
+def test_op_on_inductor(cases, bug):
+    check_cases(cases, bug)
 
 
 # --------------------------------------------------------------------------
@@ -896,18 +897,13 @@ def test_every_row_records(row):
     assert fastlazy.metrics.counters()["flushes"] == flushes + 1   # the one read
 
 
+@ON_INDUCTOR
 @pytest.mark.parametrize("row", OPS, ids=lambda r: r.name)
-def test_every_row_on_inductor(row, backend):
+def test_every_row_on_inductor(row):
     """The inductor backend compiles every row (its kernels take seconds to
     build, so one basic call per row rather than the whole suite)."""
-    if backend != DEFAULT_BACKEND:
-        pytest.skip("inductor is tested once, not once per parametrized backend")
-    fastlazy.set_backend("inductor")
-    try:
-        outcome = _basic_call(row).run()
-        assert outcome.exception is None and outcome.recorded
-    finally:
-        fastlazy.set_backend(backend)
+    outcome = _basic_call(row).run()
+    assert outcome.exception is None and outcome.recorded
 
 
 # --------------------------------------------------------------------------

@@ -9,23 +9,35 @@ from __future__ import annotations
 
 import torch
 
+from fastlazy import failures
 from fastlazy.backends.base import Backend, Program, closure
 
 
 class EagerBackend(Backend):
     name = "eager"
 
-    def compile(self, view) -> Program:
+    def compile(self, view, diagnose=False) -> Program:
+        """`diagnose`: an exception a node raises gets a note naming its op
+        and the line that recorded it (fastlazy.failures; the view's sites
+        are those of this recording, so such a program is not cached)."""
         keys = [("slot", s.index) for s in view.slots]
         steps = [(("node", node.index),
                   _generic_closure(node) if node.op.generic else closure(node.op.lower, node),
                   node.dtype if node.cast else None) for node in view.nodes]
         outputs = [("node", i) for i in view.outputs]
+        nodes, sites = view.nodes, view.segment_sites
 
         def run(*inputs):
             env = dict(zip(keys, inputs))
-            for key, compute, cast in steps:
-                value = compute(env)
+            for k, (key, compute, cast) in enumerate(steps):
+                try:
+                    value = compute(env)
+                except Exception as exc:
+                    # a value error (an index out of range): name the op
+                    # and the line that recorded it
+                    if diagnose:
+                        failures.note(exc, nodes[k], sites[k])
+                    raise
                 env[key] = value if cast is None else value.to(cast)
             return [env[k] for k in outputs]
 

@@ -116,7 +116,11 @@ cdef int flush(Segment seg, int reason) except -1:
     except BaseException as exc:
         seg.state = SEG_FAILED
         seg.error = exc
-        raise
+        failure = _hooks.graph_failed(seg, outs, exc)
+        if failure is exc:
+            raise
+        # eager's exception alone, not chained to the backend's own report
+        raise failure from None
     finally:
         seg.lock.release()
     cdef LazyTensor t

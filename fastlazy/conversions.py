@@ -1,0 +1,125 @@
+"""torch's constructors and conversions given a LazyTensor, under enable().
+
+A LazyTensor answers isinstance(x, torch.Tensor) (its __class__), so torch's
+C constructors that take "a tensor or data" (torch.tensor, torch.as_tensor,
+torch.asarray) would unpack it as a C tensor it is not: a crash.  They, and
+the Python constructors that cannot hold a LazyTensor (nn.Parameter,
+nn.Buffer: a module's state is eager), get a wrapper that gives them the
+value instead.  nn.Module.to("lazy") leaves the module as it is: modules
+stay eager, their parameters join graphs as inputs, so code written for a
+lazy device (torch._lazy, torch_xla) runs unchanged.
+
+Each wrapper passes a call without a LazyTensor straight to the original,
+one Python frame later.  patching.enable() installs them (wrappers()), and
+disable() puts the originals back.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from fastlazy._core import LazyTensor
+from fastlazy.fallback import materialize
+
+
+def _holds_lazy(data):
+    """A LazyTensor at the top of `data`, or along its first elements
+    (torch.tensor([[x0, x1]])), or among its top-level items.  Not every
+    element: torch.tensor(a list of a million floats) must stay as cheap."""
+    if type(data) is LazyTensor:
+        return True
+    if type(data) not in (list, tuple) or not data:
+        return False
+    if LazyTensor in map(type, data):
+        return True
+    first = data[0]
+    while type(first) in (list, tuple) and first:
+        first = first[0]
+    return type(first) is LazyTensor
+
+
+def _to(x, dtype, device):
+    """x converted as torch.as_tensor converts a tensor: itself when nothing
+    changes, else recorded (a dtype cast) or moved as LazyTensor.to does."""
+    kwargs = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
+    return x.to(**kwargs) if kwargs else x
+
+
+def _tensor(original):
+    def tensor(data, *args, **kwargs):
+        """torch.tensor: a LazyTensor (or a list of them) is copied from its
+        value, with eager's copy-construct warning, at the caller's line."""
+        if not _holds_lazy(data):
+            return original(data, *args, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = original(materialize(data), *args, **kwargs)
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=2)
+        return out
+    return tensor
+
+
+def _as_tensor(original):
+    def as_tensor(data, dtype=None, device=None):
+        """torch.as_tensor: a LazyTensor is returned as itself (eager returns
+        the tensor itself), cast or moved if dtype or device asks."""
+        if type(data) is LazyTensor:
+            return _to(data, dtype, device)
+        if _holds_lazy(data):
+            data = materialize(data)
+        return original(data, dtype=dtype, device=device)
+    return as_tensor
+
+
+def _asarray(original):
+    def asarray(obj, *args, **kwargs):
+        """torch.asarray: as as_tensor for a LazyTensor with at most dtype and
+        device; from its value for anything else (copy=, requires_grad=)."""
+        if type(obj) is LazyTensor and not args and set(kwargs) <= {"dtype", "device"}:
+            return _to(obj, kwargs.get("dtype"), kwargs.get("device"))
+        if _holds_lazy(obj):
+            obj = materialize(obj)
+        return original(obj, *args, **kwargs)
+    return asarray
+
+
+def _eager_data(original):
+    def __new__(cls, data=None, *args, **kwargs):
+        """nn.Parameter / nn.Buffer of a LazyTensor: of its value (an
+        optimizer updates a parameter in place; a module's state is eager)."""
+        if type(data) is LazyTensor:
+            data = data.to_eager()
+        return original(cls, data, *args, **kwargs)
+    return staticmethod(__new__)
+
+
+def _is_lazy(device):
+    return type(device) is str and device == "lazy"
+
+
+def _module_to(original):
+    def to(self, *args, **kwargs):
+        """nn.Module.to: "lazy" moves nothing (modules stay eager; their
+        parameters join graphs as inputs); a dtype given with it still
+        applies."""
+        if any(_is_lazy(a) for a in args) or _is_lazy(kwargs.get("device")):
+            args = tuple(a for a in args if not _is_lazy(a))
+            kwargs = {k: v for k, v in kwargs.items() if not (k == "device" and _is_lazy(v))}
+            if not args and not kwargs:
+                return self
+        return original(self, *args, **kwargs)
+    return to
+
+
+def wrappers():
+    """(owner, attribute, make_wrapper) for every wrapper enable() installs;
+    make_wrapper takes the attribute's current value."""
+    yield torch, "tensor", _tensor
+    yield torch, "as_tensor", _as_tensor
+    yield torch, "asarray", _asarray
+    yield torch.nn.Parameter, "__new__", _eager_data
+    if hasattr(torch.nn, "Buffer"):
+        yield torch.nn.Buffer, "__new__", _eager_data
+    yield torch.nn.Module, "to", _module_to

@@ -1,0 +1,59 @@
+"""When a graph fails at a read: eager's exception, naming the op and where
+it was recorded.
+
+Errors that depend on values (an index out of range in `embedding`, a
+target out of range in `cross_entropy`) cannot be raised at the call that
+records the op; they surface when a value is read.  A compiled backend
+reports them in its own terms (TorchScript: its IR, about 30 frames), far
+from the line the user wrote.  So a failed graph is replayed node by node on
+the eager backend, whose failing node raises eager's own exception; a note
+then names the op, the line that recorded it (when recording sites are
+kept: FASTLAZY_SITES=1 or debug.record_sites(), about a microsecond per
+op) and the line that read the value.
+"""
+from __future__ import annotations
+
+from fastlazy import sites
+from fastlazy.graph import GraphView
+
+_NOTED = "_fastlazy_noted"
+
+
+def note(exc: BaseException, node, recorded_at) -> None:
+    """Add to `exc` (raised computing `node`) the note that says which op
+    raised it and where it was recorded; once per exception."""
+    if getattr(exc, _NOTED, False):
+        return
+    try:
+        setattr(exc, _NOTED, True)
+    except AttributeError:
+        return                                  # an exception without a __dict__
+    shape = "x".join(map(str, node.shape)) or "0-dim"
+    where = (f"recorded at {recorded_at}" if recorded_at else
+             "recorded at a line fastlazy did not keep: set FASTLAZY_SITES=1 (or call "
+             "fastlazy.debug.record_sites()) to have it named here, or FASTLAZY_SYNC=1 "
+             "to raise this at the call that records it")
+    exc.add_note(f"fastlazy: raised by {_op_name(node)} ({shape} {node.dtype}) {where}; "
+                 f"computed when a value was read at {sites.site_of_call()}")
+
+
+def _op_name(node):
+    name = node.op.name
+    return name[len("generic_"):] if name.startswith("generic_") else name
+
+
+def graph_failed(eager, seg, outputs, error):
+    """The exception to raise for the graph of `outputs` that raised `error`
+    (the core calls this, with `eager` the eager backend bound by the boot;
+    `error` is returned when the eager replay does not fail: the backend's
+    own failure)."""
+    if not isinstance(error, Exception):
+        return error                            # KeyboardInterrupt...
+    view = GraphView(seg, outputs)
+    program = eager.compile(view, diagnose=True)
+    order = view.slot_order()
+    try:
+        program.run([seg.inputs[order[p]] for p in program.slots])
+    except Exception as exc:
+        return exc if getattr(exc, _NOTED, False) else error
+    return error

@@ -1,0 +1,66 @@
+"""benchmarks/report.py reads as a user needs it (issue 17, item 7): it stands
+alone, its tables are narrow, trace rows are not speedups, its columns are
+explained up front, and its plots can be redrawn from the committed tables."""
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MEASURED = ROOT / "benchmarks" / "measured"
+TABLES = [MEASURED / "table.md", MEASURED / "w4_table.md"]
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # (its dataclasses look it up)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _report()
+
+
+def test_the_project_stands_alone():
+    """No reference to files outside the repository (a clone has no ../shared)."""
+    for path in [ROOT / "README.md", *ROOT.joinpath("benchmarks").glob("*.py"),
+                 *MEASURED.glob("*.md")]:
+        text = path.read_text()
+        assert "../shared" not in text and "shared/seeds" not in text, path
+        assert "BENCHMARKS.md" not in text, path
+
+
+def test_committed_measurements_are_read_back():
+    results = report.load_markdown(TABLES)
+    rows = results.rows()
+    assert sum(r.workload == "W4" for r in rows) == 8
+    assert any(r.workload == "W1" and r.mode == "exec" and r.n == 1000 for r in rows)
+    resnet = report.Row("W4", "infer", 1, item="resnet18")
+    assert results.get(resnet, "eager") == pytest.approx(10.2e-3)
+
+
+def test_tables_are_narrow_and_trace_rows_are_not_speedups():
+    results = report.load_markdown(TABLES)
+    for title, rows in report.tables(results):
+        text = report.as_text(rows)
+        assert max(map(len, text.splitlines())) <= 180, title
+        if title.startswith("W1 trace"):
+            assert "×" not in text and "/op run" in text
+    assert max(map(len, report.targets_text([["id"] * 5, ["P7", "m", "t", "x " * 200, "PASS"]])
+                   .splitlines())) <= 110
+
+
+def test_columns_are_explained_before_the_tables():
+    text = report.legend("min", 1)
+    assert "fastlazy = recording only" in text and "fastlazy[B] = recorded" in text
+    assert "W4  real models" in text and "W1  a chain" in text
+    assert "not compared" in text          # trace rows against eager running
+
+
+def test_plots_are_redrawn_from_the_committed_tables(tmp_path):
+    pytest.importorskip("matplotlib")
+    assert report.main(["--replot", *map(str, TABLES), "--out", str(tmp_path)]) == 0
+    for name in ("speedup.png", "w4_speedup.png"):
+        assert (tmp_path / name).stat().st_size > 10_000

@@ -1,0 +1,132 @@
+"""Ordinary tools given a LazyTensor answer as they answer for the eager
+tensor it stands for (issue 17, item 4)."""
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+import fastlazy
+from fastlazy import LazyTensor
+from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable())
+
+
+def pair():
+    t = torch.rand(2, 3)
+    return t, fastlazy.lazy(t)
+
+
+def test_assert_close_and_default_collate():
+    t, x = pair()
+    torch.testing.assert_close(x, x)
+    torch.testing.assert_close(x * 2, t * 2)
+    with pytest.raises(AssertionError, match="Mismatched elements"):
+        torch.testing.assert_close(x, t + 1)
+    batch = default_collate([x, x * 2])
+    assert torch.equal(batch.to_eager() if type(batch) is LazyTensor else batch,
+                       default_collate([t, t * 2]))
+
+
+def test_torch_tensor_copies_the_value_with_eagers_warning():
+    t, x = pair()
+    with warnings.catch_warnings(record=True) as eager_w:
+        warnings.simplefilter("always")
+        expected = torch.tensor(t)
+    with warnings.catch_warnings(record=True) as lazy_w:
+        warnings.simplefilter("always")
+        got = torch.tensor(x * 1)
+    assert type(got) is torch.Tensor and torch.equal(got, expected)
+    assert [str(w.message) for w in lazy_w] == [str(w.message) for w in eager_w]
+    assert "To copy construct from a tensor" in str(lazy_w[0].message)
+    assert lazy_w[0].filename == __file__            # the caller's line, as eager's
+    assert torch.equal(torch.tensor([x[0, 0], x[1, 2]]), torch.tensor([t[0, 0], t[1, 2]]))
+    with pytest.raises(ValueError, match="only one element tensors"):
+        torch.tensor([x[0], x[1]])                  # eager's own error
+    assert torch.tensor(x, dtype=torch.float64).dtype == torch.float64
+
+
+def test_as_tensor_and_asarray_return_the_tensor_itself():
+    t, x = pair()
+    assert torch.as_tensor(x) is x and torch.asarray(x) is x
+    cast = torch.as_tensor(x, dtype=torch.float64)
+    assert type(cast) is LazyTensor and torch.equal(cast.to_eager(), t.double())
+    copied = torch.asarray(x, copy=True)
+    assert torch.equal(copied, t)
+
+
+def test_parameter_and_buffer_of_a_lazy_tensor_hold_its_value():
+    t, x = pair()
+    p = torch.nn.Parameter(x * 2)
+    assert type(p) is torch.nn.Parameter and p.requires_grad and p.is_leaf
+    assert torch.equal(p.detach(), t * 2)
+    q = torch.nn.Parameter(x, requires_grad=False)
+    assert not q.requires_grad
+    b = torch.nn.Buffer(x)
+    assert type(b) is not LazyTensor and torch.equal(b, t)
+    module = torch.nn.Linear(3, 2)
+    module.weight = torch.nn.Parameter(fastlazy.lazy(torch.ones(2, 3)))
+    torch.optim.SGD(module.parameters(), lr=0.1)     # takes it: a leaf
+
+
+def test_torch_load_with_weights_only_of_a_saved_lazy_tensor():
+    t, x = pair()
+    buffer = io.BytesIO()
+    torch.save({"x": x * 2}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    assert type(loaded["x"]) is torch.Tensor and torch.equal(loaded["x"], t * 2)
+
+
+NUMPY_CASES = {
+    "x + ndarray": lambda x: x + np.ones((2, 3)),
+    "x * ndarray": lambda x: x * np.ones((2, 3)),
+    "x - ndarray row": lambda x: x - np.ones(3),
+    "x == ndarray": lambda x: x == np.ones((2, 3)),
+    "np.float64 * x": lambda x: np.float64(2) * x,
+    "x * np.float64": lambda x: x * np.float64(2),
+    "np.float32 + x": lambda x: np.float32(2) + x,
+    "np.int64 * x": lambda x: np.int64(2) * x,
+    "ndarray + x": lambda x: np.ones((2, 3)) + x,
+    "ndarray * x": lambda x: np.ones((2, 3)) * x,
+}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("case", NUMPY_CASES)
+def test_numpy_operands_give_what_eager_gives(case):
+    """A Tensor (not an ndarray) of eager's dtype, or eager's exception."""
+    t, x = pair()
+    f = NUMPY_CASES[case]
+    try:
+        expected = f(t)
+    except TypeError as exc:
+        with pytest.raises(TypeError, match=str(exc)[:20]):
+            f(x)
+        return
+    got = f(x)
+    assert isinstance(got, torch.Tensor) and not isinstance(got, np.ndarray)
+    assert got.dtype == expected.dtype
+    assert torch.equal(got.to_eager() if type(got) is LazyTensor else got, expected)
+
+
+def test_enabled_is_a_truth_value_and_a_context_manager():
+    assert fastlazy.enabled() and fastlazy.enabled() == True  # noqa: E712
+    fastlazy.disable()
+    try:
+        state = fastlazy.enabled()
+        assert not state and repr(state) == "False"
+        with fastlazy.enabled():
+            assert fastlazy.enabled()
+            assert type(torch.rand(2).to("lazy")) is LazyTensor
+        assert not fastlazy.enabled()
+        assert not state                  # a snapshot, not the live state
+    finally:
+        fastlazy.enable()
+
+
+def test_enable_says_what_it_returned():
+    text = repr(fastlazy.enable())
+    assert "fastlazy enabled" in text and "fastlazy.disable()" in text
+    assert "object at" not in text
