@@ -22,12 +22,12 @@ from fastlazy import debug, metrics, optable
 from fastlazy._core import LazyTensor, lazy
 from fastlazy._core import mark_step as _flush_all
 from fastlazy._core import set_flush_threshold as _set_threshold
-from fastlazy.backends import names as _backend_names
 from fastlazy.boot import boot as _boot
 from fastlazy.closures import (add_step_closure as _add_closure,
                                run_step_closures as _run_closures,
                                wait_async_closures as _wait_closures)
 from fastlazy.graph_cache import backend_name as _backend_name
+from fastlazy.graph_cache import backend_names as _backend_names
 from fastlazy.graph_cache import set_backend as _set_backend
 from fastlazy.patching import disable as _unpatch
 from fastlazy.patching import enable as _patch
@@ -51,8 +51,11 @@ def enable(backend: str | None = None) -> "Enabled":
 
     Idempotent; fastlazy.disable() undoes it exactly.  `backend` picks the
     backend of graphs compiled from now on (default: $FASTLAZY_BACKEND or
-    "torchscript"):
+    "auto"):
 
+    - "auto": the tiered engine -- each graph runs at once on torchscript
+      (or native), and one that keeps recurring is compiled by inductor on
+      a background thread and kept if it runs faster (no call ever waits);
     - "torchscript": TorchScript's graph executor (NNC fuses on CUDA);
     - "native": fastlazy's own step executor, with a kernel for batch-1
       float32 linear layers;

@@ -57,7 +57,7 @@ def test_help_of_the_package_is_its_public_api_on_one_page():
     import pydoc
 
     import fastlazy
-    from fastlazy import backends
+    from fastlazy import graph_cache
     text = pydoc.render_doc(fastlazy, renderer=pydoc.plaintext)
     assert len(text.splitlines()) < 150
     assert "annotations" not in fastlazy.__dict__ and "annotations" not in text
@@ -65,6 +65,6 @@ def test_help_of_the_package_is_its_public_api_on_one_page():
     for name in fastlazy.__all__:
         obj = getattr(fastlazy, name)
         assert obj.__doc__ and obj.__doc__.strip(), f"fastlazy.{name} has no docstring"
-    for name in backends.names():
+    for name in graph_cache.backend_names():
         assert f'"{name}"' in fastlazy.enable.__doc__, name
-    assert fastlazy.BACKENDS == backends.names()
+    assert fastlazy.BACKENDS == graph_cache.backend_names()
