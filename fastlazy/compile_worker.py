@@ -45,10 +45,14 @@ def idle(timeout: float | None = None) -> bool:
     """Wait until every submitted compile has finished (tests, benchmarks
     and `fastlazy.wait_compiles()`); False if `timeout` passed first."""
     done = submit(lambda: None)
+    # the caller blocks meanwhile: nothing to leave the core and GIL for
+    _core.set_throttle(0, 0)
     try:
         done.result(timeout)
     except concurrent.futures.TimeoutError:
         return False
+    finally:
+        _core.set_throttle(RUN_US, SLEEP_US)
     return True
 
 
@@ -80,7 +84,8 @@ def _work():
     # user's thread's time, in stalls of up to the switch interval (5 ms).
     # So the compile thread runs RUN_US, then sleeps SLEEP_US without the
     # GIL (a C profile hook: csrc/throttle.pxi).
-    _core.throttle_this_thread(RUN_US, SLEEP_US)
+    _core.set_throttle(RUN_US, SLEEP_US)
+    _core.throttle_this_thread()
     while True:
         future, fn, args = _queue.get()
         if fn is _stop:
@@ -102,6 +107,7 @@ def _finish():
     thread = _thread
     if thread is not None and thread.is_alive():
         _queue.put((concurrent.futures.Future(), _stop, ()))
+        _core.set_throttle(0, 0)        # nothing else runs now
         thread.join()
 
 

@@ -34,6 +34,8 @@ cdef int throttle_hook(PyObject *obj, PyFrameObject *frame, int what,
     _throttle_events += 1
     if _throttle_events & 255:
         return 0
+    if _throttle_run_ns == 0:
+        return 0
     cdef long now = monotonic_ns()
     if now - _throttle_since < _throttle_run_ns:
         return 0
@@ -43,14 +45,17 @@ cdef int throttle_hook(PyObject *obj, PyFrameObject *frame, int what,
     return 0
 
 
-def throttle_this_thread(int run_us, int sleep_us):
-    """Limit the calling thread to about run_us of every run_us + sleep_us
-    microseconds (fastlazy.compile_worker); run_us <= 0 removes the limit."""
-    global _throttle_run_ns, _throttle_sleep_us, _throttle_since
-    if run_us <= 0:
-        PyEval_SetProfile(NULL, NULL)
-        return
-    _throttle_run_ns = run_us * 1000
-    _throttle_sleep_us = sleep_us
+def throttle_this_thread():
+    """Install the hook on the calling thread (fastlazy.compile_worker's);
+    set_throttle() sets its limit."""
+    global _throttle_since
     _throttle_since = monotonic_ns()
     PyEval_SetProfile(throttle_hook, NULL)
+
+
+def set_throttle(int run_us, int sleep_us):
+    """Limit the hooked thread to about run_us of every run_us + sleep_us
+    microseconds; run_us <= 0 lifts the limit (the hook then only counts)."""
+    global _throttle_run_ns, _throttle_sleep_us
+    _throttle_run_ns = run_us * 1000 if run_us > 0 else 0
+    _throttle_sleep_us = sleep_us if run_us > 0 else 0
