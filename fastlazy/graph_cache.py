@@ -11,6 +11,11 @@ Policy: the active backend compiles every graph, except that
   linear layer recorded on one row goes to the native backend, whose kernel
   for that layer TorchScript cannot call (the graph is shape-generic, so
   its first recording decides for later calls);
+- a graph deeper than the backend's `max_depth` (a chain of dependent
+  nodes its compiler would recurse through: TorchScript's code emitter on
+  the C stack, inductor's passes) goes to the native backend, whose
+  executor and lowering are loops (set_flush_threshold(10**9) and a
+  30,000-op chain must not crash);
 - a backend that compiles in the background (inductor's `async_compile`)
   is given the eager backend's program of the same graph to run meanwhile;
 - a graph a backend fails to compile or first run goes to the eager
@@ -105,6 +110,9 @@ def compile_and_run(seg, key, outputs):
 
 def _choose(view):
     """The backend that compiles `view` (see the module docstring)."""
+    if _backend.max_depth is not None and view.depth() > _backend.max_depth:
+        metrics.count_event("deep_graphs")
+        return backends.get("native")
     if (_backend.name == "torchscript" and not _backend.fuses(view)
             and native.takes_one_row(view)):
         return backends.get("native")

@@ -19,7 +19,7 @@ compile_seconds: list[float] = []
 recompile_reasons: collections.Counter = collections.Counter()
 # (reason, "file:line") -> graphs computed there other than by mark_step
 flushes_by_site: collections.Counter = collections.Counter()
-_events: collections.Counter = collections.Counter()    # cache_evictions, compile_failures
+_events: collections.Counter = collections.Counter()    # count_event's names
 
 
 def count_fallback(name: str, reason: str = "") -> None:
@@ -49,7 +49,7 @@ def count_recompile(reason: str) -> None:
 
 
 def count_event(name: str) -> None:
-    """cache_evictions or compile_failures."""
+    """cache_evictions, compile_failures or deep_graphs."""
     with _lock:
         _events[name] += 1
 
@@ -60,6 +60,7 @@ def counters() -> dict:
     Keys: nodes_recorded, flushes, cache_hits, cache_misses, materializations,
     fallbacks, empty_flushes, flush_reason.<reason>, fallback.<op>,
     compiles, compile_seconds, cache_size, cache_evictions, compile_failures,
+    deep_graphs (graphs deeper than the backend takes, run natively),
     kernel_layers (linear layers computed by the native backend's one-row
     kernel; 0 means torch computed every one).
     """
@@ -74,6 +75,7 @@ def counters() -> dict:
         d["cache_size"] = _core.cache_size()
         d["cache_evictions"] = _events["cache_evictions"]
         d["compile_failures"] = _events["compile_failures"]
+        d["deep_graphs"] = _events["deep_graphs"]
     d["kernel_layers"] = _steps.kernel_calls()
     return d
 

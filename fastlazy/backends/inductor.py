@@ -38,6 +38,9 @@ class InductorBackend(Backend):
     thread and replay them node by node (eager backend) until the kernels are
     ready, so a first call never waits seconds for inductor."""
     name = "inductor"
+    # Inductor compiles a 10,000-node chain in minutes (2,000 in 26 s) and
+    # its passes walk the graph in Python: deeper graphs run natively.
+    max_depth = 4000
 
     def __init__(self):
         self.dynamic_after = int(os.environ.get("FASTLAZY_DYNAMIC_AFTER", "3"))
