@@ -141,8 +141,10 @@ def _fallback_program(view, exc, backend):
 
 
 def recover(seg, index, error):
-    """The value of node `index` of a segment whose run failed, computed on
-    its own by the eager backend (it may not depend on what failed)."""
+    """The value of node `index` of a segment whose run failed (`error`),
+    computed on its own by the eager backend (it may not depend on what
+    failed); or, with error None, of a segment whose run is under way on
+    this thread (a finalizer read it in the middle of the flush)."""
     view = GraphView(seg, [index])
     program = backends.get("eager").compile(view)
     order = view.slot_order()

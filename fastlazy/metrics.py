@@ -12,7 +12,9 @@ import threading
 
 from fastlazy import _core, _steps, recompiles, sites
 
-_lock = threading.Lock()
+# Re-entrant: a finalizer run by an allocation inside the lock may call
+# back into fastlazy (read a LazyTensor: a flush) on this very thread.
+_lock = threading.RLock()
 fallbacks_by_op: collections.Counter = collections.Counter()
 fallback_reasons: collections.Counter = collections.Counter()   # (op, reason) -> n
 compile_seconds: list[float] = []
