@@ -37,6 +37,8 @@ cdef uint64_t _next_epoch = 1
 # Added to a slot's use count when the slot caches a LazyTensor's value
 # (operand_ref): see Segment.kill.
 cdef int32_t SLOT_HELD = 1 << 30
+# A slot's use count that never reaches 0 or SLOT_HELD: kept until the flush.
+cdef int32_t SLOT_KEPT = 1 << 29
 # The current segment of thread _current_thread: a one-entry cache in front
 # of the per-thread storage, so the hot path pays a thread-id compare.
 cdef Segment _current = None
@@ -498,8 +500,13 @@ cdef int32_t operand_ref(Segment seg, Operand *o) except? -2147483648:
         t.slot_epoch = seg.epoch
         seg.slot_uses[t.slot] = SLOT_HELD + 1
         return ~t.slot
-    k = seg.add_slot(<object>o.obj, slot_key(o), o.m if o.kind == K_TENSOR else NULL)
-    seg.slot_uses[k] += 1
+    if o.kind == K_TENSOR:
+        k = seg.add_slot(<object>o.obj, slot_key(o), o.m)
+        seg.slot_uses[k] = 1
+    else:
+        # a Python scalar: too small to be worth letting go early
+        k = seg.add_slot(<object>o.obj, slot_key(o), NULL)
+        seg.slot_uses[k] = SLOT_KEPT
     return ~k
 
 
