@@ -26,6 +26,9 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)
     int PyObject_GC_IsTracked(PyObject *op)
     Py_ssize_t refcount "Py_REFCNT" (PyObject *op)
+    # the calling thread's state: one load (PyThread_get_thread_ident
+    # costs several ns per recorded op)
+    void *this_thread "_PyThreadState_UncheckedGet" ()
 
 cdef enum SegState:
     SEG_RECORDING = 0
@@ -42,7 +45,7 @@ cdef int32_t SLOT_KEPT = 1 << 29
 # The current segment of thread _current_thread: a one-entry cache in front
 # of the per-thread storage, so the hot path pays a thread-id compare.
 cdef Segment _current = None
-cdef unsigned long _current_thread = 0
+cdef void *_current_thread = NULL     # its thread's state
 cdef object _thread_segments = threading.local()
 cdef object _weakref = weakref.ref
 # Set once a second thread records: eager writes can no longer skip the
@@ -421,7 +424,7 @@ cdef inline Segment current_segment():
     """The calling thread's recording segment (a fresh one if its last
     was flushed, here or by another thread)."""
     if (_current is not None and _current.state == SEG_RECORDING
-            and _current_thread == PyThread_get_thread_ident()):
+            and _current_thread == this_thread()):
         return _current
     return _switch_segment()
 
@@ -452,13 +455,13 @@ cdef Segment _switch_segment():
     elif me != _first_thread:
         _many_threads = True
     _current = <Segment>seg
-    _current_thread = me
+    _current_thread = this_thread()
     return <Segment>seg
 
 
 cdef Segment peek_segment():
     """The calling thread's recording segment, or None (never makes one)."""
-    if _current is not None and _current_thread == PyThread_get_thread_ident():
+    if _current is not None and _current_thread == this_thread():
         seg = _current
     else:
         seg = _thread_segment()
