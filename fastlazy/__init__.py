@@ -126,9 +126,10 @@ def enabled() -> Enabled:
 
 
 def mark_step(device: str = "", wait: bool = False) -> None:
-    """Compute every live LazyTensor now (one graph), then run the step
-    closures.  As torch._lazy.mark_step; `device` is accepted for
-    compatibility and ignored (fastlazy has one buffer for all devices);
+    """Compute every live LazyTensor this thread recorded now (one graph),
+    then run the step closures.  As torch._lazy.mark_step; `device` is
+    accepted for compatibility and ignored (fastlazy has one buffer per
+    thread for all devices);
     `wait=True` also waits for queued CUDA work and asynchronous closures."""
     _flush_all()
     _run_closures()

@@ -83,6 +83,8 @@ cpdef enum NodeFlag:
     NODE_KEEPS_SHAPE = 4  # the result has its first operand's shape (no
                           # broadcast grew it): structure, since a backend
                           # may then compute it into that operand's storage
+    NODE_DEAD = 8     # no LazyTensor holds it and no live node reads it: it
+                      # can never be needed again (its inputs were let go)
 
 
 # Node.attr: the structural arguments of a node, packed.
@@ -181,10 +183,14 @@ cdef class Segment:
     cdef readonly list input_keys  # per slot: its SlotKey
     cdef uint64_t *slot_hash  # per slot: hash of its type (C mirror of input_keys)
     cdef int64_t *slot_version  # per slot: the tensor's _version when recorded, or -1
+    cdef int32_t *slot_uses   # per slot: references from nodes not dead; at 0 the
+                              # slot's value is let go (inputs[k] = None)
     cdef int32_t nslots
     cdef int32_t slot_cap
     cdef int state
-    cdef object lock          # held while another thread runs this segment
+    cdef object lock          # held while a thread runs this segment
+    cdef unsigned long runner # the thread running it (a re-entrant read on that
+                              # thread must not wait for itself)
     cdef object error         # the exception a failed flush raised
     cdef object sites         # per node: recording site, when tracing is on
     cdef list after_run       # callables to run once the graph has run (after_run())
@@ -196,6 +202,7 @@ cdef class Segment:
     cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1
     cdef void release(self) noexcept
     cdef void drop_owner(self, int32_t idx) noexcept
+    cdef void kill(self, int32_t idx) noexcept
     cdef int check_versions(self, tuple slots) except -1
     cdef NodeRecord record_of(self, int32_t i)
     cdef bint may_read(self, object written) except -1
@@ -264,11 +271,13 @@ cdef int classify(Operand *o, PyObject *p) except -1
 cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
                     int *attr) except -1
 # csrc/segment.pxi
+cdef Segment peek_segment()
+cdef void retarget(LazyTensor t, Segment seg, int32_t idx) noexcept
 cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
                        int flags, LazyTensor rebind)
 # csrc/tensor.pxi
 cdef object materialize(LazyTensor t)
-cdef void detach_handle(LazyTensor t) noexcept
+cdef void detach_handle(LazyTensor t, object value) noexcept
 cdef LazyTensor try_wrap(object value)
 cdef LazyTensor wrap_value(object value)
 # csrc/dispatch.pxi

@@ -26,6 +26,7 @@ only through the one Hooks object that fastlazy's boot installs.
 cimport cython
 import sys
 import threading
+import weakref
 
 import torch
 from cpython.object cimport PyObject, PyTypeObject
@@ -126,11 +127,12 @@ def lazy_or_eager(value):
 
 def rebind_value(LazyTensor t, value):
     """Point t at a new eager value (used by in-place ops run eagerly)."""
-    detach_handle(t)
-    if not meta_from_tensor(&t.meta, value):
+    cdef Meta m
+    if not meta_from_tensor(&m, value):
         raise_cannot_hold(value)
+    memcpy(&t.meta, &m, sizeof(Meta))
     t._device = None
-    t.value = value
+    detach_handle(t, value)
 
 
 def pending_in(LazyTensor t):

@@ -13,7 +13,9 @@ import os
 import queue
 import threading
 
-_lock = threading.Lock()
+# Re-entrant: a finalizer run by an allocation inside the lock may call
+# back into fastlazy (read a LazyTensor: a flush) on this very thread.
+_lock = threading.RLock()
 _sync: list = []
 _async: list = []
 _worker = None

@@ -67,7 +67,9 @@ _NESTED = {torch.cat: torch.cat, torch.concat: torch.cat, torch.concatenate: tor
            torch.dstack: torch.dstack}
 
 
-_lock = threading.Lock()
+# Re-entrant: a finalizer run by an allocation inside the lock may call
+# back into fastlazy (read a LazyTensor: a flush) on this very thread.
+_lock = threading.RLock()
 _signatures: dict = {}
 _lowerings: list = []
 _lowering_ids: dict = {}
@@ -189,11 +191,14 @@ def _analyse(func, args, kwargs, tensors, name, ruled):
 
 def _intern(gm, name):
     with _lock:
-        index = _lowering_ids.get(gm.code)
-        if index is None:
-            index = _lowering_ids[gm.code] = len(_lowerings)
-            _lowerings.append(Lowering(index, gm, name))
-        return _lowerings[index]
+        while gm.code not in _lowering_ids:
+            index = len(_lowerings)
+            lowering = Lowering(index, gm, name)
+            # that allocation may have run a finalizer that interned one
+            if len(_lowerings) == index and gm.code not in _lowering_ids:
+                _lowerings.append(lowering)
+                _lowering_ids[gm.code] = index
+        return _lowerings[_lowering_ids[gm.code]]
 
 
 def reset():

@@ -93,6 +93,18 @@ class GraphView:
             return Slot(k, position, ScalarType(key & 3).name[3:].lower(), value)
         return Slot(k, position, "tensor", value)
 
+    def depth(self):
+        """The longest chain of dependent nodes (1 for a lone node).  A
+        loop over the nodes in recording order, where inputs come first:
+        no recursion, however deep the graph."""
+        depth = {}
+        longest = 0
+        for n in self.nodes:
+            d = 1 + max((depth[r] for kind, r in n.inputs if kind == "node"), default=0)
+            depth[n.index] = d
+            longest = max(longest, d)
+        return longest
+
     def slot_order(self):
         return tuple(s.index for s in self.slots)
 

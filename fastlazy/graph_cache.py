@@ -13,6 +13,11 @@ for the fast tier and the engine takes it from there -- except that
   linear layer recorded on one row goes to the native backend, whose kernel
   for that layer TorchScript cannot call (the graph is shape-generic, so
   its first recording decides for later calls);
+- a graph deeper than the backend's `max_depth` (a chain of dependent
+  nodes its compiler would recurse through: TorchScript's code emitter on
+  the C stack, inductor's passes) goes to the native backend, whose
+  executor and lowering are loops (set_flush_threshold(10**9) and a
+  30,000-op chain must not crash);
 - a backend that compiles in the background (inductor's `async_compile`)
   is given the eager backend's program of the same graph to run meanwhile;
 - a graph a backend fails to compile or first run goes to the eager
@@ -132,6 +137,9 @@ def compile_and_run(seg, key, outputs):
 def _choose(view):
     """The backend that compiles `view` (see the module docstring)."""
     backend = active_backend()
+    if backend.max_depth is not None and view.depth() > backend.max_depth:
+        metrics.count_event("deep_graphs")
+        return backends.get("native")
     if (backend.name == "torchscript" and not backend.fuses(view)
             and native.takes_one_row(view)):
         return backends.get("native")
@@ -160,8 +168,10 @@ def _fallback_program(view, exc, backend):
 
 
 def recover(seg, index, error):
-    """The value of node `index` of a segment whose run failed, computed on
-    its own by the eager backend (it may not depend on what failed)."""
+    """The value of node `index` of a segment whose run failed (`error`),
+    computed on its own by the eager backend (it may not depend on what
+    failed); or, with error None, of a segment whose run is under way on
+    this thread (a finalizer read it in the middle of the flush)."""
     view = GraphView(seg, [index])
     program = backends.get("eager").compile(view)
     order = view.slot_order()

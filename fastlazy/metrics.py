@@ -12,14 +12,16 @@ import threading
 
 from fastlazy import _core, _steps, recompiles, sites
 
-_lock = threading.Lock()
+# Re-entrant: a finalizer run by an allocation inside the lock may call
+# back into fastlazy (read a LazyTensor: a flush) on this very thread.
+_lock = threading.RLock()
 fallbacks_by_op: collections.Counter = collections.Counter()
 fallback_reasons: collections.Counter = collections.Counter()   # (op, reason) -> n
 compile_seconds: list[float] = []
 recompile_reasons: collections.Counter = collections.Counter()
 # (reason, "file:line") -> graphs computed there other than by mark_step
 flushes_by_site: collections.Counter = collections.Counter()
-_events: collections.Counter = collections.Counter()    # cache_evictions, compile_failures
+_events: collections.Counter = collections.Counter()    # count_event's names
 # set by the boot: the graph cache's per-graph tiers (fastlazy.tiering) as
 # a list of dicts, and as one line ("hot 2, fast 5")
 tier_listing = None
@@ -55,7 +57,7 @@ def count_recompile(reason: str) -> None:
 
 
 def count_event(name: str) -> None:
-    """cache_evictions, compile_failures or one of _TIER_EVENTS."""
+    """cache_evictions, compile_failures, deep_graphs or one of _TIER_EVENTS."""
     with _lock:
         _events[name] += 1
 
@@ -66,6 +68,7 @@ def counters() -> dict:
     Keys: nodes_recorded, flushes, cache_hits, cache_misses, materializations,
     fallbacks, empty_flushes, flush_reason.<reason>, fallback.<op>,
     compiles, compile_seconds, cache_size, cache_evictions, compile_failures,
+    deep_graphs (graphs deeper than the backend takes, run natively),
     kernel_layers (linear layers computed by the native backend's one-row
     kernel; 0 means torch computed every one).
     """
@@ -80,6 +83,7 @@ def counters() -> dict:
         d["cache_size"] = _core.cache_size()
         d["cache_evictions"] = _events["cache_evictions"]
         d["compile_failures"] = _events["compile_failures"]
+        d["deep_graphs"] = _events["deep_graphs"]
         # the tiered engine (fastlazy.tiering): background compiles queued,
         # done and failed, graphs promoted to the compiled tier, and runs
         # on the fast tier while a compile of their graph was under way

@@ -22,7 +22,9 @@ from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
 _MISSING = object()
-_lock = threading.Lock()
+# Re-entrant: a finalizer run by an allocation inside the lock may call
+# back into fastlazy (read a LazyTensor: a flush) on this very thread.
+_lock = threading.RLock()
 _installed: list = []     # (owner, attr, original, own_attr, entry)
 
 

@@ -22,7 +22,9 @@ import warnings
 
 MAX_LOG = 200
 
-_lock = threading.Lock()
+# Re-entrant: a finalizer run by an allocation inside the lock may call
+# back into fastlazy (read a LazyTensor: a flush) on this very thread.
+_lock = threading.RLock()
 _seen: dict = {}                      # skeleton -> list of input-type tuples
 log: collections.deque = collections.deque(maxlen=MAX_LOG)
 by_reason: collections.Counter = collections.Counter()

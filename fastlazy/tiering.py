@@ -115,6 +115,11 @@ class TieredProgram:
             self.call = self._fast
             return
         view, self._view = self._view, None
+        limit = getattr(backends.get("inductor"), "max_depth", None)
+        if limit is not None and view.depth() > limit:
+            self.tier = "fast (too deep to compile)"
+            self.call = self._fast
+            return
         examples = _examples(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}

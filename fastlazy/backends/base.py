@@ -46,6 +46,11 @@ class Backend:
     # True if a compiled program is only valid for the input shapes it was
     # compiled with (the shapes then become part of the cache key).
     specializes_shapes = False
+    # The longest chain of dependent nodes the backend takes, or None: one
+    # whose compiler recurses per node (on the C stack, or Python's) would
+    # crash or raise RecursionError on deeper graphs, which the graph cache
+    # gives to the native backend instead (fastlazy.graph_cache._choose).
+    max_depth = None
 
     def compile(self, view) -> Program:
         raise NotImplementedError

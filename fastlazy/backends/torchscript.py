@@ -89,6 +89,12 @@ class _IR:
 
 class TorchScriptBackend(Backend):
     name = "torchscript"
+    # The interpreter's code emitter (torch::jit::interpreter::CodeImpl)
+    # emits a value used once at its use, recursively: about 230 bytes of C
+    # stack per node of a chain.  A 9,999-node chain overflows a thread's
+    # 2 MB stack, a 30,000-node one the main thread's 8 MB; 1,000 needs
+    # about 230 KB.
+    max_depth = 1000
 
     def __init__(self):
         self.llvm = torch._C._llvm_enabled()

@@ -67,16 +67,63 @@ cdef tuple canonical_key(Segment seg, list outs):
 
 
 cdef int flush(Segment seg, int reason) except -1:
-    """Compute every live LazyTensor of seg and hand seg off."""
+    """Compute every live LazyTensor of seg and hand seg off.
+
+    The segment is marked running, with its lock held and its runner
+    named, before anything that can run Python (an allocation can run a
+    finalizer): a read of one of its LazyTensors from then on, on another
+    thread, waits for the lock; on this thread (a finalizer, weakref
+    callback or signal handler run in the middle of the flush) it is
+    computed apart (run_segment_for), never waits for itself."""
     global _current
     if seg.state != SEG_RECORDING:
         return 0
     if seg is _current:
-        _current = Segment()
+        _current = None     # the cache must not keep it (nor what it holds)
+    seg.runner = PyThread_get_thread_ident()
+    lock = _new_lock()
+    lock.acquire()
+    seg.lock = lock
     seg.state = SEG_RUNNING
-    flush_reasons[reason] += 1
+    _flushing[seg.runner] = _flushing.get(seg.runner, 0) + 1
     cdef list owners = []
-    outs = []
+    cdef list outs = []
+    failure = None
+    try:
+        run_live(seg, reason, owners, outs)
+    except BaseException as exc:
+        seg.state = SEG_FAILED
+        # pending handles stay outside the collector; these now close a
+        # cycle through the error (below): the collector must see them
+        track_all(owners)
+        # The error explains later reads of the segment's other tensors.
+        # Its traceback's frames hold LazyTensors, which hold the segment:
+        # a cycle the collector frees (both types take part in it).
+        seg.error = exc
+        failure = _hooks.graph_failed(seg, outs, exc)
+        if failure is exc:
+            raise
+    finally:
+        depth = _flushing.pop(seg.runner) - 1
+        if depth:
+            _flushing[seg.runner] = depth
+        lock.release()
+        if seg.state != SEG_FAILED:
+            seg.release()
+            run_after(seg)
+    if failure is not None:
+        # eager's exception alone, not chained to the backend's own report
+        raise failure from None
+    return 0
+
+
+# thread id -> how many flushes it is running (nested: a finalizer's read)
+cdef dict _flushing = {}
+
+
+cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
+    """flush's work, with seg marked running: values for its owners (the
+    live handles, appended to `owners`, their nodes to `outs`)."""
     cdef int32_t i
     cdef bint grad = False, detached = False
     for i in range(seg.n):
@@ -85,55 +132,40 @@ cdef int flush(Segment seg, int reason) except -1:
             owners.append(<object>seg.nodes[i].owner)
             outs.append(i)
             grad |= seg.nodes[i].meta.requires_grad
+    flush_reasons[reason] += 1
     if not owners:
         counters[C_EMPTY_FLUSHES] += 1
         seg.state = SEG_DONE
-        seg.release()
-        run_after(seg)
         return 0
     counters[C_FLUSHES] += 1
     if reason != REASON_MARK_STEP:
         # a read (or a full buffer) split the program here: where, is
         # what a user needs to remove the split (metrics.explain)
         _hooks.note_flush(REASON_NAMES[reason])
-    seg.lock = _new_lock()
-    seg.lock.acquire()
-    try:
-        key, slot_order = canonical_key(seg, outs)
-        if grad:
-            # recorded with grad enabled: the graph must build autograd
-            # history even if the value is read inside torch.no_grad()
-            with _enable_grad():
-                program, values = run_graph(seg, key, outs, slot_order)
-        elif detached and grad_enabled():
-            # recorded under no_grad from inputs that require grad: no output
-            # needs history, so the whole graph runs without it (read inside
-            # no_grad, as in inference loops, it already does)
-            with _no_grad():
-                program, values = run_graph(seg, key, outs, slot_order)
-        else:
+    key, slot_order = canonical_key(seg, outs)
+    if grad:
+        # recorded with grad enabled: the graph must build autograd
+        # history even if the value is read inside torch.no_grad()
+        with _enable_grad():
             program, values = run_graph(seg, key, outs, slot_order)
-    except BaseException as exc:
-        seg.state = SEG_FAILED
-        seg.error = exc
-        failure = _hooks.graph_failed(seg, outs, exc)
-        if failure is exc:
-            raise
-        # eager's exception alone, not chained to the backend's own report
-        raise failure from None
-    finally:
-        seg.lock.release()
+    elif detached and grad_enabled():
+        # recorded under no_grad from inputs that require grad: no output
+        # needs history, so the whole graph runs without it (read inside
+        # no_grad, as in inference loops, it already does)
+        with _no_grad():
+            program, values = run_graph(seg, key, outs, slot_order)
+    else:
+        program, values = run_graph(seg, key, outs, slot_order)
     cdef LazyTensor t
     for k in range(len(owners)):
         t = <LazyTensor>owners[k]
-        if t.seg is seg:          # not rebound while the graph ran
-            t.value = values[k]
+        if t.seg is seg:          # not rebound, nor read apart, while it ran
+            set_value(t, values[k])
             t.program = program
             t.seg = None
             t.slot_epoch = 0
+    # before the lock is let go: a waiting thread finds the values set
     seg.state = SEG_DONE
-    seg.release()
-    run_after(seg)
     return 0
 
 
@@ -189,9 +221,25 @@ cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
 
 cdef int run_segment_for(LazyTensor t) except -1:
     cdef Segment seg = t.seg
+    if seg is None:
+        raise RuntimeError(
+            "fastlazy: this LazyTensor was read while an in-place update rebound "
+            "it (from a finalizer or callback run in the middle of that update); "
+            "read it after the update returns")
     if seg.state == SEG_RECORDING:
         return flush(seg, REASON_VALUE)
     if seg.state == SEG_RUNNING:
+        if seg.runner == PyThread_get_thread_ident() or PyThread_get_thread_ident() in _flushing:
+            # Read on the thread that runs the segment (a finalizer, weakref
+            # callback or signal handler run in the middle of the flush), or
+            # on a thread that is itself in a flush (waiting could close a
+            # cycle of threads waiting for each other): compute this value
+            # apart, node by node, from the nodes the running flush reads
+            # too (they stay intact until it ends).
+            flush_reasons[REASON_OTHER_THREAD] += 1
+            set_value(t, _hooks.recover(seg, t.idx, None))
+            t.seg = None
+            return 0
         # Another thread is running it: wait for its result.
         flush_reasons[REASON_OTHER_THREAD] += 1
         with seg.lock:
@@ -199,8 +247,10 @@ cdef int run_segment_for(LazyTensor t) except -1:
     if t.seg is seg and seg.state == SEG_FAILED:
         # The graph failed as a whole; this tensor may not depend on the
         # failing part, so compute it alone, node by node.
-        t.value = _hooks.recover(seg, t.idx, seg.error)
+        set_value(t, _hooks.recover(seg, t.idx, seg.error))
         t.seg = None
+    elif t.seg is seg:
+        raise SystemError("fastlazy: a flushed segment left a LazyTensor without its value")
     return 0
 
 
@@ -210,20 +260,25 @@ cdef int flush_pending(PyObject *written) except -1:
     memory (an eager write elsewhere, such as BatchNorm's
     num_batches_tracked.add_(1), leaves the graph whole)."""
     global fl_pending
-    if _current is None or not _current.n:
+    cdef Segment seg = peek_segment()
+    if seg is None or not seg.n:
+        if not _many_threads:
+            fl_pending = 0      # another thread's pending nodes would need it
+        return 0
+    if not seg.may_read(<object>written):
+        return 0
+    if not _many_threads:
         fl_pending = 0
-        return 0
-    if not _current.may_read(<object>written):
-        return 0
-    fl_pending = 0
-    flush(_current, REASON_EAGER_WRITE)
+    flush(seg, REASON_EAGER_WRITE)
     return 0
 
 
 def mark_step():
-    """Flush the current segment: compute every live LazyTensor."""
-    if _current is not None:
-        flush(_current, REASON_MARK_STEP)
+    """Flush the calling thread's segment: compute every LazyTensor it
+    recorded that is still pending."""
+    cdef Segment seg = peek_segment()
+    if seg is not None:
+        flush(seg, REASON_MARK_STEP)
 
 
 def set_record_sites(bint on):
@@ -251,10 +306,11 @@ def cache_size():
 
 
 def pending_nodes():
-    """Nodes recorded and not yet flushed."""
-    return 0 if _current is None else _current.n
+    """Nodes the calling thread recorded and has not flushed."""
+    cdef Segment seg = peek_segment()
+    return 0 if seg is None else seg.n
 
 
 def current():
-    """The segment now recording (for debugging views)."""
+    """The calling thread's recording segment (for debugging views)."""
     return current_segment()

@@ -180,15 +180,14 @@ def adopt(LazyTensor target, LazyTensor source):
         # so dropping that one can never drop this one
         seg.nodes[source.idx].owner = <PyObject*>target
         source.seg = None
-        detach_handle(target)
-        target.seg = seg
-        target.idx = source.idx
+        memcpy(&target.meta, &source.meta, sizeof(Meta))
+        target._device = None
+        retarget(target, seg, source.idx)
     else:
         value = materialize(source)
-        detach_handle(target)
-        target.value = value
-    memcpy(&target.meta, &source.meta, sizeof(Meta))
-    target._device = None
+        memcpy(&target.meta, &source.meta, sizeof(Meta))
+        target._device = None
+        detach_handle(target, value)
 
 
 def describe_call(tuple args, dict kwargs, list tensors):

@@ -1,12 +1,34 @@
 # The node buffer: a segment of recorded nodes, typed C structs.
 #
-# Recording appends to the current segment.  A flush hands the segment off
-# (a fresh one becomes current at once) and only then runs it, so another
-# thread keeps recording while a graph runs, and an exception in a run leaves
-# the current segment untouched.
+# Each thread records into its own current segment (threads never append to
+# one buffer).  A flush hands the segment off (the thread's next record starts
+# a fresh one) and only then runs it, so recording goes on while a graph
+# runs, and an exception in a run leaves the current segment untouched.
+# Another thread may flush a segment (it read a LazyTensor pending there);
+# the owner thread then simply records into a fresh one.
+#
+# Python may run in the middle of any of this: a finalizer, a weakref
+# callback or a signal handler runs at any allocation or reference drop, and
+# may record, read or drop LazyTensors of the very segment being appended to.
+# So record() does everything that can run Python before it touches the
+# buffer, re-checks the segment is still recording, and then appends with C
+# code only; references are let go (which can run finalizers) only once the
+# buffer is consistent again.
 
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memcmp
+from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+
+cdef extern from "Python.h":
+    void PyObject_GC_Track(void *op)
+    void PyObject_GC_UnTrack(void *op)
+    int PyObject_GC_IsTracked(PyObject *op)
+    Py_ssize_t refcount "Py_REFCNT" (PyObject *op)
+    # the calling thread's state: one load (PyThread_get_thread_ident
+    # costs several ns per recorded op)
+    void *this_thread "_PyThreadState_UncheckedGet" ()
 
 cdef enum SegState:
     SEG_RECORDING = 0
@@ -15,7 +37,21 @@ cdef enum SegState:
     SEG_FAILED = 3
 
 cdef uint64_t _next_epoch = 1
+# Added to a slot's use count when the slot caches a LazyTensor's value
+# (operand_ref): see Segment.kill.
+cdef int32_t SLOT_HELD = 1 << 30
+# A slot's use count that never reaches 0 or SLOT_HELD: kept until the flush.
+cdef int32_t SLOT_KEPT = 1 << 29
+# The current segment of thread _current_thread: a one-entry cache in front
+# of the per-thread storage, so the hot path pays a thread-id compare.
 cdef Segment _current = None
+cdef void *_current_thread = NULL     # its thread's state
+cdef object _thread_segments = threading.local()
+cdef object _weakref = weakref.ref
+# Set once a second thread records: eager writes can no longer skip the
+# pending-read check on the strength of one thread's empty segment.
+cdef bint _many_threads = False
+cdef unsigned long _first_thread = 0
 cdef Py_ssize_t flush_threshold = 10000
 cdef bint _record_sites = False
 
@@ -30,7 +66,12 @@ cdef inline uint64_t mix(uint64_t h, uint64_t v) noexcept:
     return rotl(h, 27) * 0x9E3779B185EBCA87ULL + 0x85EBCA77C2B2AE63ULL
 
 
-@cython.no_gc
+# In the cycle collector (a failed segment keeps its exception, whose
+# traceback keeps frames that hold LazyTensors, which hold the segment), but
+# never cleared by it: LazyTensors of a garbage cycle still reach their
+# nodes while they are freed, and other members of any such cycle (frames,
+# dicts, lists) break it.
+@cython.no_gc_clear
 cdef class Segment:
     def __cinit__(self):
         global _next_epoch
@@ -39,7 +80,9 @@ cdef class Segment:
         self.slot_cap = 16
         self.slot_hash = <uint64_t*>malloc(self.slot_cap * sizeof(uint64_t))
         self.slot_version = <int64_t*>malloc(self.slot_cap * sizeof(int64_t))
-        if self.nodes == NULL or self.slot_hash == NULL or self.slot_version == NULL:
+        self.slot_uses = <int32_t*>malloc(self.slot_cap * sizeof(int32_t))
+        if (self.nodes == NULL or self.slot_hash == NULL or self.slot_version == NULL
+                or self.slot_uses == NULL):
             raise MemoryError()
         self.n = 0
         self.nslots = 0
@@ -56,6 +99,7 @@ cdef class Segment:
         free(self.nodes)
         free(self.slot_hash)
         free(self.slot_version)
+        free(self.slot_uses)
 
     def __len__(self):
         return self.n
@@ -74,6 +118,7 @@ cdef class Segment:
     cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1:
         cdef uint64_t *grown
         cdef int64_t *grown_versions
+        cdef int32_t *grown_uses
         cdef uint64_t h
         if self.nslots == self.slot_cap:
             grown = <uint64_t*>realloc(self.slot_hash, 2 * self.slot_cap * sizeof(uint64_t))
@@ -85,6 +130,10 @@ cdef class Segment:
             if grown_versions == NULL:
                 raise MemoryError()
             self.slot_version = grown_versions
+            grown_uses = <int32_t*>realloc(self.slot_uses, 2 * self.slot_cap * sizeof(int32_t))
+            if grown_uses == NULL:
+                raise MemoryError()
+            self.slot_uses = grown_uses
             self.slot_cap *= 2
         self.inputs.append(value)
         self.input_keys.append(key)
@@ -100,6 +149,7 @@ cdef class Segment:
         # An input mutated in place between recording and flushing would be
         # read with its new contents; the version counter tells.
         self.slot_version[self.nslots] = -1
+        self.slot_uses[self.nslots] = 0
         if m != NULL:
             try:
                 self.slot_version[self.nslots] = value._version
@@ -109,24 +159,93 @@ cdef class Segment:
         return self.nslots - 1
 
     cdef void drop_owner(self, int32_t idx) noexcept:
-        """The LazyTensor of node idx is gone.  A dead node at the end of
-        the buffer that nothing consumes is dropped at once, and so on down
-        its inputs: code that records and discards (a trace-only loop, a
-        result never read) keeps the buffer empty instead of filling it."""
-        cdef Node *nd = &self.nodes[idx]
-        cdef int32_t r
-        nd.owner = NULL
-        while self.n > 0:
-            nd = &self.nodes[self.n - 1]
-            if nd.owner != NULL or nd.uses != 0:
-                return
-            self.n -= 1
+        """The LazyTensor of node idx is gone.  A node that nothing
+        consumes is dead (kill), and dead nodes at the end of the buffer
+        are dropped: code that records and discards (a trace-only loop, a
+        result never read) keeps the buffer empty instead of filling it,
+        and holds none of the eager tensors it read."""
+        if self.state != SEG_RECORDING:
+            return      # a running segment's nodes are read: never changed
+        self.nodes[idx].owner = NULL
+        if self.nodes[idx].uses == 0:
+            self.kill(idx)
+
+    cdef void kill(self, int32_t idx) noexcept:
+        """Node idx has no owner and no consumer, so nothing can need it
+        again: it lets go of its inputs, and inputs left the same way die
+        too.  Iterative (a chain of 30,000 dead nodes must not recurse), and
+        the eager values of slots no live node reads are dropped only at the
+        end, when the buffer is consistent: dropping one may run a
+        finalizer, which may record into this very segment."""
+        cdef int32_t local[32]          # the common case: no malloc
+        cdef int32_t *stack = local
+        cdef int32_t top = 0, cap = 32, i, k, r
+        cdef int32_t *grown
+        cdef Node *nd
+        cdef PyObject *local_drop[8]
+        cdef PyObject **drop = local_drop
+        cdef int32_t ndrop = 0, dropcap = 8
+        cdef PyObject **grown_drop
+        cdef bint have_inputs = self.inputs is not None
+        stack[top] = idx
+        top += 1
+        self.nodes[idx].flags |= NODE_DEAD
+        while top > 0:
+            top -= 1
+            nd = &self.nodes[stack[top]]
             for k in range(nd.nin):
                 r = nd.inputs[k]
                 if r >= 0:
                     self.nodes[r].uses -= 1
-        if self.sites is not None:
-            del self.sites[self.n:]
+                    if (self.nodes[r].uses == 0 and self.nodes[r].owner == NULL
+                            and not self.nodes[r].flags & NODE_DEAD):
+                        if top == cap:
+                            grown = <int32_t*>malloc(2 * cap * sizeof(int32_t))
+                            if grown == NULL:
+                                continue        # it stays, unread, until the flush
+                            memcpy(grown, stack, cap * sizeof(int32_t))
+                            if stack != local:
+                                free(stack)
+                            stack = grown
+                            cap *= 2
+                        self.nodes[r].flags |= NODE_DEAD
+                        stack[top] = r
+                        top += 1
+                else:
+                    self.slot_uses[~r] -= 1
+                    # No live node reads the slot: let go of its value.  The
+                    # slot of a LazyTensor's value serves that LazyTensor's
+                    # next op, so it keeps the value while it lives.
+                    if have_inputs and (self.slot_uses[~r] == 0 or (
+                            self.slot_uses[~r] == SLOT_HELD
+                            and refcount(PyList_GET_ITEM(self.inputs, ~r)) == 1)):
+                        if ndrop == dropcap:
+                            grown_drop = <PyObject**>malloc(2 * dropcap * sizeof(PyObject*))
+                            if grown_drop == NULL:
+                                continue        # kept until the flush
+                            memcpy(grown_drop, drop, dropcap * sizeof(PyObject*))
+                            if drop != local_drop:
+                                free(drop)
+                            drop = grown_drop
+                            dropcap *= 2
+                        # the slot's value, swapped for None; released below
+                        drop[ndrop] = PyList_GET_ITEM(self.inputs, ~r)
+                        ndrop += 1
+                        Py_INCREF(None)
+                        PyList_SET_ITEM(self.inputs, ~r, None)
+        if stack != local:
+            free(stack)
+        while self.n > 0 and self.nodes[self.n - 1].flags & NODE_DEAD:
+            self.n -= 1
+        if self.sites is not None and len(self.sites) > self.n:
+            try:
+                del self.sites[self.n:]
+            except BaseException:
+                pass
+        for i in range(ndrop):
+            Py_XDECREF(drop[i])
+        if drop != local_drop:
+            free(drop)
 
     cdef int check_versions(self, tuple slots) except -1:
         cdef Py_ssize_t k
@@ -301,11 +420,54 @@ cdef int32_t number_needed(Segment seg, list outs, int32_t *pos, int32_t *slot_p
     return count
 
 
-cdef Segment current_segment():
-    global _current
-    if _current is None:
-        _current = Segment()
-    return _current
+cdef inline Segment current_segment():
+    """The calling thread's recording segment (a fresh one if its last
+    was flushed, here or by another thread)."""
+    if (_current is not None and _current.state == SEG_RECORDING
+            and _current_thread == this_thread()):
+        return _current
+    return _switch_segment()
+
+
+cdef object _thread_segment():
+    # Per-thread storage holds a weak reference: a segment lives as long as
+    # its pending LazyTensors (or the one-entry cache) need it, so a flushed
+    # or failed one -- and what it holds -- is not kept by the thread.
+    ref = getattr(_thread_segments, "segment", None)
+    return None if ref is None else ref()
+
+
+cdef Segment _switch_segment():
+    # The slow path: another thread recorded last, or this thread's segment
+    # was flushed.
+    global _current, _current_thread, _many_threads, _first_thread
+    cdef unsigned long me = PyThread_get_thread_ident()
+    seg = _thread_segment()
+    if seg is None or (<Segment>seg).state != SEG_RECORDING:
+        seg = Segment()          # may run a finalizer, which may record
+        mine = _thread_segment()
+        if mine is not None and (<Segment>mine).state == SEG_RECORDING:
+            seg = mine           # ... and so have made this thread's segment
+        else:
+            _thread_segments.segment = _weakref(seg)
+    if _first_thread == 0:
+        _first_thread = me
+    elif me != _first_thread:
+        _many_threads = True
+    _current = <Segment>seg
+    _current_thread = this_thread()
+    return <Segment>seg
+
+
+cdef Segment peek_segment():
+    """The calling thread's recording segment, or None (never makes one)."""
+    if _current is not None and _current_thread == this_thread():
+        seg = _current
+    else:
+        seg = _thread_segment()
+    if seg is None or (<Segment>seg).state != SEG_RECORDING:
+        return None
+    return <Segment>seg
 
 
 cdef uint64_t slot_key(Operand *o):
@@ -323,20 +485,47 @@ cdef int32_t operand_ref(Segment seg, Operand *o) except? -2147483648:
     """The node input for one operand: a node index, or ~slot for an
     external value (eager tensor, materialized LazyTensor, scalar)."""
     cdef LazyTensor t
+    cdef int32_t k
     if o.kind == K_LAZY:
         t = <LazyTensor>o.obj
         if t.seg is seg:
             return t.idx
         if t.seg is not None:
-            # pending in a segment that another thread is running, or whose
-            # run failed: its value is needed now.
-            materialize(t)
-        if t.slot_epoch == seg.epoch:
+            # record() materializes operands pending elsewhere first
+            raise SystemError("fastlazy: an operand is pending in another segment")
+        # the slot this value took in this segment, unless dead nodes let
+        # it go since (then it holds None)
+        if (t.slot_epoch == seg.epoch
+                and PyList_GET_ITEM(seg.inputs, t.slot) == <PyObject*>t.value):
+            seg.slot_uses[t.slot] += 1
             return ~t.slot
         t.slot = seg.add_slot(t.value, slot_key(o), o.m)
         t.slot_epoch = seg.epoch
+        seg.slot_uses[t.slot] = SLOT_HELD + 1
         return ~t.slot
-    return ~seg.add_slot(<object>o.obj, slot_key(o), o.m if o.kind == K_TENSOR else NULL)
+    if o.kind == K_TENSOR:
+        k = seg.add_slot(<object>o.obj, slot_key(o), o.m)
+        seg.slot_uses[k] = 1
+    else:
+        # a Python scalar: too small to be worth letting go early
+        k = seg.add_slot(<object>o.obj, slot_key(o), NULL)
+        seg.slot_uses[k] = SLOT_KEPT
+    return ~k
+
+
+cdef void retarget(LazyTensor t, Segment seg, int32_t idx) noexcept:
+    """Point t at node idx of seg (whose owner it already is), letting its
+    old node go.  t is consistent before the old node is dropped, since
+    dropping may run finalizers (kill), which may read t."""
+    cdef Segment old = t.seg
+    cdef int32_t old_idx = t.idx
+    t.seg = seg
+    t.idx = idx
+    t.slot_epoch = 0
+    value, t.value = t.value, None
+    if (old is not None and old.state == SEG_RECORDING
+            and old.nodes[old_idx].owner == <PyObject*>t):
+        old.drop_owner(old_idx)
 
 
 cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
@@ -344,17 +533,49 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     """Append one node; return its LazyTensor (a new one, or `rebind` for an
     in-place op, which moves that handle to the new node)."""
     global fl_pending
-    cdef Segment seg = current_segment()
+    cdef Segment seg
     cdef int32_t refs[MAX_IN]
-    cdef int nin = 0, i
-    for i in range(nops):
-        if ops[i].kind != K_ABSENT:
-            refs[nin] = operand_ref(seg, &ops[i])
-            nin += 1
-        else:
-            # which optional operands are present is structure (lowering
-            # needs it): bits 16+ of attr
-            attr |= 1 << (ATTR_ABSENT_SHIFT + i)
+    cdef int nin, i
+    cdef int attr0 = attr, flags0 = flags
+    cdef LazyTensor t
+    # First what may run Python (see the top of this file): the handle's
+    # allocation (the cyclic GC may run), and the values of operands pending
+    # in another segment (another thread's, or one that failed).
+    if rebind is None:
+        t = LazyTensor.__new__(LazyTensor)
+        # A pending handle holds nothing but its segment, so it leaves the
+        # cycle collector until it holds a value (set_value): the cost of
+        # being tracked is for objects that can close a cycle.
+        PyObject_GC_UnTrack(<PyObject*>t)
+    else:
+        t = rebind
+    while True:
+        seg = current_segment()
+        i = 0
+        while i < nops:
+            if (ops[i].kind == K_LAZY and (<LazyTensor>ops[i].obj).seg is not None
+                    and (<LazyTensor>ops[i].obj).seg is not seg):
+                materialize(<LazyTensor>ops[i].obj)
+                seg = current_segment()
+                i = 0               # that ran Python: check them all again
+                continue
+            i += 1
+        attr = attr0
+        flags = flags0
+        nin = 0
+        for i in range(nops):
+            if ops[i].kind != K_ABSENT:
+                refs[nin] = operand_ref(seg, &ops[i])
+                nin += 1
+            else:
+                # which optional operands are present is structure (lowering
+                # needs it): bits 16+ of attr
+                attr |= 1 << (ATTR_ABSENT_SHIFT + i)
+        # A tensor subclass's _version (add_slot) is Python, which may have
+        # flushed seg: then start over on the thread's fresh segment.
+        if seg.state == SEG_RECORDING:
+            break
+    # From here to the owner's assignment: C only.
     if (nops and ops[0].kind != K_ABSENT and ops[0].m.ndim == out.ndim
             and memcmp(ops[0].m.shape, out.shape, out.ndim * sizeof(int64_t)) == 0):
         flags |= NODE_KEEPS_SHAPE
@@ -383,19 +604,15 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     nd.hash[0] = h0
     nd.hash[1] = h1
 
-    cdef LazyTensor t
-    if rebind is None:
-        t = LazyTensor.__new__(LazyTensor)
-    else:
-        # The new node owns the handle before the old node lets it go, so
-        # dropping the old one can never drop the new one.
-        t = rebind
-        nd.owner = <PyObject*>t
-        detach_handle(t)
+    # The new node owns the handle before the old node lets it go, so
+    # dropping the old one can never drop the new one.
     nd.owner = <PyObject*>t
-    t.seg = seg
-    t.idx = idx
     memcpy(&t.meta, out, sizeof(Meta))
+    if rebind is None:
+        t.seg = seg             # a new handle: nothing to let go
+        t.idx = idx
+    else:
+        retarget(t, seg, idx)
     if seg.sites is not None:
         seg.sites.append(_hooks.site_of_call())
     counters[C_NODES] += 1

@@ -42,14 +42,33 @@ cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
                               inplace, False)
 
 
-cdef void detach_handle(LazyTensor t) noexcept:
-    # The handle leaves its node (in-place rebind) or its node is done.
-    if (t.seg is not None and t.seg.state == SEG_RECORDING
-            and t.seg.nodes[t.idx].owner == <PyObject*>t):
-        t.seg.drop_owner(t.idx)
+cdef inline void set_value(LazyTensor t, object value) noexcept:
+    """t holds `value` from now on: it joins the cycle collector (a value's
+    attributes or hooks may refer back to it)."""
+    t.value = value
+    if not PyObject_GC_IsTracked(<PyObject*>t):
+        PyObject_GC_Track(<PyObject*>t)
+
+
+cdef void track_all(list handles) noexcept:
+    for h in handles:
+        if not PyObject_GC_IsTracked(<PyObject*>h):
+            PyObject_GC_Track(<PyObject*>h)
+
+
+cdef void detach_handle(LazyTensor t, object value) noexcept:
+    # The handle leaves its node (an in-place op run eagerly) and holds
+    # `value`.  It is whole before its old node is dropped: dropping may run
+    # finalizers (Segment.kill), which may read it.
+    cdef Segment old = t.seg
+    cdef int32_t idx = t.idx
     t.seg = None
-    t.value = None
     t.slot_epoch = 0
+    previous = t.value
+    set_value(t, value)
+    if (old is not None and old.state == SEG_RECORDING
+            and old.nodes[idx].owner == <PyObject*>t):
+        old.drop_owner(idx)
 
 
 cdef object materialize(LazyTensor t):
@@ -82,12 +101,13 @@ cdef LazyTensor wrap_value(object value):
     return t
 
 
-# no_gc: a LazyTensor references a Segment and a torch.Tensor, neither of
-# which can reach back to it, so it can never be part of a reference cycle;
-# leaving it untracked keeps the cyclic GC from scanning every recorded op.
+# In the cycle collector: user code makes cycles through LazyTensors (its
+# value's attributes, a hook closing over it, a failed flush's traceback).
+# Never cleared by it (no_gc_clear): a node's owner pointer must stay valid
+# until the LazyTensor is freed; the other members of a cycle break it.
 @cython.freelist(256)
 @cython.final
-@cython.no_gc
+@cython.no_gc_clear
 cdef class LazyTensor:
     """A tensor whose value is computed when it is needed.
 
@@ -102,7 +122,8 @@ cdef class LazyTensor:
                         "tensor.to('lazy'), not constructed directly")
 
     def __dealloc__(self):
-        if self.seg is not None and self.seg.state == SEG_RECORDING:
+        if (self.seg is not None and self.seg.state == SEG_RECORDING
+                and self.seg.nodes[self.idx].owner == <PyObject*>self):
             self.seg.drop_owner(self.idx)
 
     # -- metadata, known without running anything --
