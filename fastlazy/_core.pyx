@@ -43,6 +43,7 @@ cdef extern from "_entry.h":
     object fl_entry_new(object orig, object name, int op, int form)
     int fl_entry_op(object e)
     int fl_entry_form(object e)
+    int fl_flush_written(PyObject *written) except -1
 
 # torch, bound once to C variables: no module dictionary lookups per call
 cdef object _torch = torch
@@ -130,6 +131,15 @@ def rebind_value(LazyTensor t, value):
         raise_cannot_hold(value)
     t._device = None
     t.value = value
+
+
+def flush_reading(written):
+    """Compute the pending nodes that may read the memory of `written` (an
+    eager tensor, or a list or tuple of them) before something writes it
+    that no entry point sees: a `.data` assignment, a storage write,
+    torch.ops, swap_tensors (watch.py)."""
+    if fl_pending:
+        fl_flush_written(<PyObject*>written)
 
 
 def pending_in(LazyTensor t):

@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from fastlazy import _core
+from fastlazy import _core, watch
 from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
@@ -111,7 +111,26 @@ def enable() -> None:
         entry = _core.make_to_entry(original_to)
         torch.Tensor.to = entry
         _installed.append((torch.Tensor, "to", original_to, own, entry))
+        _watch_writes()
         _track_autocast()
+
+
+def _watch_writes():
+    """The eager writes no entry above sees (watch.py): watch entries for
+    torch's writing functions, Python patches for the rest."""
+    taken = {(owner, attr) for owner, attr, *_ in _installed}
+    for owner, attr, name, form in list(watch.watch_entries(taken)):
+        original = getattr(owner, attr)
+        entry = _core.make_entry(original, name, -1, form)
+        own = attr in vars(owner)
+        setattr(owner, attr, entry)
+        _installed.append((owner, attr, original, own, entry))
+    for owner, attr, patched in watch.python_patches():
+        # the owner's own attribute as stored (Function.apply: a classmethod)
+        original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
+        own = attr in vars(owner)
+        setattr(owner, attr, patched)
+        _installed.append((owner, attr, original, own, patched))
 
 
 def _track_autocast():
