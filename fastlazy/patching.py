@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from fastlazy import _core, watch
+from fastlazy import _core, autograd_calls, watch
 from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
@@ -125,7 +125,8 @@ def _watch_writes():
         own = attr in vars(owner)
         setattr(owner, attr, entry)
         _installed.append((owner, attr, original, own, entry))
-    for owner, attr, patched in watch.python_patches():
+    for owner, attr, patched in itertools.chain(watch.python_patches(),
+                                                autograd_calls.python_patches()):
         # the owner's own attribute as stored (Function.apply: a classmethod)
         original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
         own = attr in vars(owner)
