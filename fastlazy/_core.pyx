@@ -24,6 +24,7 @@ only through the one Hooks object that fastlazy's boot installs.
 """
 
 cimport cython
+import operator
 import sys
 import threading
 
@@ -51,6 +52,8 @@ cdef object _Size = torch.Size
 cdef object _device_type = torch.device
 cdef object _enable_grad = torch.enable_grad
 cdef object _no_grad = torch.no_grad
+cdef object _strided = torch.strided
+cdef object _operator_index = operator.index
 cdef object _new_lock = threading.Lock
 
 include "csrc/counters.pxi"
@@ -111,6 +114,9 @@ def lazy(value):
         return value
     if not isinstance(value, TensorType):
         raise TypeError(f"fastlazy.lazy() takes a torch.Tensor, not {type(value).__name__}")
+    if value.layout is not _strided:
+        raise TypeError(f"fastlazy cannot hold a tensor of layout {value.layout} (a "
+                        f"LazyTensor's metadata is strided); keep it eager")
     return wrap_value(value)
 
 
@@ -120,6 +126,8 @@ def lazy_or_eager(value):
     dims): such results of eager fallbacks stay eager."""
     if type(value) is LazyTensor:
         return value
+    if value.layout is not _strided:
+        return value            # sparse, mkldnn...: metadata a LazyTensor has not
     t = try_wrap(value)
     return value if t is None else t
 

@@ -202,6 +202,9 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
             continue
         if leaf.dim() > _core.MAX_NDIM or _core.dtype_code_of(leaf.dtype) < 0:
             raise Unsafe("a result LazyTensor cannot hold (dtype or rank)")
+        if leaf.layout is not torch.strided:
+            # (x.to_sparse(): a LazyTensor's metadata is strided)
+            raise Unsafe(f"a result LazyTensor cannot hold (layout {leaf.layout})")
         aliased = [i for i, f in enumerate(fakes) if torch._C._is_alias_of(leaf, f)]
         if aliased:
             i = aliased[0]
