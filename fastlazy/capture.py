@@ -115,7 +115,11 @@ def analyse(func, args, kwargs, tensors, ruled, nestable):
     cuda_states = (torch.cuda.get_rng_state_all()
                    if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
     try:
-        return _analyse(func, args, kwargs, tensors, ruled, nestable)
+        # fake_tensor logs a traceback for a call its kernel rejects, in the
+        # trial run and in the trace (functionalized in-place calls): the
+        # user gets eager's own exception from the eager run instead
+        with _quiet(_FAKE_LOG):
+            return _analyse(func, args, kwargs, tensors, ruled, nestable)
     finally:
         torch.random.set_rng_state(cpu_state)
         if cuda_states is not None:

@@ -4,6 +4,8 @@ exception").  Each program `f(lz)` runs with lz the identity and with
 lz = fastlazy.lazy."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -428,3 +430,14 @@ def fn_set_view_of_other(lz):
        fn_set_lazy, fn_set_eager, fn_set_view_of_other)
 def test_view_metadata_and_aliasing(f):
     same_as_eager(f)
+
+
+def test_failed_bool_subtraction_logs_nothing(caplog):
+    a = fastlazy.lazy(torch.tensor([True, False]))
+    calls = (lambda: a - a, lambda: a - True, lambda: torch.sub(a, a), lambda: a.sub_(a),
+             lambda: a.sub_(True), lambda: torch.sub(a, a, out=a), lambda: a.__isub__(a))
+    with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"):
+        for call in calls:
+            with pytest.raises(RuntimeError):
+                call()
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
