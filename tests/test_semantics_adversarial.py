@@ -441,3 +441,30 @@ def test_failed_bool_subtraction_logs_nothing(caplog):
             with pytest.raises(RuntimeError):
                 call()
     assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
+
+
+# -- eager operands of dtypes a LazyTensor cannot hold ----------------------
+
+def _uint_cases():
+    for dt in (torch.uint16, torch.uint32, torch.uint64):
+        yield pytest.param(lambda lz, dt=dt: lz(torch.ones(3)) + torch.ones(3, dtype=dt),
+                           id=f"float+{dt}")
+        yield pytest.param(lambda lz, dt=dt: lz(torch.ones(3, dtype=torch.int64))
+                           * torch.full((3,), 2, dtype=dt), id=f"int64*{dt}")
+        yield pytest.param(lambda lz, dt=dt: torch.where(lz(torch.tensor([True, False, True])),
+                                                         torch.ones(3, dtype=dt),
+                                                         torch.zeros(3, dtype=dt)),
+                           id=f"where-{dt}")
+        yield pytest.param(lambda lz, dt=dt: torch.cat([lz(torch.ones(2)).to(dt),
+                                                        torch.zeros(2, dtype=dt)]),
+                           id=f"cat-{dt}")
+
+
+@pytest.mark.parametrize("f", list(_uint_cases()))
+def test_unsigned_operands(f):
+    same_as_eager(f)
+
+
+def test_lazy_of_an_unsigned_tensor_is_refused_clearly():
+    with pytest.raises(TypeError, match="cannot hold.*keep it eager"):
+        fastlazy.lazy(torch.ones(3, dtype=torch.uint32))
