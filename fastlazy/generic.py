@@ -73,6 +73,13 @@ _lowerings: list = []
 _lowering_ids: dict = {}
 
 
+def forget_signatures():
+    """Drop the cached signatures (the default dtype changed: their result
+    dtypes may be other ones now)."""
+    with _lock:
+        _signatures.clear()
+
+
 def lowering(index):
     return _lowerings[index]
 

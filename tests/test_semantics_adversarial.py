@@ -468,3 +468,40 @@ def test_unsigned_operands(f):
 def test_lazy_of_an_unsigned_tensor_is_refused_clearly():
     with pytest.raises(TypeError, match="cannot hold.*keep it eager"):
         fastlazy.lazy(torch.ones(3, dtype=torch.uint32))
+
+
+# -- the default dtype changed between recording and reading -------------
+
+@pytest.fixture
+def float32_after():
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def fn_default_changed_after_recording(lz):
+    a = lz(torch.arange(4)) * 1.5                 # float32 under the old default
+    b = lz(torch.arange(4)).exp()
+    c = torch.arange(4) / lz(torch.full((4,), 3))
+    torch.set_default_dtype(torch.float64)
+    d = lz(torch.arange(4)) * 1.5                 # float64 now
+    e = lz(torch.arange(4)).exp()
+    r = [(t.dtype, t) for t in (a, b, c, d, e)]
+    torch.set_default_dtype(torch.float32)
+    f = lz(torch.arange(4)) / 7
+    return r, f.dtype, f
+
+
+def fn_default_changed_twice_same_signature(lz):
+    out = []
+    for dt in (torch.float64, torch.float32, torch.float64):
+        torch.set_default_dtype(dt)
+        t = torch.sigmoid(lz(torch.arange(3)))       # generic or ruled: dtype from the default
+        u = lz(torch.arange(3)).true_divide(2)
+        out += [t.dtype, t, u.dtype, u]
+    torch.set_default_dtype(torch.float32)
+    return out
+
+
+@cases(fn_default_changed_after_recording, fn_default_changed_twice_same_signature)
+def test_default_dtype_changes(f, float32_after):
+    same_as_eager(f)
