@@ -33,6 +33,8 @@ cdef extern from "_entry.h":
     cpdef enum Form "fl_form":
         FORM_CALL
         FORM_INPLACE
+        FORM_WATCH
+        FORM_WATCH_INPLACE
 
 
 # Rules: what kind of shape/dtype logic an op needs.  Op-table rows name one.

@@ -24,6 +24,7 @@ only through the one Hooks object that fastlazy's boot installs.
 """
 
 cimport cython
+import operator
 import sys
 import threading
 import weakref
@@ -44,6 +45,7 @@ cdef extern from "_entry.h":
     object fl_entry_new(object orig, object name, int op, int form)
     int fl_entry_op(object e)
     int fl_entry_form(object e)
+    int fl_flush_written(PyObject *written) except -1
 
 # torch, bound once to C variables: no module dictionary lookups per call
 cdef object _torch = torch
@@ -51,6 +53,8 @@ cdef object _Size = torch.Size
 cdef object _device_type = torch.device
 cdef object _enable_grad = torch.enable_grad
 cdef object _no_grad = torch.no_grad
+cdef object _strided = torch.strided
+cdef object _operator_index = operator.index
 cdef object _new_lock = threading.Lock
 
 include "csrc/counters.pxi"
@@ -112,6 +116,9 @@ def lazy(value):
         return value
     if not isinstance(value, TensorType):
         raise TypeError(f"fastlazy.lazy() takes a torch.Tensor, not {type(value).__name__}")
+    if value.layout is not _strided:
+        raise TypeError(f"fastlazy cannot hold a tensor of layout {value.layout} (a "
+                        f"LazyTensor's metadata is strided); keep it eager")
     return wrap_value(value)
 
 
@@ -121,6 +128,8 @@ def lazy_or_eager(value):
     dims): such results of eager fallbacks stay eager."""
     if type(value) is LazyTensor:
         return value
+    if value.layout is not _strided:
+        return value            # sparse, mkldnn...: metadata a LazyTensor has not
     t = try_wrap(value)
     return value if t is None else t
 
@@ -133,6 +142,15 @@ def rebind_value(LazyTensor t, value):
     memcpy(&t.meta, &m, sizeof(Meta))
     t._device = None
     detach_handle(t, value)
+
+
+def flush_reading(written):
+    """Compute the pending nodes that may read the memory of `written` (an
+    eager tensor, or a list or tuple of them) before something writes it
+    that no entry point sees: a `.data` assignment, a storage write,
+    torch.ops, swap_tensors (watch.py)."""
+    if fl_pending:
+        fl_flush_written(<PyObject*>written)
 
 
 def pending_in(LazyTensor t):

@@ -116,7 +116,11 @@ def analyse(func, args, kwargs, tensors, ruled, nestable):
     cuda_states = (torch.cuda.get_rng_state_all()
                    if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
     try:
-        return _analyse(func, args, kwargs, tensors, ruled, nestable)
+        # fake_tensor logs a traceback for a call its kernel rejects, in the
+        # trial run and in the trace (functionalized in-place calls): the
+        # user gets eager's own exception from the eager run instead
+        with _quiet(_FAKE_LOG):
+            return _analyse(func, args, kwargs, tensors, ruled, nestable)
     finally:
         torch.random.set_rng_state(cpu_state)
         if cuda_states is not None:
@@ -203,6 +207,9 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
             continue
         if leaf.dim() > _core.MAX_NDIM or _core.dtype_code_of(leaf.dtype) < 0:
             raise Unsafe("a result LazyTensor cannot hold (dtype or rank)")
+        if leaf.layout is not torch.strided:
+            # (x.to_sparse(): a LazyTensor's metadata is strided)
+            raise Unsafe(f"a result LazyTensor cannot hold (layout {leaf.layout})")
         aliased = [i for i, f in enumerate(fakes) if torch._C._is_alias_of(leaf, f)]
         if aliased:
             i = aliased[0]

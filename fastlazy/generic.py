@@ -75,6 +75,13 @@ _lowerings: list = []
 _lowering_ids: dict = {}
 
 
+def forget_signatures():
+    """Drop the cached signatures (the default dtype changed: their result
+    dtypes may be other ones now)."""
+    with _lock:
+        _signatures.clear()
+
+
 def lowering(index):
     return _lowerings[index]
 
@@ -104,7 +111,13 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         raise Unsafe(sig.reason)
     if sig.nested:
         return _record_nested(func, args, kwargs, name)
-    inputs = tuple([t if type(t) is LazyTensor else _core.lazy(t) for t in tensors])
+    inputs = tuple([t if type(t) is LazyTensor else _core.lazy_or_eager(t) for t in tensors])
+    for t in inputs:
+        if type(t) is not LazyTensor:
+            # an eager operand of a dtype a LazyTensor cannot hold (uint16,
+            # uint32, uint64, float8...): the call runs eagerly, as eager
+            # takes it
+            raise Unsafe(f"an eager operand of dtype {t.dtype} (a LazyTensor cannot hold it)")
     if sig.constants:
         inputs += tuple([_core.lazy(c) for c in sig.constants])
     if sig.draws:

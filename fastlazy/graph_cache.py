@@ -175,9 +175,16 @@ def recover(seg, index, error):
     view = GraphView(seg, [index])
     program = backends.get("eager").compile(view)
     order = view.slot_order()
+    used = [order[p] for p in program.slots]
     try:
-        return program.run([seg.inputs[order[p]] for p in program.slots])[0]
+        value = program.run([seg.inputs[k] for k in used])[0]
     except Exception as exc:
-        raise RuntimeError(
-            f"fastlazy: this LazyTensor's value could not be computed: {exc}") from error
+        # eager's exception, its type kept: reading a failed tensor again
+        # raises what the first read raised (IndexError, not RuntimeError)
+        exc.add_note("fastlazy: this LazyTensor's value could not be computed")
+        raise exc from error
+    # an input written since the node was recorded: the error the whole
+    # graph's run raises, never a value from the new contents
+    seg._check_versions(used)
+    return value
 

@@ -17,6 +17,8 @@ after_mutation:
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from fastlazy import _core, generic, views
@@ -39,9 +41,14 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
     target = args[0] if args else None
     if type(target) is not LazyTensor:
         raise Unsafe("writes an eager tensor (eager semantics)")
-    views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
+    if name == "Tensor.set_" and len(args) == 2 and not kwargs and isinstance(args[1], torch.Tensor):
+        return _set(target, args[1])
+    if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
+        raise Unsafe("writes through a view whose elements overlap")
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
+    if _leaf_under_no_grad(target):
+        raise Unsafe("writes a leaf under no_grad")
     if flag is None:
         value = generic.record(_functional(func), args, kwargs, name, track_views=False,
                                ruled=ruled)
@@ -52,12 +59,70 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
             args = args[:flag] + (False,) + args[flag + 1:]
         value = generic.record(func, args, kwargs, name, track_views=False, ruled=ruled)
     _core.adopt(target, value)
-    if target.family is not None:
+    if type(target.family) is Member and name.rpartition(".")[2] in _RESHAPING:
+        # x[:].squeeze_(0): the values stay, the view's place changes
+        _reshape_view(target, func, args[1:], kwargs)
+    elif target.family is not None:
         after_mutation(target)
     return None if name.endswith("__setitem__") else target
 
 
+def _set(target, source):
+    """target.set_(source): target shares source's memory from now on, as
+    in eager.  A LazyTensor source: target becomes a view of it (writes
+    through either show in the other).  An eager source: target holds a
+    view of it, so reads see its writes and target's writes reach it
+    (in-place ops through an eager view run eagerly)."""
+    old = target.family
+    if type(old) is views.Family and len(old.members):
+        raise Unsafe("set_ on a tensor with live views")
+    if type(old) is Member:
+        # (WeakSet.discard would compare LazyTensors with ==, an op)
+        _leave(old.family, target)
+    target.family = None
+    if type(source) is not LazyTensor:
+        _core.rebind_value(target, source.view_as(source))
+        return target
+    alias = generic.record(torch.Tensor.view_as, (source, source), {}, "Tensor.set_")
+    _core.adopt(target, alias)
+    if type(alias.family) is Member:
+        _leave(alias.family.family, alias)
+    alias.family = None
+    views.attach(target, source, views.place(source)[1:], False)
+    return target
+
+
+def _leave(family, view):
+    family.members = weakref.WeakSet([m for m in family.members if m is not view])
+
+
+# In-place ops that change a view's shape and strides, never its values.
+_RESHAPING = frozenset({"squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_",
+                        "swapaxes_", "as_strided_"})
+
+
+def _reshape_view(target, func, args, kwargs):
+    """The view's new place in its root's storage: the op run on a meta
+    tensor at the old place."""
+    where = target.family
+    base = torch.empty(where.root.numel(), dtype=target.dtype, device="meta")
+    view = base.as_strided(where.size, where.stride, where.offset)
+    func(view, *materialize(args), **materialize(kwargs))
+    where.size, where.stride = tuple(view.shape), tuple(view.stride())
+    where.offset = view.storage_offset()
+
+
 _functionals: dict = {}
+
+
+def _leaf_under_no_grad(target):
+    """A materialized leaf that requires grad, written with grad mode off
+    (an optimizer's update, `with torch.no_grad(): p.add_(1)`): eager
+    writes the leaf, which stays a leaf that requires grad, so the write
+    runs eagerly on a copy that is made one (run_inplace)."""
+    if not target.requires_grad or torch.is_grad_enabled() or not target.is_materialized:
+        return False
+    return target.family is None and target.to_eager().is_leaf
 
 
 def _functional(func):
@@ -83,7 +148,8 @@ def run_inplace(func, name, args, kwargs):
     """An in-place call run eagerly, on materialized arguments."""
     if args and type(args[0]) is LazyTensor:
         target = args[0]
-        views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__"))
+        if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
+            return write_overlapping(func, name, args, kwargs)
         value = target.to_eager()
         if target.family is None and value._is_view():
             # The value views another tensor (x[0], x.view(-1) ran eagerly):
@@ -97,6 +163,9 @@ def run_inplace(func, name, args, kwargs):
         clone = value.clone()
         if func(clone, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
             return NotImplemented     # x += None: Python goes on to raise TypeError
+        if _leaf_under_no_grad(target):
+            # eager writes the leaf itself: it stays a leaf that requires grad
+            clone.requires_grad_(True)
         _core.rebind_value(target, clone)
         if target.family is not None:
             after_mutation(target)
@@ -105,6 +174,27 @@ def run_inplace(func, name, args, kwargs):
     # the contents they were recorded with.
     _core.mark_step()
     return func(*materialize(args), **materialize(kwargs))   # stays eager
+
+
+def write_overlapping(func, name, args, kwargs):
+    """An in-place op through a view whose elements overlap in memory
+    (expand, unfold, as_strided): eager's result depends on its kernel --
+    fill_ writes every alias, add_ through an expanded view raises, add_
+    through unfold adds once per alias -- so the op runs eagerly, at the
+    view's place in a copy of its root's value (raising eager's error if it
+    does), and the root is rebound to that copy, its views refreshed."""
+    target = args[0]
+    where = target.family
+    root = where.root
+    base = root.to_eager().clone(memory_format=torch.contiguous_format)
+    view = base.as_strided(where.size, where.stride, where.offset)
+    if where.detached:
+        view = view.detach()
+    if func(view, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
+        return NotImplemented
+    _core.rebind_value(root, base)
+    after_mutation(root)
+    return None if name.endswith("__setitem__") else target
 
 
 def run_out(func, args, kwargs):

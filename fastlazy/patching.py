@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from fastlazy import _core, conversions
+from fastlazy import _core, autograd_calls, conversions, defaults, watch
 from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
@@ -120,7 +120,28 @@ def enable() -> None:
             entry = make(getattr(owner, attr))
             setattr(owner, attr, entry)
             _installed.append((owner, attr, original, original is not _MISSING, entry))
+        _watch_writes()
         _track_autocast()
+
+
+def _watch_writes():
+    """The eager writes no entry above sees (watch.py): watch entries for
+    torch's writing functions, Python patches for the rest."""
+    taken = {(owner, attr) for owner, attr, *_ in _installed}
+    for owner, attr, name, form in list(watch.watch_entries(taken)):
+        original = getattr(owner, attr)
+        entry = _core.make_entry(original, name, -1, form)
+        own = attr in vars(owner)
+        setattr(owner, attr, entry)
+        _installed.append((owner, attr, original, own, entry))
+    for owner, attr, patched in itertools.chain(watch.python_patches(),
+                                                autograd_calls.python_patches(),
+                                                defaults.python_patches()):
+        # the owner's own attribute as stored (Function.apply: a classmethod)
+        original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
+        own = attr in vars(owner)
+        setattr(owner, attr, patched)
+        _installed.append((owner, attr, original, own, patched))
 
 
 def _track_autocast():

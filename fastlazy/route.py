@@ -17,7 +17,8 @@ import inspect
 
 import torch
 
-from fastlazy import _core, fallback, generic, mutation, random_ops, running_stats
+from fastlazy import (_core, autograd_calls, fallback, generic, mutation, random_ops,
+                      running_stats)
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
@@ -32,6 +33,9 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         if native is not None:
             # torch.Tensor.size(x) called unbound: LazyTensor's own method
             return native(*args, **kwargs)
+    if func is torch.autograd.grad:
+        fallback.count(name, "gradients are computed eagerly")
+        return autograd_calls.grad(func, args, kwargs)
     out = random_ops.record(func, args, kwargs)
     if out is not random_ops.NOT_HANDLED:
         return out

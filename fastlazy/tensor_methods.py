@@ -30,6 +30,23 @@ def attribute(name):
 
         def get(self):
             return route.call(getter, f"Tensor.{name}", (self,), {}, False)
+    elif name == "data":
+        # an alias of the same memory: a detached view, so that writes
+        # through it (x.data.add_(1), x.data[0] = v) show in x, as in eager
+        def get(self):
+            return route.call(torch.Tensor.detach, "Tensor.data", (self,), {}, False)
+    elif name == "grad":
+        # the gradient autograd accumulated into the value: the tensor
+        # itself, so that x.grad.zero_() and x.grad[0] = v write it (and
+        # `x.grad = None` sets it), as in eager
+        def get(self):
+            return self.to_eager().grad
+
+        def set_grad(self, value):
+            self.to_eager().grad = fallback.materialize(value)
+
+        get.__name__ = name
+        return property(get, set_grad, doc="Tensor.grad.")
     else:
         def get(self):
             return fallback.wrap_result(getattr(self.to_eager(), name))

@@ -68,7 +68,7 @@ def attach(view, base, where, detached):
     root.family.members.add(view)
 
 
-def _place(t):
+def place(t):
     """(root, size, stride, offset) of a LazyTensor in its root's storage."""
     family = t.family
     if type(family) is Member:
@@ -92,9 +92,17 @@ def dense(size, stride):
     return True
 
 
-_INTERNAL = ("unsupported operation: more than one element of the written-to tensor "
-             "refers to a single memory location. Please clone() the tensor before "
-             "performing the operation.")
+def overlapping(size, stride):
+    """May two elements of this geometry share memory (x.expand(3, 4),
+    x.unfold(0, 3, 1), an as_strided with overlapping windows)?"""
+    reach = 0
+    for st, n in sorted((st, n) for n, st in zip(size, stride) if n > 1):
+        if st <= reach:
+            return True
+        reach += (n - 1) * st
+    return False
+
+
 _PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to "
             "tensor refer to a single memory location. Please clone() the tensor before "
             "performing the operation.")
@@ -102,21 +110,24 @@ _PARTIAL = ("unsupported operation: some elements of the input tensor and the wr
 
 def check_write(target, operands):
     """Eager's memory-overlap checks for an in-place op on `target`, a view
-    or a base of views, reading `operands`: the errors eager raises, at the
-    call (writing through an expanded view; reading a view that partly
-    overlaps the written one)."""
-    root, size, stride, offset = _place(target)
-    if any(st == 0 and n > 1 for n, st in zip(size, stride)):
-        raise RuntimeError(_INTERNAL)
+    or a base of views, reading `operands`: the error eager raises for
+    reading a view that partly overlaps the written one, at the call.
+    True if target's own elements overlap: eager's result then depends on
+    its kernel (fill_ of an expanded view succeeds, add_ raises, add_
+    through unfold adds once per alias), so the caller runs the write
+    eagerly on a copy of the root's value (mutation.write_overlapping)."""
+    root, size, stride, offset = place(target)
+    if overlapping(size, stride):
+        return True
     numel = 1
     for n in size:
         numel *= n
     if not numel or not dense(size, stride):
-        return
+        return False
     for other in operands:
         if other is target or other.family is None:
             continue
-        o_root, o_size, o_stride, o_offset = _place(other)
+        o_root, o_size, o_stride, o_offset = place(other)
         if o_root is not root:
             continue
         o_numel = 1
@@ -127,6 +138,7 @@ def check_write(target, operands):
         full = offset == o_offset and numel == o_numel and stride == o_stride
         if not full and offset < o_offset + o_numel and o_offset < offset + numel:
             raise RuntimeError(_PARTIAL)
+    return False
 
 
 def lazy_operands(*items):
@@ -143,20 +155,29 @@ def lazy_operands(*items):
 def before_write(target, operands, through_view=False):
     """Eager's refusals of an in-place write to `target` reading `operands`
     (call arguments), raised at the call: a leaf that requires grad, and
-    memory overlap between views of one root."""
+    memory overlap between views of one root.  True if target's elements
+    overlap each other (check_write)."""
     check_leaf(target, through_view)
     if target.family is not None:
-        check_write(target, list(lazy_operands(operands)))
+        return check_write(target, list(lazy_operands(operands)))
+    return False
 
 
 def check_leaf(target, through_view=False):
     """Eager refuses in-place ops on a leaf that requires grad (or a view of
     one: __setitem__ writes through one) while grad mode is on; a LazyTensor
-    made from such a leaf is it."""
-    if not target.requires_grad or not torch.is_grad_enabled():
-        return                  # a detached view of a leaf may be written, as in eager
+    made from such a leaf is it.  Likewise an inference tensor (made under
+    torch.inference_mode()) outside inference mode."""
     family = target.family
     root = family.root if type(family) is Member else target
+    if (root.is_materialized and not torch.is_inference_mode_enabled()
+            and root.to_eager().is_inference()):
+        raise RuntimeError("Inplace update to inference tensor outside InferenceMode is not "
+                           "allowed.You can make a clone to get a normal tensor before doing "
+                           "inplace update.See https://github.com/pytorch/rfcs/pull/17 for "
+                           "more details.")
+    if not target.requires_grad or not torch.is_grad_enabled():
+        return                  # a detached view of a leaf may be written, as in eager
     if root.is_materialized:
         value = root.to_eager()
         if value.is_leaf and value.requires_grad:

@@ -140,6 +140,8 @@ class TorchScriptBackend(Backend):
             outs = ["%outs"]
         text = "\n".join([f"graph({', '.join(params)}):", *ir.lines, f"  return ({outs[0]})"])
         fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
+        if view.grad:
+            fn = _without_autodiff(fn)
         program = Program(slots, fn, len(view.outputs) == 1, text)
         if not fuses:
             program._first_call = functools.partial(_legacy_first_call, program, text)
@@ -286,6 +288,29 @@ def _legacy_first_call(program, text, *inputs):
             raise
     finally:
         torch._C._jit_set_profiling_executor(previous)
-    program.call = torch._C._create_function_from_graph("fastlazy_graph",
-                                                        torch._C.parse_ir(text))
+    fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
+    program.call = _without_autodiff(fn) if type(program.call) is _without_autodiff else fn
     return program.call(*inputs)
+
+
+class _without_autodiff:
+    """A graph whose inputs require grad, run without the graph executor's
+    optimizations: its autodiff subgraphs fail inside TorchScript (an
+    INTERNAL ASSERT in alias analysis, "We don't have an op for aten::mul")
+    when an intermediate is kept across backward or for double backward.
+    Unoptimized, the executor runs the ops one by one and autograd records
+    them as eager does.  (The flag is per thread; it is restored after the
+    call.)"""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *inputs):
+        previous = torch._C._get_graph_executor_optimize()
+        torch._C._set_graph_executor_optimize(False)
+        try:
+            return self.fn(*inputs)
+        finally:
+            torch._C._set_graph_executor_optimize(previous)

@@ -28,7 +28,14 @@ typedef struct {
  * enum to Cython and Python (fastlazy._core.Form), so it is written once. */
 enum fl_form {
     FORM_CALL = 0,      /* torch.X(input, ...), Tensor.X(self, ...), operators */
-    FORM_INPLACE = 1    /* Tensor.X_(self, ...), __iX__: writes self */
+    FORM_INPLACE = 1,   /* Tensor.X_(self, ...), __iX__: writes self */
+    /* A watch: an entry that never records (a lazy argument goes on to the
+     * original, which reaches LazyTensor.__torch_function__ as before).  It
+     * only computes, before an eager write, the pending nodes that may read
+     * the memory written (see fl_flush_writes). */
+    FORM_WATCH = 2,          /* writes only what out= names */
+    FORM_WATCH_INPLACE = 3   /* torch.relu_, torch._foreach_add_: writes its
+                                tensor arguments (and out=) */
 };
 
 typedef PyObject *(*fl_handler_t)(PyObject *entry, PyObject *const *args,
@@ -43,19 +50,71 @@ static fl_handler_t fl_lazy_handler = NULL;
 static int fl_pending = 0;
 static int (*fl_flush_pending)(PyObject *written) = NULL;
 
+/* Compute first the pending nodes that may read `written`: a tensor, or a
+ * list or tuple of them (torch._foreach_add_'s self, out=(a, b)). */
+static int
+fl_flush_written(PyObject *written)
+{
+    if (PyList_Check(written) || PyTuple_Check(written)) {
+        /* a list may change under us only through our own callbacks: hold it */
+        PyObject *seq = PySequence_Fast(written, "");
+        if (seq == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && fl_pending; i++) {
+            if (fl_flush_pending(PySequence_Fast_GET_ITEM(seq, i)) < 0) {
+                Py_DECREF(seq);
+                return -1;
+            }
+        }
+        Py_DECREF(seq);
+        return 0;
+    }
+    if (Py_TYPE(written) == fl_lazy_type)
+        return 0;       /* a write to a LazyTensor rebinds it: no memory changes */
+    return fl_flush_pending(written);
+}
+
+/* An eager call is about to write: what it writes must not change under a
+ * pending node that read it (the graph sees the contents it was recorded
+ * with).  Written are self (FORM_INPLACE), every positional argument
+ * (FORM_WATCH_INPLACE: torch._fused_adam_ writes several lists), and what
+ * out= names (any form). */
+static int
+fl_flush_writes(FLEntry *e, PyObject *const *args, Py_ssize_t n, PyObject *kwnames)
+{
+    if (e->form == FORM_INPLACE && n > 0 && fl_flush_written(args[0]) < 0)
+        return -1;
+    if (e->form == FORM_WATCH_INPLACE) {
+        for (Py_ssize_t i = 0; i < n && fl_pending; i++)
+            if (fl_flush_written(args[i]) < 0)
+                return -1;
+    }
+    if (kwnames != NULL) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nk && fl_pending; k++) {
+            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), "out") == 0
+                    && fl_flush_written(args[n + k]) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *
 fl_entry_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                     PyObject *kwnames)
 {
     FLEntry *e = (FLEntry *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = n + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
-    for (Py_ssize_t i = 0; i < total; i++) {
-        if (Py_TYPE(args[i]) == fl_lazy_type)
-            /* Cython code sees a missing kwnames as None, never NULL */
-            return fl_lazy_handler(self, args, n, kwnames ? kwnames : Py_None);
+    if (e->form < FORM_WATCH) {
+        Py_ssize_t total = n + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+        for (Py_ssize_t i = 0; i < total; i++) {
+            if (Py_TYPE(args[i]) == fl_lazy_type)
+                /* Cython code sees a missing kwnames as None, never NULL */
+                return fl_lazy_handler(self, args, n, kwnames ? kwnames : Py_None);
+        }
     }
-    if (fl_pending && e->form == FORM_INPLACE && n > 0 && fl_flush_pending(args[0]) < 0)
+    if (fl_pending && fl_flush_writes(e, args, n, kwnames) < 0)
         return NULL;
     return PyObject_Vectorcall(e->orig, args, nargsf, kwnames);
 }

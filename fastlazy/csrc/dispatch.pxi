@@ -64,9 +64,14 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if ops[0].kind != K_LAZY:
             return run_eager(entry, args, nargs, kwnames, form, "in-place on an eager tensor")
         self_t = <LazyTensor>p[0]
-        if self_t.meta.requires_grad and (self_t.value is not None or self_t.family is not None):
-            # only a materialized value (or a view's root) can be a leaf
+        if self_t.value is not None or self_t.family is not None:
+            # only a materialized value (or a view's root) can be a leaf, or
+            # an inference tensor
             _hooks.check_leaf(self_t)
+            if (self_t.meta.requires_grad and self_t.value is not None
+                    and self_t.value.is_leaf and not _torch.is_grad_enabled()):
+                # a leaf that requires grad written under no_grad stays one
+                return run_eager(entry, args, nargs, kwnames, form, "writes a leaf under no_grad")
         if self_t.family is None and self_t.value is not None and self_t.value._is_view():
             # a view of another tensor (made by an eager fallback such as
             # x[0] or x.view(-1)): writing through it must reach its base
@@ -85,8 +90,10 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
         if self_t.family is not None:
-            _hooks.check_write(self_t, [<object>ops[i].obj for i in range(nops)
-                                        if ops[i].kind == K_LAZY])
+            if _hooks.check_write(self_t, [<object>ops[i].obj for i in range(nops)
+                                           if ops[i].kind == K_LAZY]):
+                return run_eager(entry, args, nargs, kwnames, form,
+                                 "writes through a view whose elements overlap")
         record(op, ops, nops, &out, attr, flags, self_t)
         if self_t.family is not None:
             # a view or a base of views: the write shows in the others

@@ -269,8 +269,28 @@ cdef int flush_pending(PyObject *written) except -1:
         return 0
     if not _many_threads:
         fl_pending = 0
-    flush(seg, REASON_EAGER_WRITE)
+    try:
+        flush(seg, REASON_EAGER_WRITE)
+    except Exception:
+        # The graph failed (an index out of range...).  The eager write that
+        # merely ran it goes on, as in eager, where the error was raised at
+        # its own call; each tensor of the segment is computed on its own
+        # now, before the write, and one that fails raises when read.
+        _recover_all(seg)
     return 0
+
+
+cdef void _recover_all(Segment seg):
+    cdef list owners = []
+    cdef int32_t i
+    for i in range(seg.n):
+        if seg.nodes[i].owner != NULL:
+            owners.append(<object>seg.nodes[i].owner)
+    for t in owners:
+        try:
+            materialize(<LazyTensor>t)
+        except Exception:
+            pass
 
 
 def mark_step():

@@ -19,7 +19,6 @@ cdef PyObject *op_params[MAX_OPS][MAX_PARAMS]
 cdef list _op_param_names = []     # keeps the op_params strings alive
 cdef int n_ops = 0
 cdef object _str_input = "input"
-cdef object _str_self = "self"
 
 
 def register_op(int op, int rule, int cats, int flags, tuple params,
@@ -64,7 +63,10 @@ cdef int parse_args(int op, PyObject **args, Py_ssize_t nargs, object kwnames,
                 if <PyObject*>name == op_params[op][i] or name == <object>op_params[op][i]:
                     j = i
                     break
-            if j < 0 and (name == _str_input or name == _str_self):
+            if j < 0 and name == _str_input:
+                # (never self=: no torch function or method takes its tensor
+                # by that keyword, and eager refuses it; the generic path
+                # then raises eager's TypeError)
                 j = 0
             if j < 0 or p[j] != NULL:
                 return 0

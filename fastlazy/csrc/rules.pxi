@@ -275,7 +275,11 @@ cdef int wrap_dim(object d, int ndim) except -2:
     if type(d) is not int:
         return -1
     cdef int n = ndim if ndim > 0 else 1
-    cdef long v = d
+    cdef long long v
+    try:
+        v = d
+    except OverflowError:
+        return -1           # beyond 64 bits: eager raises its own error
     if v < -n or v >= n:
         return -1
     return v + n if v < 0 else v

@@ -618,5 +618,10 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     counters[C_NODES] += 1
     fl_pending = 1
     if seg.n >= flush_threshold or seg.nslots >= flush_threshold:
-        flush(seg, REASON_THRESHOLD)
+        try:
+            flush(seg, REASON_THRESHOLD)
+        except Exception:
+            # the graph failed: the call that filled the buffer is not the
+            # one that failed; each tensor of the segment raises when read
+            pass
     return t

@@ -138,7 +138,16 @@ cdef class LazyTensor:
         return self.meta.shape[self._wrap_dim(dim)]
 
     cdef int _wrap_dim(self, dim) except -1:
-        cdef int d = dim, nd = self.meta.ndim
+        cdef long long d
+        cdef int nd = self.meta.ndim
+        # eager's parser takes an int, or an object with __index__ (an
+        # integer 0-dim tensor), never a float
+        dim = _operator_index(dim)
+        try:
+            d = dim
+        except OverflowError:
+            # eager's exception for a dim beyond 64 bits
+            raise ValueError("Overflow when unpacking long long") from None
         if nd == 0:
             nd = 1
         if d < -nd or d >= nd:

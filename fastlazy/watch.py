@@ -1,0 +1,147 @@
+"""Eager writes that no recording entry point sees.
+
+A pending node reads its eager inputs when the graph runs, not when it was
+recorded; the graph must still see the contents they had at the call,
+whatever writes them afterwards.  Every way Python code can write an eager
+tensor therefore computes first the pending nodes that may read its memory
+(the core's flush_pending: a storage comparison, so a write through a view,
+a `.data` alias or another tensor set_ to the same storage counts too):
+
+- Tensor methods that write self (Tensor.add_, __setitem__, set_ ...): the
+  entry points of patching.py, FORM_INPLACE;
+- torch functions that write (torch.relu_, torch.index_put_,
+  torch._foreach_add_, torch._fused_adam_, torch._C._nn.elu_ -- which
+  F.relu(inplace=True), nn.ReLU(inplace=True) and the optimizers call), and
+  out= of any torch function: watch entries (FORM_WATCH*, csrc/_entry.h),
+  which never record, so a LazyTensor argument still reaches
+  LazyTensor.__torch_function__ as before;
+- the rest, patched here in Python: torch.ops (OpOverload and its packet,
+  which call the dispatcher directly), `x.data = y`, torch.utils.swap_tensors,
+  writes through a storage (UntypedStorage.fill_/copy_/[i] = v), and the
+  ways memory leaves torch (Tensor.numpy, __array__, __dlpack__): what is
+  written through the array later cannot be seen, so the nodes run first.
+
+What still writes unseen -- memory handed out before the node was recorded
+(a NumPy array, a DLPack capsule, a data_ptr) and then written, or C++ code
+such as autograd accumulating into an existing .grad -- bumps no version
+counter in the first case (README, Semantics: call mark_step() first) and
+is caught in the second by the version check at flush, which raises.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastlazy import _core
+
+FORM_WATCH, FORM_WATCH_INPLACE = _core.Form.FORM_WATCH, _core.Form.FORM_WATCH_INPLACE
+
+# Modules whose C functions may write: torch itself, and those F and the
+# optimizers call (F.dropout(inplace=True) calls torch._VF.dropout_, which
+# a module attribute set here answers before VFModule.__getattr__ does).
+_MODULES = (("torch", torch), ("torch._VF", torch._VF), ("torch._C._nn", torch._C._nn),
+            ("torch.linalg", torch.linalg), ("torch.special", torch.special),
+            ("torch.fft", torch.fft))
+_BUILTIN = type(torch.relu_)
+
+
+def watch_entries(taken):
+    """(owner, attribute, qualified name, form) of every C torch function
+    that may write an eager tensor and has no entry yet (`taken`: the
+    (owner, attr) pairs patched already): the in-place ones (name ending
+    in "_") and those documented to take out=."""
+    for prefix, module in _MODULES:
+        names = dir(torch._C._VariableFunctions) if module is torch._VF else dir(module)
+        for name in sorted(names):
+            if name.startswith("__") or (module, name) in taken:
+                continue
+            func = getattr(module, name, None)
+            if type(func) is not _BUILTIN:
+                continue
+            if name.endswith("_"):
+                yield module, name, f"{prefix}.{name}", FORM_WATCH_INPLACE
+            elif "out=" in (func.__doc__ or "") or "out (Tensor" in (func.__doc__ or ""):
+                yield module, name, f"{prefix}.{name}", FORM_WATCH
+
+
+def _written_args(schema):
+    """Positions and names of the arguments an op's schema writes
+    (Tensor(a!) self, Tensor(a!)[] out ...)."""
+    return tuple((i, a.name) for i, a in enumerate(schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _flush_schema_writes(op, args, kwargs):
+    written = op.__dict__.get("_fastlazy_written")
+    if written is None:
+        written = op._fastlazy_written = _written_args(op._schema)
+    for i, name in written:
+        value = args[i] if i < len(args) else kwargs.get(name)
+        if value is not None:
+            _core.flush_reading(value)
+
+
+def python_patches():
+    """(owner, attr, replacement) for the writes patched in Python."""
+    ops = torch._ops
+    overload_call = ops.OpOverload.__call__
+    packet_call = ops.OpOverloadPacket.__call__
+
+    def OpOverload__call__(self, /, *args, **kwargs):
+        if _core.pending_nodes():
+            _flush_schema_writes(self, args, kwargs)
+        return overload_call(self, *args, **kwargs)
+
+    def OpOverloadPacket__call__(self, /, *args, **kwargs):
+        if _core.pending_nodes():
+            # which overload runs is the dispatcher's choice: whatever any
+            # of them may write
+            for name in self.overloads():
+                _flush_schema_writes(getattr(self, name), args, kwargs)
+        return packet_call(self, *args, **kwargs)
+
+    base_data = torch._C.TensorBase.data
+
+    def _data_get(self):
+        return base_data.__get__(self)
+
+    def _data_set(self, value):
+        _core.flush_reading(self)
+        base_data.__set__(self, value)
+
+    swap = torch.utils.swap_tensors
+
+    def swap_tensors(t1, t2):
+        _core.flush_reading((t1, t2))
+        return swap(t1, t2)
+
+    patches = [(ops.OpOverload, "__call__", OpOverload__call__),
+               (ops.OpOverloadPacket, "__call__", OpOverloadPacket__call__),
+               (torch.Tensor, "data", property(_data_get, _data_set, doc=base_data.__doc__)),
+               (torch.utils, "swap_tensors", swap_tensors)]
+    for attr in ("fill_", "copy_", "__setitem__"):
+        patches.append((torch.UntypedStorage, attr, _storage_write(getattr(torch.UntypedStorage, attr))))
+    for attr in ("numpy", "__array__", "__dlpack__"):
+        patches.append((torch.Tensor, attr, _export(getattr(torch.Tensor, attr))))
+    return patches
+
+
+def _storage_write(method):
+    def write(self, *args, **kwargs):
+        if _core.pending_nodes():
+            # the storage as a tensor: the core compares storages
+            _core.flush_reading(torch.empty(0, dtype=torch.uint8, device=self.device).set_(self))
+        return method(self, *args, **kwargs)
+    write.__name__ = write.__qualname__ = method.__name__
+    write.__doc__ = method.__doc__
+    return write
+
+
+def _export(method):
+    def export(self, *args, **kwargs):
+        if _core.pending_nodes() and type(self) is not _core.LazyTensor:
+            _core.flush_reading(self)
+        return method(self, *args, **kwargs)
+    export.__name__ = export.__qualname__ = method.__name__
+    export.__doc__ = method.__doc__
+    export.__wrapped__ = method
+    return export

@@ -1,0 +1,507 @@
+"""Adversarial programs, eager as the oracle: values, dtypes, types and the
+exception type raised (issue 15, "silent wrong values" and "wrong
+exception").  Each program `f(lz)` runs with lz the identity and with
+lz = fastlazy.lazy."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy._core import LazyTensor
+from helpers import fastlazy_enabled  # noqa: F401  (module fixture)
+
+
+def _plain(x):
+    if type(x) is LazyTensor:
+        return x.to_eager()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_plain(v) for v in x)
+    return x
+
+
+def run(f, lz):
+    torch.manual_seed(0)
+    try:
+        out = _plain(f(lz))
+        fastlazy.mark_step()
+        return "ok", out
+    except Exception as exc:           # the exception type is compared
+        fastlazy.mark_step()
+        return "raised", type(exc)
+
+
+def same_as_eager(f):
+    eager, lazy = run(f, lambda t: t), run(f, fastlazy.lazy)
+    assert eager[0] == lazy[0], (eager, lazy)
+    if eager[0] == "raised":
+        assert lazy[1] is eager[1]
+        return
+    _equal(eager[1], lazy[1])
+
+
+def _equal(e, l):
+    if isinstance(e, torch.Tensor):
+        assert type(l) is torch.Tensor
+        assert (e.dtype, e.shape, e.layout, e.requires_grad) == \
+            (l.dtype, l.shape, l.layout, l.requires_grad)
+        torch.testing.assert_close(l.detach(), e.detach(), equal_nan=True)
+    elif isinstance(e, (tuple, list)):
+        assert len(e) == len(l)
+        for a, b in zip(e, l):
+            _equal(a, b)
+    else:
+        assert e == l
+
+
+def cases(*fs):
+    return pytest.mark.parametrize("f", fs, ids=[f.__name__ for f in fs])
+
+
+# -- custom autograd.Function, autograd.grad, gradcheck --------------------
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return a * a
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        return 2 * a * g
+
+
+class ScaleTwo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, k):
+        ctx.k = k
+        return a * k + b, a - b
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        return g1 * ctx.k + g2, g1 - g2, None
+
+
+def fn_square(lz):
+    w = torch.linspace(-1, 1, 5, requires_grad=True)
+    y = Square.apply(lz(w) * 3)
+    r = y.requires_grad
+    y.sum().backward()
+    return r, w.grad
+
+
+def fn_two_outputs(lz):
+    a = torch.rand(4, requires_grad=True)
+    b = torch.rand(4, requires_grad=True)
+    u, v = ScaleTwo.apply(lz(a), b, 2.5)
+    (u * v).sum().backward()
+    return a.grad, b.grad, u.requires_grad
+
+
+def fn_function_on_eager_after_lazy(lz):
+    w = torch.rand(3, requires_grad=True)
+    y = Square.apply(lz(w).exp().sum().reshape(1)) * w
+    y.sum().backward()
+    return w.grad
+
+
+def fn_grad_of_eager_leaf(lz):
+    w = torch.ones(3, requires_grad=True)
+    x = lz(torch.arange(3.0))
+    (g,) = torch.autograd.grad((x * w).pow(2).sum(), w)
+    return type(g) is torch.Tensor, g
+
+
+def fn_grad_several_inputs(lz):
+    w = torch.ones(3, requires_grad=True)
+    v = torch.full((3,), 2.0, requires_grad=True)
+    g = torch.autograd.grad((lz(torch.arange(3.0)) * w * v).sum(), [w, v])
+    return [type(t) is torch.Tensor for t in g], g
+
+
+def fn_gradcheck(lz):
+    x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    return torch.autograd.gradcheck(lambda t: (lz(t) * 2).sin(), (x,))
+
+
+def fn_gradcheck_custom(lz):
+    x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    return torch.autograd.gradcheck(lambda t: Square.apply(lz(t) + 1), (x,))
+
+
+@cases(fn_square, fn_two_outputs, fn_function_on_eager_after_lazy, fn_grad_of_eager_leaf,
+       fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom)
+def test_autograd_calls(f):
+    same_as_eager(f)
+
+
+# -- TorchScript autodiff: intermediates kept, double backward ------------
+
+def fn_kept_intermediate(lz):
+    w = torch.ones(3, requires_grad=True)
+    y = lz(torch.arange(3.0)) * w
+    z = y * 2
+    y.sum().backward()
+    return z, w.grad
+
+
+def fn_kept_report(lz):
+    w = torch.rand(4, requires_grad=True)
+    loss = (lz(torch.rand(4)) * w).pow(2).mean()
+    report = loss * 1000
+    probs = (lz(torch.rand(2, 4)) * w).softmax(-1)
+    loss.backward()
+    return report, probs, w.grad
+
+
+def fn_double_backward(lz):
+    w = torch.ones(3, requires_grad=True)
+    y = (lz(torch.arange(3.0)) * w).pow(3).sum()
+    (g,) = torch.autograd.grad(y, w, create_graph=True)
+    g.sum().backward()
+    return w.grad
+
+
+def fn_hessian_vector(lz):
+    w = torch.rand(4, requires_grad=True)
+    y = (lz(torch.rand(4)) * w).tanh().sum()
+    (g,) = torch.autograd.grad(y, w, create_graph=True)
+    (h,) = torch.autograd.grad((g * torch.ones(4)).sum(), w)
+    return h
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager"], indirect=True)
+@cases(fn_kept_intermediate, fn_kept_report, fn_double_backward, fn_hessian_vector)
+def test_autodiff_graphs(f, backend):
+    same_as_eager(f)
+
+
+# -- writes through attributes, under no_grad, to inference tensors -------
+
+def fn_data_add(lz):
+    x = lz(torch.ones(3))
+    x.data.add_(1)
+    return x
+
+
+def fn_data_setitem(lz):
+    x = lz(torch.ones(2, 3))
+    x.data[0] = 100
+    x.data[:, 1].mul_(3)
+    return x
+
+
+def fn_data_of_view(lz):
+    x = lz(torch.zeros(4))
+    v = x[1:3]
+    v.data.fill_(7)
+    return x, v
+
+
+def fn_grad_zero(lz):
+    w = torch.ones(3, requires_grad=True)
+    x = lz(w)
+    (x * 2).sum().backward()
+    x.grad.zero_()
+    return w.grad
+
+
+def fn_grad_setitem_and_none(lz):
+    w = torch.ones(3, requires_grad=True)
+    x = lz(w)
+    (x * x).sum().backward()
+    x.grad[0] = 9
+    first = x.grad.clone()
+    x.grad = None
+    return first, x.grad is None
+
+
+def fn_no_grad_leaf(lz):
+    p = lz(torch.ones(3, requires_grad=True))
+    with torch.no_grad():
+        p.add_(1)
+        p.mul_(2)
+        p[0] = 7
+        p.zero_() if False else p.clamp_(max=5)
+    r = (p.requires_grad, p.is_leaf)
+    (p * p).sum().backward()
+    return r, p.detach(), p.grad
+
+
+def fn_inference_add_(lz):
+    with torch.inference_mode():
+        t = torch.ones(3)
+    x = lz(t)
+    x.add_(1)
+    return x
+
+
+def fn_inference_setitem(lz):
+    with torch.inference_mode():
+        t = torch.ones(3)
+    x = lz(t)
+    x[0] = 5
+    return x
+
+
+def fn_inference_inside_mode(lz):
+    with torch.inference_mode():
+        t = torch.ones(3)
+        x = lz(t)
+        x.add_(1)
+        return x.clone()
+
+
+@cases(fn_data_add, fn_data_setitem, fn_data_of_view, fn_grad_zero, fn_grad_setitem_and_none,
+       fn_no_grad_leaf, fn_inference_add_, fn_inference_setitem, fn_inference_inside_mode)
+def test_writes(f):
+    same_as_eager(f)
+
+
+# -- layouts a LazyTensor cannot hold ---------------------------------------
+
+def fn_to_sparse_dense(lz):
+    return lz(torch.eye(3)).to_sparse().to_dense()
+
+
+def fn_sparse_arith(lz):
+    return (lz(torch.eye(3) * 2).to_sparse() * 3).to_dense() + 1
+
+
+def fn_sparse_csr(lz):
+    return lz(torch.eye(3)).to_sparse_csr().to_dense()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@cases(fn_to_sparse_dense, fn_sparse_arith, fn_sparse_csr)
+def test_layouts(f):
+    same_as_eager(f)
+
+
+def test_lazy_of_a_sparse_tensor_is_refused_clearly():
+    with pytest.raises(TypeError, match="layout"):
+        fastlazy.lazy(torch.eye(2).to_sparse())
+
+
+# -- argument errors: eager's exception type ------------------------------
+
+@cases(lambda lz: lz(torch.ones(3)).size(2 ** 40),
+       lambda lz: lz(torch.ones(3)).size(-2 ** 40),
+       lambda lz: lz(torch.ones(3)).size(2 ** 64),
+       lambda lz: lz(torch.ones(3)).size(lz(torch.tensor(0))),
+       lambda lz: lz(torch.ones(3)).size(1.0),
+       lambda lz: lz(torch.ones(3)).sum(2 ** 64),
+       lambda lz: lz(torch.ones(3)).sum(2 ** 40),
+       lambda lz: lz(torch.ones(3)).softmax(2 ** 64),
+       lambda lz: lz(torch.ones(2, 3)).mean(-2 ** 70),
+       lambda lz: torch.add(self=lz(torch.ones(3)), other=2),
+       lambda lz: torch.mul(self=lz(torch.ones(3)), other=2),
+       lambda lz: torch.add(input=lz(torch.ones(3)), other=2),
+       lambda lz: torch.relu(self=lz(torch.ones(3))))
+def test_argument_errors(f):
+    same_as_eager(f)
+
+
+# -- a failed graph's error surfaces where its tensors are read -----------
+
+def test_deferred_error_does_not_surface_in_an_eager_write():
+    emb = fastlazy.lazy(torch.rand(4, 2))
+    e = torch.ones(2)
+    bad = F.embedding(fastlazy.lazy(torch.tensor([7])), emb) + e
+    good = fastlazy.lazy(torch.ones(2)) * e
+    e.add_(1)                                  # ran the graph: no IndexError here
+    torch.testing.assert_close(e, torch.full((2,), 2.0))
+    torch.testing.assert_close(good.to_eager(), torch.ones(2))
+    for _ in range(3):                          # the same type at every read
+        with pytest.raises(IndexError):
+            bad.to_eager()
+
+
+def test_deferred_error_does_not_surface_at_a_threshold_flush():
+    before = fastlazy._core.get_flush_threshold()
+    fastlazy._core.set_flush_threshold(3)
+    try:
+        bad = F.embedding(fastlazy.lazy(torch.tensor([9])), fastlazy.lazy(torch.rand(4, 2)))
+        x = fastlazy.lazy(torch.ones(2))
+        for _ in range(6):
+            x = x + 1
+        torch.testing.assert_close(x.to_eager(), torch.full((2,), 7.0))
+        for _ in range(2):
+            with pytest.raises(IndexError):
+                bad.to_eager()
+    finally:
+        fastlazy._core.set_flush_threshold(before)
+
+
+def test_reading_a_failed_tensor_keeps_the_exception_type():
+    y = F.embedding(fastlazy.lazy(torch.tensor([7])), fastlazy.lazy(torch.rand(4, 2)))
+    z = y * 2
+    for t in (y, z, y):
+        with pytest.raises(IndexError):
+            t.to_eager()
+
+
+# -- writes through views whose elements overlap; in-place reshapes; set_ --
+
+@cases(lambda lz: lz(torch.ones(1, 4)).expand(3, 4).zero_(),
+       lambda lz: _base_after(lz(torch.ones(1, 4)), lambda b: b.expand(3, 4).fill_(2)),
+       lambda lz: _base_after(lz(torch.ones(4, 1)), lambda b: b.expand(4, 3).add_(1)),
+       lambda lz: _base_after(lz(torch.zeros(5)), lambda b: b.unfold(0, 3, 1).add_(1)),
+       lambda lz: _base_after(lz(torch.zeros(6)), lambda b: b.unfold(0, 2, 1).mul_(3).add_(1)),
+       lambda lz: _base_after(lz(torch.zeros(5)), lambda b: b.as_strided((3, 3), (1, 1)).add_(1)),
+       lambda lz: _base_after(lz(torch.arange(8.0)),
+                              lambda b: b.as_strided((2, 3), (2, 1), 1).sub_(1)),
+       lambda lz: _base_after(lz(torch.zeros(2, 4)), lambda b: b[:, :1].expand(2, 3).fill_(4)),
+       lambda lz: _base_after(lz(torch.zeros(5)),
+                              lambda b: b.unfold(0, 3, 1).__setitem__((0, 1), 5)),
+       lambda lz: _views_after(lz(torch.zeros(6)), lambda b: b.unfold(0, 3, 1).add_(1)))
+def test_writes_through_overlapping_views(f):
+    same_as_eager(f)
+
+
+def _base_after(base, write):
+    write(base)
+    return base
+
+
+def _views_after(base, write):
+    other = base[2:5]
+    write(base)
+    return base, other
+
+
+def fn_squeeze_view_write(lz):
+    b = lz(torch.zeros(1, 3))
+    v = b[:]
+    v.squeeze_(0)
+    v.add_(1)
+    return b, v, v.shape
+
+
+def fn_unsqueeze_view_setitem(lz):
+    b = lz(torch.zeros(3))
+    v = b[:]
+    v.unsqueeze_(0)
+    v[0, 1] = 5
+    return b, v
+
+
+def fn_transpose_view_write(lz):
+    b = lz(torch.zeros(2, 3))
+    v = b[:, :]
+    v.t_()
+    v[0].fill_(7)
+    b[1, 2] = 3
+    return b, v
+
+
+def fn_set_lazy(lz):
+    x = lz(torch.zeros(3))
+    y = lz(torch.ones(3))
+    x.set_(y)
+    y.add_(1)
+    x[0] = -1
+    return x, y
+
+
+def fn_set_eager(lz):
+    e = torch.ones(3)
+    x = lz(torch.zeros(2))
+    x.set_(e)
+    x.mul_(3)
+    e[1] = 9
+    return x, e
+
+
+def fn_set_view_of_other(lz):
+    y = lz(torch.arange(6.0))
+    v = y[2:4]
+    x = lz(torch.zeros(2))
+    x.set_(v)
+    x.add_(10)
+    return x, v, y
+
+
+@cases(fn_squeeze_view_write, fn_unsqueeze_view_setitem, fn_transpose_view_write,
+       fn_set_lazy, fn_set_eager, fn_set_view_of_other)
+def test_view_metadata_and_aliasing(f):
+    same_as_eager(f)
+
+
+def test_failed_bool_subtraction_logs_nothing(caplog):
+    a = fastlazy.lazy(torch.tensor([True, False]))
+    calls = (lambda: a - a, lambda: a - True, lambda: torch.sub(a, a), lambda: a.sub_(a),
+             lambda: a.sub_(True), lambda: torch.sub(a, a, out=a), lambda: a.__isub__(a))
+    with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"):
+        for call in calls:
+            with pytest.raises(RuntimeError):
+                call()
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
+
+
+# -- eager operands of dtypes a LazyTensor cannot hold ----------------------
+
+def _uint_cases():
+    for dt in (torch.uint16, torch.uint32, torch.uint64):
+        yield pytest.param(lambda lz, dt=dt: lz(torch.ones(3)) + torch.ones(3, dtype=dt),
+                           id=f"float+{dt}")
+        yield pytest.param(lambda lz, dt=dt: lz(torch.ones(3, dtype=torch.int64))
+                           * torch.full((3,), 2, dtype=dt), id=f"int64*{dt}")
+        yield pytest.param(lambda lz, dt=dt: torch.where(lz(torch.tensor([True, False, True])),
+                                                         torch.ones(3, dtype=dt),
+                                                         torch.zeros(3, dtype=dt)),
+                           id=f"where-{dt}")
+        yield pytest.param(lambda lz, dt=dt: torch.cat([lz(torch.ones(2)).to(dt),
+                                                        torch.zeros(2, dtype=dt)]),
+                           id=f"cat-{dt}")
+
+
+@pytest.mark.parametrize("f", list(_uint_cases()))
+def test_unsigned_operands(f):
+    same_as_eager(f)
+
+
+def test_lazy_of_an_unsigned_tensor_is_refused_clearly():
+    with pytest.raises(TypeError, match="cannot hold.*keep it eager"):
+        fastlazy.lazy(torch.ones(3, dtype=torch.uint32))
+
+
+# -- the default dtype changed between recording and reading -------------
+
+@pytest.fixture
+def float32_after():
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def fn_default_changed_after_recording(lz):
+    a = lz(torch.arange(4)) * 1.5                 # float32 under the old default
+    b = lz(torch.arange(4)).exp()
+    c = torch.arange(4) / lz(torch.full((4,), 3))
+    torch.set_default_dtype(torch.float64)
+    d = lz(torch.arange(4)) * 1.5                 # float64 now
+    e = lz(torch.arange(4)).exp()
+    r = [(t.dtype, t) for t in (a, b, c, d, e)]
+    torch.set_default_dtype(torch.float32)
+    f = lz(torch.arange(4)) / 7
+    return r, f.dtype, f
+
+
+def fn_default_changed_twice_same_signature(lz):
+    out = []
+    for dt in (torch.float64, torch.float32, torch.float64):
+        torch.set_default_dtype(dt)
+        t = torch.sigmoid(lz(torch.arange(3)))       # generic or ruled: dtype from the default
+        u = lz(torch.arange(3)).true_divide(2)
+        out += [t.dtype, t, u.dtype, u]
+    torch.set_default_dtype(torch.float32)
+    return out
+
+
+@cases(fn_default_changed_after_recording, fn_default_changed_twice_same_signature)
+def test_default_dtype_changes(f, float32_after):
+    same_as_eager(f)
