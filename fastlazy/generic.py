@@ -80,6 +80,7 @@ def forget_signatures():
     dtypes may be other ones now)."""
     with _lock:
         _signatures.clear()
+        _core.forget_generic()
 
 
 def lowering(index):
