@@ -28,6 +28,7 @@ tensors in place of the inputs.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import os
@@ -77,8 +78,7 @@ class TieredProgram:
         self.error = None
         self.fast_run_seconds = self.compiled_run_seconds = None
         self._view = _without_tensors(view)
-        call = fast.call
-        self._fast = call if not fast.single else (lambda *inputs: (call(*inputs),))
+        self._bind_fast()
         self._fast_times: list[float] = []
         self._probe_times: list[float] = []
         self._future = None
@@ -89,7 +89,16 @@ class TieredProgram:
     def run(self, inputs):
         """The first run (the graph cache's miss path)."""
         self.runs += 1
-        return tuple(self.fast.run(inputs))
+        out = self.fast.run(inputs)
+        # the first run may have replaced the fast program's callable
+        # (TorchScript's executor choice: backends/torchscript.py)
+        self._bind_fast()
+        return out
+
+    def _bind_fast(self):
+        """self._fast: the fast tier's callable, returning a sequence."""
+        call = self.fast.call
+        self._fast = call if not self.fast.single else (lambda *inputs: (call(*inputs),))
 
     # -- the fast tier ------------------------------------------------------
 
@@ -110,16 +119,11 @@ class TieredProgram:
     def _submit(self, inputs):
         if not fx_threads.install():
             # this torch's tracer cannot run beside the user's thread
-            self.tier = "fast (no background compiles with this torch)"
-            self._view = None
-            self.call = self._fast
-            return
-        view, self._view = self._view, None
+            return self._stay_fast("fast (no background compiles with this torch)")
         limit = getattr(backends.get("inductor"), "max_depth", None)
-        if limit is not None and view.depth() > limit:
-            self.tier = "fast (too deep to compile)"
-            self.call = self._fast
-            return
+        if limit is not None and self._view.depth() > limit:
+            return self._stay_fast("fast (too deep to compile)")
+        view, self._view = self._view, None
         examples = _examples(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
@@ -139,9 +143,9 @@ class TieredProgram:
 
     def _replay(self, *inputs):
         """The fast tier, called with the compiled program's inputs (every
-        slot; the fast tier may take fewer: TorchScript folds constant
-        bool scalars)."""
-        return self._fast(*[inputs[p] for p in self._pick])
+        slot, at positions 0..n-1; the fast tier may take fewer:
+        TorchScript folds constant bool scalars)."""
+        return self._fast(*[inputs[p] for p in self.fast.slots])
 
     # -- the switch -----------------------------------------------------------
 
@@ -150,11 +154,10 @@ class TieredProgram:
         try:
             compiled = future.result()
         except Exception as exc:     # noqa: BLE001 - the fast tier keeps running
-            self.tier = "fast (compile failed)"
             self.error = f"{type(exc).__name__}: {exc}"[:500]
             metrics.count_event("compile_failures")
             metrics.count_event("tier_compiles_failed")
-            self.call = self._fast
+            self._stay_fast("fast (compile failed)")
             return self._fast(*inputs)
         metrics.count_event("tier_compiles_done")
         self._compiled = _taking(compiled, self.fast.slots, self._constants)
@@ -178,15 +181,14 @@ class TieredProgram:
             self.call = self._compiled
             metrics.count_event("tier_promotions")
         else:
-            self.tier = "fast (compiled was slower)"
-            self.call = self._fast
-            self._compiled = None
+            self._stay_fast("fast (compiled was slower)")
         self.fast_run_seconds, self.compiled_run_seconds = fast, compiled
 
-    @property
-    def _pick(self):
-        # positions of the fast tier's inputs among every slot's (0..n-1)
-        return self.fast.slots
+    def _stay_fast(self, tier):
+        """The fast tier for good, called directly from now on."""
+        self.tier = tier
+        self.call = self._fast
+        self._view = self._compiled = None
 
 
 def _keep(samples, value, limit):
@@ -258,10 +260,7 @@ def describe(program) -> dict:
 
 def summary(programs) -> str:
     """One line: how many of `programs` are on each tier."""
-    counts: dict = {}
-    for program in programs:
-        if isinstance(program, TieredProgram):
-            counts[program.tier] = counts.get(program.tier, 0) + 1
+    counts = collections.Counter(p.tier for p in programs if isinstance(p, TieredProgram))
     return ", ".join(f"{tier} {n}" for tier, n in sorted(counts.items())) or "no tiered graphs"
 
 

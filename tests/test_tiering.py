@@ -270,3 +270,28 @@ def test_a_program_that_ends_during_a_compile_exits_cleanly(delay):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "done"
+
+
+def test_the_fast_tier_calls_what_the_first_run_left(auto, monkeypatch):
+    """A backend's first run may replace its program's callable (the
+    TorchScript backend does when the legacy executor's shape analysis
+    rejects a graph): later runs must call the replacement."""
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1000)
+    real = backends.get("torchscript").compile
+
+    def replaced_at_first_run(view):
+        program = real(view)
+        good = program.call
+
+        def stale(*inputs):
+            raise AssertionError("called the callable the first run replaced")
+
+        def first_call(*inputs):
+            program.call = good
+            return good(*inputs)
+        program.call, program._first_call = stale, first_call
+        return program
+    monkeypatch.setattr(backends.get("torchscript"), "compile", replaced_at_first_run)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    for k in range(3):
+        torch.testing.assert_close(run(a, b, float(k)), graph(a, b, float(k)))
