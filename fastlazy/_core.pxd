@@ -287,6 +287,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
 
 # csrc/generic_record.pxi
 cdef object generic_hit(object func, tuple pos, dict kw, bint ruled)
+cpdef tuple signature_key(object func, tuple args, dict kwargs, list tensors, bint ruled,
+                          object autocast)
 # csrc/flush.pxi
 cdef int flush(Segment seg, int reason) except -1
 cdef int run_segment_for(LazyTensor t) except -1

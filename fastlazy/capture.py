@@ -70,7 +70,7 @@ class Signature:
 
 def _substitute(x, it):
     """x with every tensor replaced by the next item of `it` (the order of
-    describe_call)."""
+    signature_key)."""
     t = type(x)
     if t is LazyTensor or isinstance(x, torch.Tensor):
         return next(it)
@@ -104,7 +104,7 @@ def _example(t, make=torch.empty):
 def analyse(func, args, kwargs, tensors, ruled, nestable):
     """(the Signature of func(*args, **kwargs), its aten program or None
     where no result is recorded); `tensors` are the call's tensor arguments
-    in describe_call's order.  `ruled`: its row's C rule does not take these
+    in signature_key's order.  `ruled`: its row's C rule does not take these
     arguments; `nestable`: a cat-like call, which may hold more than
     MAX_INPUTS tensors (the Signature is then only checked, and `nested`).
     Raises Unsafe with the reason it is not recorded."""

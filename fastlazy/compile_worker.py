@@ -6,7 +6,7 @@ and because one core of compile work at a time is what a user's program can
 spare.  The thread lowers its own scheduling priority (Linux: per-thread
 niceness, inherited by the C++ compiler processes inductor starts), so the
 user's thread keeps its core; the GIL is still shared, which is why the
-compile is measured against the user's loop in tests/test_tiering.py.
+thread also limits its own duty cycle (see _work).
 
 At interpreter exit the compiles still queued are dropped (a program that
 ends must not wait for compiles nobody will use) and the one under way is
@@ -42,8 +42,8 @@ def submit(fn, *args) -> concurrent.futures.Future:
 
 
 def idle(timeout: float | None = None) -> bool:
-    """Wait until every submitted compile has finished (tests, benchmarks
-    and `fastlazy.wait_compiles()`); False if `timeout` passed first."""
+    """Wait until every submitted compile has finished (tiering.wait: tests
+    and benchmarks); False if `timeout` passed first."""
     done = submit(lambda: None)
     # the caller blocks meanwhile: nothing to leave the core and GIL for
     _core.set_throttle(0, 0)

@@ -31,7 +31,7 @@ from fastlazy.capture import MAX_INPUTS, Signature, Unsafe
 MAX_SIGNATURES = 20_000       # signatures kept before the cache starts over
 
 # argument types that stand for themselves in a signature (the core's
-# describe_call handles tensors, containers, floats and slices)
+# signature_key handles tensors, containers, floats and slices)
 ATOMS = frozenset({int, bool, str, type(None), type(Ellipsis), torch.dtype,
                     torch.device, torch.layout, torch.memory_format})
 
@@ -96,8 +96,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         key, tensors = prepared
     else:
         tensors = []
-        key = (func, _core.describe_call(args, kwargs, tensors), torch.is_grad_enabled(),
-               _autocast_key(), ruled)
+        key = _core.signature_key(func, args, kwargs, tensors, ruled, _autocast_key())
     sig = _signatures.get(key)
     if sig is None:
         sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"),

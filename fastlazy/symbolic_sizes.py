@@ -36,7 +36,8 @@ _ALIGN = {
 
 
 def make_sizes_symbolic(gm: torch.fx.GraphModule) -> bool:
-    """Rewrite gm's size arguments in place; True if any changed."""
+    """Rewrite gm's size arguments in place; True if any changed.  The
+    caller recompiles gm's code (capture.py does once, after every pass)."""
     changed = False
     for node in list(gm.graph.nodes):
         align = _ALIGN.get(node.target) if node.op == "call_function" else None
@@ -67,12 +68,9 @@ def make_sizes_symbolic(gm: torch.fx.GraphModule) -> bool:
         if align == "left" and free and -1 not in sizes and all(
                 n > 0 for n in sizes if type(n) is int):
             new[free[0]] = -1
-        if any(isinstance(n, torch.fx.Node) for n in new) or new != list(sizes):
+        if new != list(sizes):          # (a Node never equals an int)
             node.args = (source, new, *node.args[2:])
             changed = True
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
     return changed
 
 

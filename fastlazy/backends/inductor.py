@@ -146,8 +146,6 @@ class _ShapeDispatch:
             self.on_replay()
         return self.replay(*inputs)
 
-
-
     def _compile(self, args, dynamic):
         with _compile_lock:
             return self._compile_locked(args, dynamic)

@@ -69,7 +69,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             # an inference tensor
             _hooks.check_leaf(self_t)
             if (self_t.meta.requires_grad and self_t.value is not None
-                    and self_t.value.is_leaf and not _torch.is_grad_enabled()):
+                    and self_t.value.is_leaf and not grad_enabled()):
                 # a leaf that requires grad written under no_grad stays one
                 return run_eager(entry, args, nargs, kwnames, form, "writes a leaf under no_grad")
         if self_t.family is None and self_t.value is not None and self_t.value._is_view():

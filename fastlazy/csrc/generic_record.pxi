@@ -137,13 +137,10 @@ cdef object generic_hit(object func, tuple pos, dict kw, bint ruled):
     if fl_autocast:
         return ()          # the key holds the autocast state: Python builds it
     cdef list tensors = []
-    cdef list parts = []
     try:
-        describe(pos, tensors, parts)
-        describe(kw, tensors, parts)
+        key = signature_key(func, pos, kw, tensors, ruled, None)
     except Exception:
         return ()
-    key = (func, tuple(parts), grad_enabled(), None, ruled)
     found = _generic_hits.get(key)
     if found is None:
         return key, tensors
@@ -190,16 +187,18 @@ def adopt(LazyTensor target, LazyTensor source):
         detach_handle(target, value)
 
 
-def describe_call(tuple args, dict kwargs, list tensors):
-    """The signature of a call's arguments (fastlazy.generic): a tuple with
+cpdef tuple signature_key(object func, tuple args, dict kwargs, list tensors, bint ruled,
+                          object autocast):
+    """A call's signature (fastlazy.generic): the function; a tuple with
     each LazyTensor's dtype/shape/device/requires_grad (and view geometry),
     each eager tensor's metadata, and every other argument's value; the
-    tensors are appended to `tensors` in order.  In C: it runs on every
-    call the generic path records."""
+    grad mode; the autocast state (`autocast`, built by the caller); and
+    `ruled`.  The tensors are appended to `tensors` in order.  In C: it
+    runs on every call the generic path records."""
     cdef list parts = []
     describe(args, tensors, parts)
     describe(kwargs, tensors, parts)
-    return tuple(parts)
+    return (func, tuple(parts), grad_enabled(), autocast, ruled)
 
 
 cdef int describe(object x, list tensors, list parts) except -1:
