@@ -325,7 +325,7 @@ class FastLazy(Contender):
             for call in calls:
                 call()
         tiering.wait()
-        for _ in range(tiering.PROBE_RUNS + 2):
+        for _ in range(tiering.probe_calls() + 1):
             for call in calls:
                 call()
 

@@ -27,7 +27,8 @@ _events: collections.Counter = collections.Counter()    # count_event's names
 tier_listing = None
 tier_summary = None
 _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_failed",
-                "tier_promotions", "tier_fast_runs_while_compiling")
+                "tier_promotions", "tier_fast_runs_while_compiling",
+                "tier_frozen_compiles_failed", "tier_frozen_misses")
 
 
 def count_fallback(name: str, reason: str = "") -> None:

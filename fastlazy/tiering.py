@@ -10,9 +10,13 @@ A graph's life:
 2. compiling -- on its `hot_after`-th run the graph is handed to the
    compile thread (fastlazy.compile_worker), compiled by inductor for the
    shapes of that run.  Calls meanwhile run the fast tier: none waits.
-3. probation -- once the compile is done, the next `PROBE_RUNS` calls run
-   the compiled program, timed; the tier whose median run is shorter
-   wins.  (A fused graph is not always faster: convolutions on CPU are
+3. probation -- once the compile is done, the next calls run each
+   candidate in turn, timed, `PROBE_RUNS` times (plus one warm-up): the
+   compiled program, the fast tier again, and for an inference graph that
+   reads parameters (nn.Parameter) the graph compiled with them frozen
+   (inductor's freezing: weights prepacked for oneDNN, constants folded),
+   which is valid only while the same parameters, unwritten, come in --
+   checked on every call.  The fastest median wins.  (A fused graph is not always faster: convolutions on CPU are
    often slower under inductor than in eager's oneDNN calls.)
 4. hot, or fast for good -- the winner is called directly from then on.
    A compile that fails leaves the graph on the fast tier (counted in
@@ -34,12 +38,14 @@ import dataclasses
 import os
 import statistics
 import time
+import weakref
 
 import torch
 
 from fastlazy import backends, compile_worker, fx_threads, metrics
 
-PROBE_RUNS = 5            # compiled runs timed before the faster tier is kept
+PROBE_RUNS = 5            # timed runs of each candidate before the fastest is kept
+CANDIDATES = 3            # at most: compiled, compiled with parameters frozen, fast
 FAST_SAMPLES = 8          # recent fast-tier run times kept for the comparison
 
 
@@ -127,19 +133,34 @@ class TieredProgram:
         examples = _examples(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
+        frozen = _frozen_inputs(self.fast.slots, inputs)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
-        self._future = compile_worker.submit(self._compile, view, examples)
+        self._future = compile_worker.submit(self._compile, view, examples, frozen)
 
-    def _compile(self, view, examples):
-        """On the compile thread: the compiled program, ready to run the
-        shapes of `examples`."""
+    def _compile(self, view, examples, frozen):
+        """On the compile thread: the compiled candidates, ready to run
+        the shapes of `examples` -- the graph as it is, then (for an
+        inference graph reading parameters) the graph with those
+        parameters frozen: a frozen candidate that fails to compile is
+        left out, the plain one failing fails the compile."""
         start = time.perf_counter()
-        program = backends.get("inductor").compile(
-            view, replay=self._replay, on_replay=_count_fast_run)
+        inductor = backends.get("inductor")
+        program = inductor.compile(view, replay=self._replay, on_replay=_count_fast_run)
         program.call.warm(examples)
+        candidates = [("compiled", program, None)]
+        if frozen is not None and hasattr(inductor, "compile_frozen"):
+            try:
+                by_position = {self.fast.slots[k]: t for k, t in frozen.tensors()}
+                program = inductor.compile_frozen(view, by_position)
+                program.call.warm([e for s, e in zip(view.slots, examples)
+                                   if s.position not in by_position])
+                candidates.append(("compiled, parameters frozen", program, frozen))
+            except Exception as exc:     # noqa: BLE001 - the plain candidate stands
+                self.error = f"frozen: {type(exc).__name__}: {exc}"[:500]
+                metrics.count_event("tier_frozen_compiles_failed")
         self.compile_seconds = time.perf_counter() - start     # (counted by the backend)
-        return program
+        return candidates
 
     def _replay(self, *inputs):
         """The fast tier, called with the compiled program's inputs (every
@@ -152,7 +173,7 @@ class TieredProgram:
     def _promote(self, inputs):
         future, self._future = self._future, None
         try:
-            compiled = future.result()
+            candidates = future.result()
         except Exception as exc:     # noqa: BLE001 - the fast tier keeps running
             self.error = f"{type(exc).__name__}: {exc}"[:500]
             metrics.count_event("compile_failures")
@@ -160,35 +181,138 @@ class TieredProgram:
             self._stay_fast("fast (compile failed)")
             return self._fast(*inputs)
         metrics.count_event("tier_compiles_done")
-        self._compiled = _taking(compiled, self.fast.slots, self._constants)
+        self._candidates = []
+        for name, program, frozen in candidates:
+            call = _taking(program, self.fast.slots, self._constants)
+            if frozen is not None:
+                call = frozen.guarding(call, self._frozen_changed)
+            self._candidates.append(_Candidate(name, call))
+        self._compiled = self._candidates[0].call
+        # the fast tier is timed again beside them: its runs while the
+        # compile thread was busy were slowed by it
+        self._fast_candidate = _Candidate("fast", self._fast)
+        self._candidates.append(self._fast_candidate)
         self.tier = "probation"
         self.call = self._probe
         return self._probe(*inputs)
 
     def _probe(self, *inputs):
-        start = time.perf_counter()
-        out = self._compiled(*inputs)
-        self._probe_times.append(time.perf_counter() - start)
-        if len(self._probe_times) > PROBE_RUNS:
+        """Each candidate in turn, timed, until each has PROBE_RUNS + 1
+        runs (the first warms up)."""
+        pending = [c for c in self._candidates if len(c.times) <= PROBE_RUNS]
+        if not pending:
             self._decide()
+            return self.call(*inputs)
+        candidate = min(pending, key=lambda c: len(c.times))
+        start = time.perf_counter()
+        out = candidate.call(*inputs)
+        if not candidate.stale:
+            candidate.times.append(time.perf_counter() - start)
         return out
 
     def _decide(self):
-        compiled = statistics.median(self._probe_times[1:])    # the first warms up
-        fast = statistics.median(self._fast_times) if self._fast_times else float("inf")
-        if compiled <= fast:
-            self.tier = "hot"
-            self.call = self._compiled
+        timed = self._fast_candidate.times[1:] or self._fast_times
+        fast = statistics.median(timed) if timed else float("inf")
+        ranked = sorted((statistics.median(c.times[1:]), k, c)
+                        for k, c in enumerate(self._candidates)
+                        if c is not self._fast_candidate and not c.stale and len(c.times) > 1)
+        self.fast_run_seconds = fast
+        if ranked and ranked[0][0] <= fast:
+            compiled, _, best = ranked[0]
+            self.tier = "hot" if best is self._candidates[0] else f"hot ({best.name})"
+            self.call = best.call
+            # where a frozen winner's inputs change: the next best
+            self._fallback = next((c.call for t, _, c in ranked[1:] if t <= fast), self._fast)
+            self._compiled = best.call
             metrics.count_event("tier_promotions")
+            self.compiled_run_seconds = compiled
         else:
+            self.compiled_run_seconds = ranked[0][0] if ranked else None
             self._stay_fast("fast (compiled was slower)")
-        self.fast_run_seconds, self.compiled_run_seconds = fast, compiled
+        self._candidates = []
+
+    def _frozen_changed(self, inputs, for_good):
+        """A frozen candidate met other tensors (or the same ones changed)
+        where it froze parameters: this call runs elsewhere; `for_good`
+        (the parameters were replaced or written) drops the candidate."""
+        metrics.count_event("tier_frozen_misses")
+        if self.tier == "probation":
+            if for_good:
+                for c in self._candidates[1:-1]:      # the frozen ones
+                    c.stale = True
+            return self._candidates[0].call(*inputs)
+        fallback = getattr(self, "_fallback", self._fast)
+        if for_good and self.tier.startswith("hot ("):
+            self.tier = "hot" if fallback is not self._fast else "fast (parameters changed)"
+            self.call = self._compiled = fallback
+        return fallback(*inputs)
 
     def _stay_fast(self, tier):
         """The fast tier for good, called directly from now on."""
         self.tier = tier
         self.call = self._fast
         self._view = self._compiled = None
+
+
+class _Candidate:
+    """A compiled program on probation: its call and its timed runs."""
+
+    def __init__(self, name, call):
+        self.name = name
+        self.call = call
+        self.times: list[float] = []
+        self.stale = False
+
+
+class _Frozen:
+    """The parameters an inference graph read on its hot_after-th run,
+    as a frozen candidate takes them: by input index, held weakly, with
+    the version and data pointer each had, and the shapes of the other
+    tensor inputs (the frozen program is compiled for those alone)."""
+
+    def __init__(self, parameters, shapes):
+        self.parameters = parameters      # ((index, weakref, version, data_ptr), ...)
+        self.shapes = shapes              # ((index, shape), ...) of the other tensors
+
+    def tensors(self):
+        return [(k, ref()) for k, ref, _, _ in self.parameters]
+
+    def guarding(self, call, changed):
+        """call(*inputs) where the frozen tensors are the inputs, unchanged,
+        and the other shapes the compiled ones; else changed(inputs,
+        for_good) computes the call."""
+        parameters, shapes = self.parameters, self.shapes
+
+        def guarded(*inputs):
+            for k, ref, version, pointer in parameters:
+                t = inputs[k]
+                if t is not ref() or t._version != version or t.data_ptr() != pointer:
+                    return changed(inputs, True)
+            for k, shape in shapes:
+                if inputs[k].shape != shape:
+                    return changed(inputs, False)
+            return call(*inputs)
+        return guarded
+
+
+def _frozen_inputs(positions, inputs):
+    """The parameters (nn.Parameter inputs) of a run without autograd,
+    which a frozen candidate may hold as constants; None for a run that
+    records autograd history or reads no parameter."""
+    if torch.is_grad_enabled():
+        return None
+    parameters, shapes = [], []
+    for k, t in enumerate(inputs):
+        if type(t) is torch.nn.Parameter:
+            parameters.append((k, weakref.ref(t), t._version, t.data_ptr()))
+        elif isinstance(t, torch.Tensor):
+            shapes.append((k, t.shape))
+    return _Frozen(tuple(parameters), tuple(shapes)) if parameters else None
+
+
+def probe_calls() -> int:
+    """Calls after a compile is done by which the graph's tier is chosen."""
+    return (PROBE_RUNS + 1) * CANDIDATES + 1
 
 
 def _keep(samples, value, limit):

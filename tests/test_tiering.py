@@ -123,7 +123,7 @@ def test_a_hot_graph_moves_to_the_faster_compiled_tier(auto, scripted, monkeypat
     for k in range(3):
         torch.testing.assert_close(run(a, b, float(k)), graph(a, b, float(k)))
     assert tiering.wait(30)
-    for k in range(tiering.PROBE_RUNS + 3):
+    for k in range(tiering.probe_calls()):
         torch.testing.assert_close(run(a, b, float(k)), graph(a, b, float(k)))
     entry = only_tier()
     assert entry["tier"] == "hot", entry
@@ -138,7 +138,7 @@ def test_a_slower_compiled_program_is_dropped(auto, scripted):
     run(a, b, 1)
     run(a, b, 1)
     assert tiering.wait(30)
-    for k in range(tiering.PROBE_RUNS + 5):
+    for k in range(tiering.probe_calls() + 2):
         torch.testing.assert_close(run(a, b, k), graph(a, b, k))
     entry = only_tier()
     assert entry["tier"] == "fast (compiled was slower)", entry
@@ -198,7 +198,7 @@ def test_constant_bool_slots_reach_the_compiled_tier(auto, scripted, monkeypatch
     for _ in range(2):
         f(fastlazy.lazy(a)).to_eager()
     assert tiering.wait(30)
-    for _ in range(5):
+    for _ in range(tiering.probe_calls()):
         torch.testing.assert_close(f(fastlazy.lazy(a)).to_eager(), f(a))
     assert only_tier()["tier"] in ("hot", "fast (compiled was slower)")
 
@@ -212,7 +212,7 @@ def test_inductor_tier_gives_eagers_values_before_and_after_the_switch(auto, mon
     run(a, b, 0.5)
     run(a, b, 0.5)
     assert tiering.wait(300)
-    for k in range(6):
+    for k in range(tiering.probe_calls()):
         torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
     entry = only_tier()
     assert entry["tier"] in ("hot", "fast (compiled was slower)"), entry
@@ -228,7 +228,7 @@ def test_inductor_tier_runs_a_new_shape_on_the_fast_tier_while_compiling(auto, m
     run(a, b, 1)
     run(a, b, 1)
     assert tiering.wait(300)
-    for _ in range(4):
+    for _ in range(tiering.probe_calls()):
         run(a, b, 1)
     assert only_tier()["tier"] == "hot"
     fastlazy.metrics.reset()
@@ -245,6 +245,7 @@ def test_inductor_tier_runs_a_new_shape_on_the_fast_tier_while_compiling(auto, m
 def _always_promote(self):
     self.tier = "hot"
     self.call = self._compiled
+    self._candidates = []
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.5, 1.5])
@@ -295,3 +296,102 @@ def test_the_fast_tier_calls_what_the_first_run_left(auto, monkeypatch):
     a, b = torch.randn(4, 5), torch.randn(4, 5)
     for k in range(3):
         torch.testing.assert_close(run(a, b, float(k)), graph(a, b, float(k)))
+
+
+# -- parameters frozen into the compiled program ------------------------------
+
+
+def _prefer_frozen(self):
+    frozen = [c for c in self._candidates if c.name == "compiled, parameters frozen"]
+    assert frozen, "no frozen candidate was compiled"
+    self.tier = "hot (compiled, parameters frozen)"
+    self.call = self._compiled = frozen[0].call
+    self._fallback = self._candidates[0].call
+    self._candidates = []
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _settled(net, x):
+    with torch.no_grad():
+        for _ in range(2):
+            net(fastlazy.lazy(x)).to_eager()
+        assert tiering.wait(300)
+        for _ in range(tiering.probe_calls()):
+            net(fastlazy.lazy(x)).to_eager()
+
+
+def _lazy_run(net, x):
+    with torch.no_grad():
+        return net(fastlazy.lazy(x)).to_eager()
+
+
+def test_frozen_parameters_follow_writes_replacements_and_new_shapes(auto, monkeypatch):
+    """A program compiled with the parameters as constants must never give
+    a stale value: a parameter written in place, a parameter replaced, or
+    an input of another shape runs elsewhere, with eager's values."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    _settled(net, x)
+    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    with torch.no_grad():
+        expected = net(x)
+    torch.testing.assert_close(_lazy_run(net, x), expected)
+    misses = fastlazy.metrics.counters()["tier_frozen_misses"]
+
+    with torch.no_grad():
+        net.conv.weight.mul_(2)                # written in place: a new version
+        expected = net(x)
+    torch.testing.assert_close(_lazy_run(net, x), expected)
+    assert fastlazy.metrics.counters()["tier_frozen_misses"] == misses + 1
+    assert only_tier()["tier"] == "hot", "a stale frozen program stayed in use"
+
+    net.fc.weight = torch.nn.Parameter(torch.randn(5, 4 * 6 * 6))   # replaced
+    with torch.no_grad():
+        expected = net(x)
+    torch.testing.assert_close(_lazy_run(net, x), expected)
+
+
+def test_frozen_program_sends_another_shape_elsewhere(auto, monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    torch.manual_seed(0)
+    net = _Net()
+    _settled(net, torch.randn(2, 3, 6, 6))
+    y = torch.randn(3, 3, 6, 6)
+    misses = fastlazy.metrics.counters()["tier_frozen_misses"]
+    start = time.perf_counter()
+    out = _lazy_run(net, y)
+    assert time.perf_counter() - start < 1.0, "the new shape waited for a compile"
+    with torch.no_grad():
+        torch.testing.assert_close(out, net(y))
+    assert fastlazy.metrics.counters()["tier_frozen_misses"] == misses + 1
+    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+
+
+def test_training_graphs_freeze_nothing(auto, monkeypatch):
+    """Parameters that autograd differentiates change every step: a graph
+    recorded with grad enabled gets no frozen candidate."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    seen = []
+    real = tiering.TieredProgram._compile
+
+    def spy(self, view, examples, frozen):
+        seen.append(frozen)
+        return real(self, view, examples, frozen)
+    monkeypatch.setattr(tiering.TieredProgram, "_compile", spy)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    for _ in range(2):
+        net(fastlazy.lazy(x)).sum().backward()
+    assert tiering.wait(300)
+    assert seen and all(f is None for f in seen)

@@ -62,6 +62,19 @@ class InductorBackend(Backend):
         dispatch = _ShapeDispatch(gm, kinds, self, replay, on_replay)
         return Program([s.position for s in view.slots], dispatch, False, gm.code)
 
+    def compile_frozen(self, view, frozen, replay=None, on_replay=None) -> Program:
+        """The graph with the tensors in `frozen` (slot position -> tensor)
+        as constants, compiled with inductor's freezing: convolution
+        weights prepacked for oneDNN, subgraphs of constants folded.  Its
+        slots are the other positions; static shapes only.  The caller
+        must check on every call that the same tensors, unchanged, are
+        the graph's inputs at those positions (tiering does)."""
+        gm, kinds = _build_fx(view)
+        kinds = _freeze(gm, view, frozen, kinds)
+        dispatch = _ShapeDispatch(gm, kinds, self, replay, on_replay, frozen=True)
+        return Program([s.position for s in view.slots if s.position not in frozen],
+                       dispatch, False, gm.code)
+
     def submit(self, fn, *args):
         """Run fn(*args) on fastlazy's one background compile thread (its
         traces made safe beside the user's thread: fastlazy.fx_threads)."""
@@ -73,8 +86,9 @@ class InductorBackend(Backend):
 class _ShapeDispatch:
     """Compiled versions of one graph structure, by input shapes."""
 
-    def __init__(self, gm, kinds, backend, replay, on_replay):
+    def __init__(self, gm, kinds, backend, replay, on_replay, frozen=False):
         self.gm = gm
+        self.frozen = frozen      # gm holds constants: inductor's freezing, static shapes
         self.kinds = kinds        # per input: None (a tensor) or a scalar kind
         self.backend = backend
         self.replay = replay      # runs the graph while a background compile does
@@ -84,7 +98,7 @@ class _ShapeDispatch:
         self.failed = False       # a background compile failed: replay from now on
 
     def _args(self, inputs):
-        return [v if kind is None else torch.tensor(v, dtype=_SCALAR_DTYPES[kind])
+        return [v if kind is None else _scalar_tensor(kind, v)
                 for v, kind in zip(inputs, self.kinds)]
 
     def warm(self, inputs):
@@ -111,7 +125,7 @@ class _ShapeDispatch:
         shapes = tuple(a.shape for a in args)
         fn = self.by_shape.get(shapes)
         if fn is None:
-            if len(self.by_shape) >= self.backend.dynamic_after:
+            if len(self.by_shape) >= self.backend.dynamic_after and not self.frozen:
                 metrics.count_recompile("inductor: dynamic shapes")
                 if self.replay is not None:
                     self.dynamic = self.backend.submit(self._compile, _examples(args), True)
@@ -152,7 +166,12 @@ class _ShapeDispatch:
 
     def _compile_locked(self, args, dynamic):
         start = time.perf_counter()
-        if dynamic:
+        if self.frozen:
+            from torch._inductor import compile as inductor_compile, config
+            # freezing applies to inference graphs: compiled without grad
+            with config.patch(freezing=True), torch.no_grad():
+                compiled = inductor_compile(self.gm, list(args))
+        elif dynamic:
             compiled = torch.compile(self.gm, backend="inductor", dynamic=True, fullgraph=True)
             compiled(*args)         # compile now, so the time is attributed here
         else:
@@ -164,6 +183,48 @@ class _ShapeDispatch:
             compiled = inductor_compile(self.gm, list(args))
         metrics.add_compile_time(time.perf_counter() - start)
         return compiled
+
+
+# A scalar input's 0-dim tensor, made once per value: torch.tensor costs
+# ~2.5 us, and a transformer's graph passes a dozen scalars (eps, the GELU
+# constants) on every call.  Compiled graphs only read their inputs, and no
+# graph output is a view of a scalar slot (scalars are the non-tensor
+# operands of ops), so sharing one tensor per value is safe.
+_scalar_tensors: dict = {}
+_MAX_SCALAR_TENSORS = 4096
+
+
+def _scalar_tensor(kind, value):
+    # -0.0 == 0.0 and 1 == 1.0 == True: the key keeps them apart
+    key = (kind, type(value), value if value or kind == "bool" else repr(value))
+    t = _scalar_tensors.get(key)
+    if t is None:
+        t = torch.tensor(value, dtype=_SCALAR_DTYPES[kind])
+        if len(_scalar_tensors) >= _MAX_SCALAR_TENSORS:
+            _scalar_tensors.clear()
+        _scalar_tensors[key] = t
+    return t
+
+
+def _freeze(gm, view, frozen, kinds):
+    """Make the placeholders of the slots in `frozen` attributes of gm
+    holding those tensors (buffers: inductor's freezing folds a graph's
+    parameters and buffers); the kinds of the placeholders left."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    kept = []
+    for s, node, kind in zip(view.slots, placeholders, kinds):
+        if s.position not in frozen:
+            kept.append(kind)
+            continue
+        name = f"frozen{s.index}"
+        gm.register_buffer(name, frozen[s.position].detach())
+        with gm.graph.inserting_before(first_op):
+            attr = gm.graph.get_attr(name)
+        node.replace_all_uses_with(attr)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return kept
 
 
 def _examples(args):
