@@ -174,6 +174,12 @@ class Contender:
 
     # W4 (real models)
     w4_tolerance = dict(rtol=1e-4, atol=1e-5)
+
+    @property
+    def settled_w4_tolerance(self):
+        """W4 inference after settle(): the steady-state program's."""
+        return self.w4_tolerance
+
     first_call_limit_s: float | None = None     # W4: the first call may run this long
 
     def w4_step(self, model: zoo.ZooModel, module: nn.Module, x, target, mode: str):
@@ -350,6 +356,11 @@ class FastLazy(Contender):
     @property
     def w4_tolerance(self):
         return self.inductor_w4_tolerance if self.backend == "inductor" else Contender.w4_tolerance
+
+    @property
+    def settled_w4_tolerance(self):
+        compiled = self.backend in ("inductor", tiering.ENGINE.name)
+        return self.inductor_w4_tolerance if compiled else Contender.w4_tolerance
 
     def w4_step(self, model, module, x, target, mode):
         """The module stays eager (its parameters join the graphs as
@@ -761,6 +772,10 @@ def prepared_w4(case: W4Case):
         first_call_s = time.perf_counter() - start
         _check_w4(case, got, want, state() if mode == TRAIN else None, want_state)
         contender.settle([step])
+        if mode == INFER:
+            # the settled program (fastlazy's default engine: maybe a
+            # compiled tier, parameters frozen) still gives eager's output
+            torch.testing.assert_close(step(), want, **contender.settled_w4_tolerance)
         for _ in range(WARMUP_CALLS):
             start = time.perf_counter()
             step()
