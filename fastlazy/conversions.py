@@ -2,7 +2,7 @@
 
 A LazyTensor answers isinstance(x, torch.Tensor) (its __class__), so torch's
 C constructors that take "a tensor or data" (torch.tensor, torch.as_tensor,
-torch.asarray) would unpack it as a C tensor it is not: a crash.  They, and
+torch.asarray, the legacy torch.Tensor(...)) would unpack it as a C tensor it is not: a crash.  They, and
 the Python constructors that cannot hold a LazyTensor (nn.Parameter,
 nn.Buffer: a module's state is eager), get a wrapper that gives them the
 value instead.  nn.Module.to("lazy") leaves the module as it is: modules
@@ -95,6 +95,20 @@ def _eager_data(original):
     return staticmethod(__new__)
 
 
+def _tensor_new(original):
+    def __new__(cls, *args, **kwargs):
+        """torch.Tensor(...), the legacy constructor, given a LazyTensor:
+        torch.Tensor(x) is an alias of x in eager (whatever x's dtype), so
+        a lazy view of x; a LazyTensor inside data is read, as eager copies
+        data."""
+        if len(args) == 1 and not kwargs and type(args[0]) is LazyTensor and cls is torch.Tensor:
+            return args[0].view_as(args[0])
+        if any(_holds_lazy(a) for a in args) or any(_holds_lazy(v) for v in kwargs.values()):
+            args, kwargs = materialize(args), materialize(kwargs)
+        return original(cls, *args, **kwargs)
+    return staticmethod(__new__)
+
+
 def _is_lazy(device):
     return type(device) is str and device == "lazy"
 
@@ -119,6 +133,7 @@ def wrappers():
     yield torch, "tensor", _tensor
     yield torch, "as_tensor", _as_tensor
     yield torch, "asarray", _asarray
+    yield torch.Tensor, "__new__", _tensor_new
     yield torch.nn.Parameter, "__new__", _eager_data
     if hasattr(torch.nn, "Buffer"):
         yield torch.nn.Buffer, "__new__", _eager_data

@@ -48,3 +48,28 @@ def test_no_crash_and_eagers_result(call, materialized):
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+
+
+LEGACY_CONSTRUCTOR = textwrap.dedent("""
+    import torch, fastlazy
+    fastlazy.enable()
+    x = torch.rand(3)
+    lazy = fastlazy.lazy(x.clone()) * 1
+    alias = torch.Tensor(lazy)              # eager: an alias of its argument
+    alias.mul_(2)
+    assert torch.equal(lazy.to_eager(), x * 2), "torch.Tensor(x) is not x's alias"
+    mixed = torch.Tensor([fastlazy.lazy(torch.tensor(1.5)), 2.0])   # data: read
+    assert torch.equal(mixed, torch.Tensor([1.5, 2.0])), mixed
+    double = torch.Tensor(fastlazy.lazy(torch.ones(2, dtype=torch.float64)))
+    assert double.dtype == torch.float64 and type(double) is fastlazy.LazyTensor
+    print("ok")
+""")
+
+
+def test_the_legacy_tensor_constructor_takes_a_lazy_tensor():
+    """torch.Tensor(x) parses x as a C tensor (a LazyTensor answers
+    isinstance(x, torch.Tensor)): it crashed the process."""
+    done = subprocess.run([sys.executable, "-c", LEGACY_CONSTRUCTOR], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    assert done.stdout.strip() == "ok"
