@@ -22,7 +22,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, views
+from fastlazy import _core, program_templates, views
 from fastlazy.symbolic_sizes import make_sizes_symbolic
 from fastlazy._core import LazyTensor
 
@@ -174,10 +174,17 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
         sig.nested = True
         return sig, None
 
-    # 2. the aten program
-    gm, constants, draws = _trace(func, args, kwargs, examples,
-                                  [type(t) is LazyTensor and views.geometry(t) is None
-                                   for t in tensors])
+    # 2. the aten program: a signature of other sizes' (program_templates)
+    # where it computes these very results, else traced
+    erased = program_templates.erased_key(func, args, kwargs, tensors)
+    gm = program_templates.lookup(erased, mode, fakes, results)
+    if gm is not None:
+        constants, draws = [], []
+    else:
+        gm, constants, draws = _trace(func, args, kwargs, examples,
+                                      [type(t) is LazyTensor and views.geometry(t) is None
+                                       for t in tensors])
+        program_templates.keep(erased, gm, constants, draws)
     if len(tensors) + len(constants) + len(draws) > MAX_INPUTS:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments, constants and random draws")
     outputs = list(gm.graph.nodes)[-1].args[0]

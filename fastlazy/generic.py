@@ -24,7 +24,7 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, capture, views
+from fastlazy import _core, capture, program_templates, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import MAX_INPUTS, Signature, Unsafe
 
@@ -81,6 +81,7 @@ def forget_signatures():
     with _lock:
         _signatures.clear()
         _core.forget_generic()
+    program_templates.forget()
 
 
 def lowering(index):

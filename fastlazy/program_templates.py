@@ -1,0 +1,121 @@
+"""Aten programs shared by call signatures that differ only in their
+tensors' sizes.
+
+A generic call's signature includes its tensors' shapes, and its first
+call is analysed (capture.py): a run on fake tensors (eager's checks, the
+results' metadata), then a make_fx trace to its aten program, ~10-20 ms.
+A model meets many signatures that trace to the same program -- conv2d
+with other channel counts, the same block at a new batch size or sequence
+length -- and tracing each again is most of a first call's time and of a
+loop over new shapes.
+
+So the first program traced for a *shape-erased* signature (the function,
+every non-tensor argument's value, each tensor's dtype, rank, device,
+requires_grad and whether it is a LazyTensor laid out contiguously, the
+grad mode and default dtype) is kept as a template.  A later signature
+with the same erased key runs the template on its fake tensors instead of
+tracing, and takes it only if the template computes exactly the results
+the fake run of the call itself gave: as many, each with the same shape,
+strides, storage offset, dtype, requires_grad and aliasing of the inputs.
+A program that baked a size in (a view to fixed sizes the symbolic-size
+pass left, a split size, a factory) fails that check -- or raises -- and
+the call is traced as before.  Programs that lift constants or draw
+random numbers are never templates (a constant may depend on the shapes).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.utils._pytree as pytree
+
+from fastlazy import _core, views
+from fastlazy._core import LazyTensor
+
+MAX_TEMPLATES = 4096
+
+_lock = threading.Lock()
+_templates: dict = {}
+_stats = {"reused": 0, "rejected": 0}
+
+
+def erased_key(func, args, kwargs, tensors):
+    """The signature without tensor sizes, or None where templates do not
+    apply (autocast, an argument that is not hashable)."""
+    if _core.autocast_depth():
+        return None
+    parts = []
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            lazy = type(leaf) is LazyTensor
+            parts.append(("tensor", lazy, leaf.dtype, leaf.dim(), leaf.device,
+                          leaf.requires_grad, lazy and views.geometry(leaf) is None))
+        elif type(leaf) is float:
+            parts.append((float, leaf.hex()))      # -0.0 and nan are values of their own
+        else:
+            parts.append((type(leaf), leaf))
+    key = (func, pytree.tree_structure((args, kwargs)), tuple(parts), len(tensors),
+           torch.is_grad_enabled(), torch.get_default_dtype())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def lookup(key, mode, fakes, results):
+    """The template for `key` if it computes `results` from `fakes` (the
+    call's own fake run, in fake mode `mode`), else None."""
+    if key is None:
+        return None
+    gm = _templates.get(key)
+    if gm is None:
+        return None
+    try:
+        with mode:
+            outs = gm(*fakes)
+    except Exception:     # noqa: BLE001 - a size baked in: trace this call
+        _stats["rejected"] += 1
+        return None
+    if not _same_results(outs, fakes, results):
+        _stats["rejected"] += 1
+        return None
+    _stats["reused"] += 1
+    return gm
+
+
+def keep(key, gm, constants, draws):
+    """Make a freshly traced program its erased signature's template."""
+    if key is None or constants or draws:
+        return
+    with _lock:
+        if len(_templates) >= MAX_TEMPLATES:
+            _templates.clear()
+        _templates.setdefault(key, gm)
+
+
+def forget():
+    with _lock:
+        _templates.clear()
+
+
+def stats() -> dict:
+    """How many analyses took a template, and how many templates did not
+    fit (tests and fastlazy.explain)."""
+    return dict(_stats)
+
+
+def _same_results(outs, fakes, results):
+    outs = [v for v in pytree.tree_leaves(outs) if v is not None]
+    if len(outs) != len(results):
+        return False
+    for got, want in zip(outs, results):
+        if not isinstance(got, torch.Tensor) or (
+                got.shape != want.shape or got.stride() != want.stride()
+                or got.storage_offset() != want.storage_offset()
+                or got.dtype != want.dtype or got.requires_grad != want.requires_grad):
+            return False
+        for f in fakes:
+            if torch._C._is_alias_of(got, f) != torch._C._is_alias_of(want, f):
+                return False
+    return True

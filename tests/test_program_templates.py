@@ -1,0 +1,67 @@
+"""Signatures that differ only in sizes share an aten program when it
+computes their results (fastlazy.program_templates); one that baked a size
+in is traced again.  Either way: eager's values."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy import generic, program_templates
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    generic.forget_signatures()
+    yield
+    fastlazy.mark_step()
+
+
+def _delta(before, key):
+    return program_templates.stats()[key] - before[key]
+
+
+def test_conv2d_at_other_sizes_takes_the_first_ones_program():
+    before = program_templates.stats()
+    for channels, size in [(3, 8), (5, 8), (3, 12), (7, 5)]:
+        x, w = torch.randn(2, channels, size, size), torch.randn(4, channels, 3, 3)
+        got = F.conv2d(fastlazy.lazy(x), w, padding=1).to_eager()
+        torch.testing.assert_close(got, F.conv2d(x, w, padding=1))
+    assert _delta(before, "reused") == 3
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: torch.chunk(x, 2, dim=1),           # split size baked in: 4, then 6
+    lambda x: x.unflatten(1, (2, -1)),
+    lambda x: F.linear(x, torch.ones(x.shape[1], x.shape[1])),
+])
+def test_a_program_with_a_size_baked_in_is_traced_again(call):
+    before = program_templates.stats()
+    for n in (8, 12):
+        x = torch.randn(3, n)
+        got = call(fastlazy.lazy(x))
+        want = call(x)
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.to_eager(), w)
+
+
+def test_chunk_template_is_rejected_not_reused():
+    before = program_templates.stats()
+    for n in (8, 12):
+        x = torch.randn(3, n)
+        for g, w in zip(torch.chunk(fastlazy.lazy(x), 2, dim=1), torch.chunk(x, 2, dim=1)):
+            torch.testing.assert_close(g.to_eager(), w)
+    assert _delta(before, "rejected") == 1
+    assert _delta(before, "reused") == 0
+
+
+def test_autocast_calls_take_no_template():
+    before = program_templates.stats()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for n in (4, 6):
+            x, w = torch.randn(n, 8), torch.randn(8, 8)
+            got = F.linear(fastlazy.lazy(x), w).to_eager()
+            torch.testing.assert_close(got, F.linear(x, w))
+    assert _delta(before, "reused") == 0 and _delta(before, "rejected") == 0
