@@ -56,6 +56,12 @@ def idle(timeout: float | None = None) -> bool:
     return True
 
 
+def closing() -> bool:
+    """The program is exiting: a job made of several compiles stops
+    after the one under way."""
+    return _closing
+
+
 def _ensure_thread():
     global _thread
     if _thread is not None:

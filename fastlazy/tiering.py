@@ -149,7 +149,8 @@ class TieredProgram:
         program = inductor.compile(view, replay=self._replay, on_replay=_count_fast_run)
         program.call.warm(examples)
         candidates = [("compiled", program, None)]
-        if frozen is not None and hasattr(inductor, "compile_frozen"):
+        if frozen is not None and hasattr(inductor, "compile_frozen") \
+                and not compile_worker.closing():
             try:
                 by_position = {self.fast.slots[k]: t for k, t in frozen.tensors()}
                 program = inductor.compile_frozen(view, by_position)
