@@ -11,12 +11,14 @@ A graph's life:
    compile thread (fastlazy.compile_worker), compiled by inductor for the
    shapes of that run.  Calls meanwhile run the fast tier: none waits.
 3. probation -- once the compile is done, the next calls run each
-   candidate in turn, timed, `PROBE_RUNS` times (plus one warm-up): the
+   candidate in turn, timed, `PROBE_RUNS` times (after `PROBE_WARMUP`): the
    compiled program, the fast tier again, and for an inference graph that
    reads parameters (nn.Parameter) the graph compiled with them frozen
    (inductor's freezing: weights prepacked for oneDNN, constants folded),
    which is valid only while the same parameters, unwritten, come in --
-   checked on every call.  The fastest median wins.  (A fused graph is not always faster: convolutions on CPU are
+   checked on every call.  The candidate with the shortest typical run
+   (the median of its faster half: other work on the machine only ever
+   adds time) wins.  (A fused graph is not always faster: convolutions on CPU are
    often slower under inductor than in eager's oneDNN calls.)
 4. hot, or fast for good -- the winner is called directly from then on.
    A compile that fails leaves the graph on the fast tier (counted in
@@ -44,7 +46,8 @@ import torch
 
 from fastlazy import backends, compile_worker, fx_threads, metrics
 
-PROBE_RUNS = 5            # timed runs of each candidate before the fastest is kept
+PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
+PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
 CANDIDATES = 3            # at most: compiled, compiled with parameters frozen, fast
 FAST_SAMPLES = 8          # recent fast-tier run times kept for the comparison
 
@@ -198,9 +201,9 @@ class TieredProgram:
         return self._probe(*inputs)
 
     def _probe(self, *inputs):
-        """Each candidate in turn, timed, until each has PROBE_RUNS + 1
-        runs (the first warms up)."""
-        pending = [c for c in self._candidates if len(c.times) <= PROBE_RUNS]
+        """Each candidate in turn, timed, until each has PROBE_WARMUP +
+        PROBE_RUNS runs."""
+        pending = [c for c in self._candidates if len(c.times) < PROBE_WARMUP + PROBE_RUNS]
         if not pending:
             self._decide()
             return self.call(*inputs)
@@ -212,11 +215,12 @@ class TieredProgram:
         return out
 
     def _decide(self):
-        timed = self._fast_candidate.times[1:] or self._fast_times
-        fast = statistics.median(timed) if timed else float("inf")
-        ranked = sorted((statistics.median(c.times[1:]), k, c)
+        timed = self._fast_candidate.times[PROBE_WARMUP:] or self._fast_times
+        fast = _typical(timed) if timed else float("inf")
+        ranked = sorted((_typical(c.times[PROBE_WARMUP:]), k, c)
                         for k, c in enumerate(self._candidates)
-                        if c is not self._fast_candidate and not c.stale and len(c.times) > 1)
+                        if c is not self._fast_candidate and not c.stale
+                        and len(c.times) > PROBE_WARMUP)
         self.fast_run_seconds = fast
         if ranked and ranked[0][0] <= fast:
             compiled, _, best = ranked[0]
@@ -313,7 +317,14 @@ def _frozen_inputs(positions, inputs):
 
 def probe_calls() -> int:
     """Calls after a compile is done by which the graph's tier is chosen."""
-    return (PROBE_RUNS + 1) * CANDIDATES + 1
+    return (PROBE_WARMUP + PROBE_RUNS) * CANDIDATES + 1
+
+
+def _typical(times):
+    """The median of the faster half of `times`: a run's own cost, with
+    the time other work on the machine took from it mostly left out."""
+    fastest = sorted(times)[:max(1, (len(times) + 1) // 2)]
+    return statistics.median(fastest)
 
 
 def _keep(samples, value, limit):
