@@ -10,7 +10,8 @@ length -- and tracing each again is most of a first call's time and of a
 loop over new shapes.
 
 So the first program traced for a *shape-erased* signature (the function,
-every non-tensor argument's value, each tensor's dtype, rank, device,
+every non-tensor argument's value -- but the sizes given to a view,
+reshape or expand --, each tensor's dtype, rank, device,
 requires_grad and whether it is a LazyTensor laid out contiguously, the
 grad mode and default dtype) is kept as a template.  A later signature
 with the same erased key runs the template on its fake tensors instead of
@@ -34,6 +35,14 @@ from fastlazy._core import LazyTensor
 
 MAX_TEMPLATES = 4096
 
+# Functions whose int arguments are the result's shape and nothing else
+# (x.view(batch, seq, heads, -1)): for them the sizes are erased too, since
+# a view or expansion of a given input is fully determined by the result's
+# shape and strides, which the check compares.  (An int that picks a dim,
+# as sum's, is never erased: x.sum(1) and x.sum(2) can share a shape.)
+_SHAPE_ARGUMENTS = frozenset((torch.Tensor.view, torch.Tensor.reshape, torch.reshape,
+                              torch.Tensor.expand))
+
 _lock = threading.Lock()
 _templates: dict = {}
 _stats = {"reused": 0, "rejected": 0}
@@ -45,8 +54,11 @@ def erased_key(func, args, kwargs, tensors):
     if _core.autocast_depth():
         return None
     parts = []
+    shape_ints = func in _SHAPE_ARGUMENTS
     for leaf in pytree.tree_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor):
+        if shape_ints and (type(leaf) is int or type(leaf) is torch.Size):
+            parts.append(("size",) if type(leaf) is int else ("sizes", len(leaf)))
+        elif isinstance(leaf, torch.Tensor):
             lazy = type(leaf) is LazyTensor
             parts.append(("tensor", lazy, leaf.dtype, leaf.dim(), leaf.device,
                           leaf.requires_grad, lazy and views.geometry(leaf) is None))

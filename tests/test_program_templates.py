@@ -65,3 +65,27 @@ def test_autocast_calls_take_no_template():
             got = F.linear(fastlazy.lazy(x), w).to_eager()
             torch.testing.assert_close(got, F.linear(x, w))
     assert _delta(before, "reused") == 0 and _delta(before, "rejected") == 0
+
+
+def test_views_to_other_sizes_share_a_program_and_give_eagers_views():
+    """HuggingFace's x.view(batch, seq, heads, -1) at a new sequence length:
+    the sizes are erased from the template's key, and the check of the
+    result's shape and strides keeps each view eager's."""
+    before = program_templates.stats()
+    for seq in (8, 16, 24):
+        x = torch.randn(2, seq, 12)
+        lx = fastlazy.lazy(x)
+        got = lx.view(2, seq, 3, 4)
+        torch.testing.assert_close(got.to_eager(), x.view(2, seq, 3, 4))
+        other = lx.view(2, seq, 4, 3)                   # other sizes, same rank
+        torch.testing.assert_close(other.to_eager(), x.view(2, seq, 4, 3))
+        got.mul_(2)                                     # still a view of lx
+        torch.testing.assert_close(lx.to_eager(), x * 2)
+    assert _delta(before, "reused") >= 2
+
+
+def test_a_dim_argument_is_never_erased():
+    x = torch.randn(4, 4, 4)
+    lx = fastlazy.lazy(x)
+    torch.testing.assert_close(lx.sum(1).to_eager(), x.sum(1))
+    torch.testing.assert_close(lx.sum(2).to_eager(), x.sum(2))
