@@ -170,7 +170,7 @@ cdef object not_taken(object entry, PyObject **args, Py_ssize_t nargs, object kw
 
 cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
                          int form, bint ruled=False):
-    func = entry.__wrapped__
+    func = <object>fl_entry_orig(entry)
     fast = None
     if form != FORM_INPLACE:
         # a signature the generic path has seen and recorded before: its

@@ -107,6 +107,12 @@ cdef class GenericHit:
 
 cdef dict _generic_hits = {}    # signature_key(...) -> GenericHit
 cdef dict _fast_hits = {}       # flat key's hash -> GenericHit (chained by .next)
+# In front of _fast_hits: the last hit found per hash bucket (borrowed; the
+# dict owns every hit until forget_generic, which empties this too).
+cdef enum:
+    HIT_CACHE = 4096
+cdef PyObject *_hit_cache[HIT_CACHE]
+memset(_hit_cache, 0, sizeof(_hit_cache))
 
 
 def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple constants,
@@ -162,6 +168,7 @@ cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
 
 def forget_generic():
     """Drop every published signature (the generic path starts over)."""
+    memset(_hit_cache, 0, sizeof(_hit_cache))
     _generic_hits.clear()
     _fast_hits.clear()
 
@@ -273,74 +280,10 @@ ctypedef struct FastDesc:
 cdef class FastKey:
     """A call's flat key, kept (a miss's, then a published signature's)."""
     cdef object hash            # the words' and objects' hash, a Python int
+    cdef uint64_t h             # the same, in C
     cdef object func
     cdef bytes words
     cdef tuple objs
-
-
-cdef extern from "Python.h":
-    ctypedef object (*getter_fn)(object, void *)
-    int64_t PyLong_AsLongLongAndOverflow(object, int *) except? -1
-    double PyFloat_AS_DOUBLE(object)
-    Py_ssize_t PyTuple_GET_SIZE(object)
-    PyObject *PyTuple_GET_ITEM(object, Py_ssize_t)
-    Py_hash_t PyObject_Hash(object) except -1
-    int PyObject_RichCompareBool(object, object, int) except -1
-    ctypedef struct PyGetSetDefFull "PyGetSetDef":
-        getter_fn get
-        void *closure
-    ctypedef struct PyGetSetDescrObject:
-        PyGetSetDefFull *d_getset
-
-cdef object _Parameter = torch.nn.Parameter
-cdef object _dtype_type = torch.dtype
-cdef object _layout_type = torch.layout
-cdef object _memory_format_type = torch.memory_format
-cdef object _tensor_stride = torch._C.TensorBase.stride
-
-
-# An eager tensor's metadata through its type's getters, called directly
-# (torch.Tensor's attributes are these getset descriptors; checked at import,
-# else the fast path leaves eager tensors to signature_key).
-cdef PyGetSetDefFull *_get_dtype = NULL
-cdef PyGetSetDefFull *_get_shape = NULL
-cdef PyGetSetDefFull *_get_layout = NULL
-cdef PyGetSetDefFull *_get_is_cpu = NULL
-cdef PyGetSetDefFull *_get_is_cuda = NULL
-cdef PyGetSetDefFull *_get_requires_grad = NULL
-
-
-cdef PyGetSetDefFull *_tensor_getter(str name):
-    import types
-    d = torch._C.TensorBase.__dict__.get(name)
-    if (type(d) is not types.GetSetDescriptorType or getattr(TensorType, name, None) is not d
-            or getattr(_Parameter, name, None) is not d):
-        return NULL
-    return <PyGetSetDefFull*>(<PyGetSetDescrObject*>d).d_getset
-
-
-cdef bint _fast_eager = False
-
-
-cdef void _init_getters():
-    global _get_dtype, _get_shape, _get_layout, _get_is_cpu, _get_is_cuda
-    global _get_requires_grad, _fast_eager
-    _get_dtype = _tensor_getter("dtype")
-    _get_shape = _tensor_getter("shape")
-    _get_layout = _tensor_getter("layout")
-    _get_is_cpu = _tensor_getter("is_cpu")
-    _get_is_cuda = _tensor_getter("is_cuda")
-    _get_requires_grad = _tensor_getter("requires_grad")
-    _fast_eager = (_get_dtype != NULL and _get_shape != NULL and _get_layout != NULL
-                   and _get_is_cpu != NULL and _get_is_cuda != NULL
-                   and _get_requires_grad != NULL)
-
-
-_init_getters()
-
-
-cdef inline object tensor_get(PyGetSetDefFull *g, object x):
-    return g.get(x, g.closure)
 
 
 cdef inline bint put(FastDesc *d, int64_t w) noexcept:
@@ -525,12 +468,20 @@ cdef object fast_generic_hit(object func, PyObject **args, Py_ssize_t nargs, obj
             if not fast_describe(&d, <object>args[nargs + i]):
                 return None
     cdef uint64_t h = fast_hash(&d, func)
+    cdef GenericHit hit
+    cdef PyObject *cached = _hit_cache[h & (HIT_CACHE - 1)]
+    if cached != NULL:
+        hit = <GenericHit>cached
+        if hit.key.h == h and fast_matches(hit.key, &d, func):
+            out = record_hit(hit, d.ops, d.ntensors)
+            if out is not None:
+                return out
     hashed = h
     found = _fast_hits.get(hashed)
-    cdef GenericHit hit
     while found is not None:
         hit = <GenericHit>found
         if fast_matches(hit.key, &d, func):
+            _hit_cache[h & (HIT_CACHE - 1)] = <PyObject*>hit
             out = record_hit(hit, d.ops, d.ntensors)
             if out is not None:
                 return out
@@ -538,6 +489,7 @@ cdef object fast_generic_hit(object func, PyObject **args, Py_ssize_t nargs, obj
         found = hit.next
     cdef FastKey key = FastKey.__new__(FastKey)
     key.hash = hashed
+    key.h = h
     key.func = func
     key.words = (<char*>d.words)[:d.nwords * sizeof(int64_t)]
     key.objs = tuple([<object>d.objs[i] for i in range(d.nobjs)])
