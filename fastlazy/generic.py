@@ -138,6 +138,11 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
                                   sig.kinds[0][2] if view else None,
                                   bool(sig.kinds[0][3]) if view else False)
         return t
+    if (prepared and not sig.recorded and not sig.draws and len(sig.kinds) == 1
+            and sig.kinds[0][0] == "input" and sig.spec.is_leaf()):
+        # the call returns a tensor argument itself: so do its later calls,
+        # from the core
+        _core.publish_input(prepared, sig.kinds[0][1])
     flat = []
     for kind in sig.kinds:
         if kind[0] == "input":

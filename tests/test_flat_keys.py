@@ -172,3 +172,35 @@ def test_family_holds_views_weakly():
     member = kept[1].family
     assert type(member) is views.Member and member.root is x
     assert member.size == (1,) and member.stride == (1,) and member.offset == 1
+
+
+def test_call_returning_its_argument_is_a_hit_in_c(monkeypatch):
+    # x.contiguous() of a contiguous x returns x itself, as in eager
+    x = fastlazy.lazy(torch.rand(3, 4))
+    assert x.contiguous() is x
+    assert x.contiguous() is x
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went up into Python")
+
+    monkeypatch.setattr(generic, "record", refuse)
+    assert x.contiguous() is x
+    monkeypatch.undo()
+    t = x.t()
+    c = t.contiguous()              # a copy: another signature
+    assert c is not t
+    torch.testing.assert_close(c.to_eager(), x.to_eager().t())
+
+
+def test_getitem_is_a_hit_in_c(monkeypatch):
+    x = fastlazy.lazy(torch.arange(12.0).reshape(3, 4))
+    x[1:, ::2]
+    x[1:, ::2]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went up into Python")
+
+    monkeypatch.setattr(generic, "record", refuse)
+    y = x[1:, ::2]
+    torch.testing.assert_close(y.to_eager(), torch.arange(12.0).reshape(3, 4)[1:, ::2])
+    assert type(y.family) is views.Member and y.family.root is x

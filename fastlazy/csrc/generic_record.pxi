@@ -95,6 +95,7 @@ cdef class GenericHit:
     cdef int flags
     cdef tuple constants        # eager tensors the program reads, appended as inputs
     cdef int view_of            # the result is a view of tensors[view_of]; -1: not a view
+    cdef int returns_input      # the result is tensors[returns_input] itself; -1: a node
     cdef bint detached_view
     cdef int view_ndim          # the view's place in its root's storage
     cdef int64_t view_size[MAX_NDIM]
@@ -120,6 +121,7 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
     """Record later calls of the signature the core described as `prepared`
     (the key, tensors and flat key it handed to fastlazy.generic) in C."""
     cdef GenericHit hit = GenericHit.__new__(GenericHit)
+    hit.returns_input = -1
     index, dtype, shape, requires_grad = outs[0]
     if len(outs) != 1 or len(shape) > MAX_NDIM or index > 255 or not (
             0 <= lowering < (1 << ATTR_GENERIC_OUT_SHIFT)):
@@ -143,9 +145,24 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
             hit.view_size[j] = size[j]
             hit.view_stride[j] = stride[j]
         hit.view_offset = offset
+    file_hit(prepared, hit)
+
+
+def publish_input(tuple prepared, int index):
+    """Later calls of the signature return their tensor argument `index`
+    itself (x.contiguous() of a contiguous x)."""
+    cdef GenericHit hit = GenericHit.__new__(GenericHit)
+    hit.returns_input = index
+    hit.view_of = -1
+    hit.constants = ()
+    file_hit(prepared, hit)
+
+
+cdef int file_hit(tuple prepared, GenericHit hit) except -1:
     _generic_hits[prepared[0]] = hit
     if len(prepared) > 2 and prepared[2] is not None:
         add_fast_hit(<FastKey>prepared[2], hit)
+    return 0
 
 
 cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
@@ -156,6 +173,7 @@ cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
         memcpy(&h.meta, &hit.meta, sizeof(Meta))
         h.attr, h.flags, h.constants = hit.attr, hit.flags, hit.constants
         h.view_of, h.detached_view, h.view_ndim = hit.view_of, hit.detached_view, hit.view_ndim
+        h.returns_input = hit.returns_input
         memcpy(h.view_size, hit.view_size, sizeof(hit.view_size))
         memcpy(h.view_stride, hit.view_stride, sizeof(hit.view_stride))
         h.view_offset = hit.view_offset
@@ -177,6 +195,11 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
     """Append the node of a published signature whose first n operands
     (the call's tensors) are sorted in ops; the constants go after them."""
     cdef Py_ssize_t nc = len(hit.constants), k
+    if hit.returns_input >= 0:
+        if hit.returns_input >= n:
+            return None
+        counters[C_GENERIC] += 1
+        return <object>ops[hit.returns_input].obj
     if n + nc > MAX_IN:
         return None
     cdef list held = None       # the LazyTensors made here, alive until recorded
@@ -218,6 +241,13 @@ cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast
     cdef Py_ssize_t n = len(tensors), k
     if n > MAX_IN:
         return key, tensors, fast
+    if hit.returns_input >= 0:
+        if hit.returns_input >= n:
+            return key, tensors, fast
+        if fast is not None:
+            add_fast_hit(<FastKey>fast, hit)
+        counters[C_GENERIC] += 1
+        return tensors[hit.returns_input]
     cdef Operand ops[MAX_IN]
     cdef list held = []         # the LazyTensors made here, alive until recorded
     for k in range(n):
