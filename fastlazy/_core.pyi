@@ -101,6 +101,29 @@ class Segment:
 
 class NodeRecord: ...
 class GenericHit: ...
+class FastKey: ...
+
+# views of LazyTensors (csrc/families.pxi; fastlazy.views re-exports them)
+class Family:
+    """On a root: its live views, held weakly."""
+    @property
+    def members(self) -> list[LazyTensor]: ...
+    def add(self, view: LazyTensor) -> None: ...
+    def discard(self, view: LazyTensor) -> None: ...
+
+class Member:
+    """On a view: its root and its place in the root's storage."""
+    root: LazyTensor
+    family: Family
+    detached: bool
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    def __init__(self, root: LazyTensor, family: Family, geometry: tuple,
+                 detached: bool) -> None: ...
+
+def attach(view: LazyTensor, base: LazyTensor, where: tuple, detached: bool) -> None: ...
+def geometry(t: Any) -> Optional[tuple[int, tuple[int, ...], int]]: ...
 
 class Hooks:
     """The Python functions the core calls up into (fastlazy.boot)."""
@@ -166,8 +189,9 @@ def set_torch_function(orig: Callable[..., Any], entry: Callable[..., Any]) -> N
 def __getattr__(name: str) -> Any: ...     # the cpdef enums' constants (R_*, NODE_*...)
 
 # generic-path signatures recorded in C (fastlazy.generic publishes them)
-def publish_generic(key: object, lowering: int, outs: list, detach: bool, constants: tuple,
+def publish_generic(prepared: tuple, lowering: int, outs: list, detach: bool, constants: tuple,
                     view_of: int, where: object, detached_view: bool) -> None: ...
+def publish_input(prepared: tuple, index: int) -> None: ...
 def forget_generic() -> None: ...
 
 # the compile thread's duty cycle (fastlazy.compile_worker)

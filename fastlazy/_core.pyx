@@ -45,6 +45,7 @@ cdef extern from "_entry.h":
     object fl_entry_new(object orig, object name, int op, int form)
     int fl_entry_op(object e)
     int fl_entry_form(object e)
+    PyObject *fl_entry_orig(object e)
     int fl_flush_written(PyObject *written) except -1
 
 # torch, bound once to C variables: no module dictionary lookups per call
@@ -64,6 +65,7 @@ include "csrc/operands.pxi"
 include "csrc/rules.pxi"
 include "csrc/segment.pxi"
 include "csrc/tensor.pxi"
+include "csrc/families.pxi"
 include "csrc/dispatch.pxi"
 include "csrc/generic_record.pxi"
 include "csrc/flush.pxi"

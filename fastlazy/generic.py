@@ -94,7 +94,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
     (key, tensors) the core built for this call (route.call), which also
     lets this signature's later calls be recorded by the core alone."""
     if prepared:
-        key, tensors = prepared
+        key, tensors = prepared[0], prepared[1]
     else:
         tensors = []
         key = _core.signature_key(func, args, kwargs, tensors, ruled, _autocast_key())
@@ -133,12 +133,17 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             views.attach(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
         if prepared and len(sig.recorded) == 1 and not sig.draws:
             # the core records this signature's later calls itself
-            _core.publish_generic(key, sig.lowering.index, sig.recorded, sig.detach,
+            _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
                                   tuple(sig.constants or ()),
                                   sig.kinds[0][1] if view else -1,
                                   sig.kinds[0][2] if view else None,
                                   bool(sig.kinds[0][3]) if view else False)
         return t
+    if (prepared and not sig.recorded and not sig.draws and len(sig.kinds) == 1
+            and sig.kinds[0][0] == "input" and sig.spec.is_leaf()):
+        # the call returns a tensor argument itself: so do its later calls,
+        # from the core
+        _core.publish_input(prepared, sig.kinds[0][1])
     flat = []
     for kind in sig.kinds:
         if kind[0] == "input":

@@ -17,7 +17,6 @@ after_mutation:
 """
 from __future__ import annotations
 
-import weakref
 
 import torch
 
@@ -77,7 +76,6 @@ def _set(target, source):
     if type(old) is views.Family and len(old.members):
         raise Unsafe("set_ on a tensor with live views")
     if type(old) is Member:
-        # (WeakSet.discard would compare LazyTensors with ==, an op)
         _leave(old.family, target)
     target.family = None
     if type(source) is not LazyTensor:
@@ -93,7 +91,7 @@ def _set(target, source):
 
 
 def _leave(family, view):
-    family.members = weakref.WeakSet([m for m in family.members if m is not view])
+    family.discard(view)
 
 
 # In-place ops that change a view's shape and strides, never its values.

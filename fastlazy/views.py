@@ -15,57 +15,15 @@ carries them (after_mutation), from what is kept here:
 
 The root holds its views weakly; a view holds its root strongly (as eager's
 `_base`), so nothing forms a reference cycle (LazyTensor is not tracked by
-the cyclic GC).
+the cyclic GC).  Family and Member live in the core (csrc/families.pxi).
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-from fastlazy._core import LazyTensor
-
-
-class Family:
-    """On a root: its live views."""
-    __slots__ = ("members",)
-
-    def __init__(self):
-        self.members = weakref.WeakSet()
-
-
-class Member:
-    """On a view: its root and its place in the root's storage."""
-    __slots__ = ("root", "family", "size", "stride", "offset", "detached")
-
-    def __init__(self, root, family, geometry, detached):
-        self.root = root
-        self.family = family
-        self.size, self.stride, self.offset = geometry
-        self.detached = detached
-
-
-def geometry(t):
-    """(root numel, stride, offset) of a view, for generic signatures; None
-    for anything else."""
-    family = t.family
-    if type(family) is not Member:
-        return None
-    return family.root.numel(), family.stride, family.offset
-
-
-def attach(view, base, where, detached):
-    """Make `view` (just recorded from `base`) a view of base's root."""
-    family = base.family
-    if type(family) is Member:
-        root = family.root
-        detached = detached or family.detached
-    else:
-        root = base
-    if type(root.family) is not Family:
-        root.family = Family()
-    view.family = Member(root, root.family, where, detached)
-    root.family.members.add(view)
+# Family, Member, attach and geometry are the compiled core's
+# (csrc/families.pxi): a recorded view is attached there, without Python.
+from fastlazy._core import Family, LazyTensor, Member, attach, geometry  # noqa: F401
 
 
 def place(t):

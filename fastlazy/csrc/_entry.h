@@ -251,3 +251,5 @@ fl_entry_setup(PyTypeObject *lazy_type, fl_handler_t handler,
 
 static inline int fl_entry_op(PyObject *e) { return ((FLEntry *)e)->op; }
 static inline int fl_entry_form(PyObject *e) { return ((FLEntry *)e)->form; }
+/* the original torch callable (borrowed) */
+static inline PyObject *fl_entry_orig(PyObject *e) { return ((FLEntry *)e)->orig; }

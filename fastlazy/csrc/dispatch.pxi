@@ -170,15 +170,22 @@ cdef object not_taken(object entry, PyObject **args, Py_ssize_t nargs, object kw
 
 cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
                          int form, bint ruled=False):
-    pos, kw = split_arguments(args, nargs, kwnames)
-    func = entry.__wrapped__
+    func = <object>fl_entry_orig(entry)
+    fast = None
     if form != FORM_INPLACE:
         # a signature the generic path has seen and recorded before: its
-        # nodes are appended here (generic_record.pxi), without Python
-        found = generic_hit(func, pos, kw, ruled)
+        # node is appended here (generic_record.pxi), without Python --
+        # found by the call's flat key, read off the argument vector
+        if not fl_autocast:
+            fast = fast_generic_hit(func, args, nargs, kwnames, ruled)
+            if fast is not None and type(fast) is not FastKey:
+                return fast
+        pos, kw = split_arguments(args, nargs, kwnames)
+        found = generic_hit(func, pos, kw, ruled, fast)
         if type(found) is not tuple:
             return found
         return _hooks.record_call(func, entry.qualname, pos, kw, False, ruled, found)
+    pos, kw = split_arguments(args, nargs, kwnames)
     return _hooks.record_call(func, entry.qualname, pos, kw, True, ruled)
 
 

@@ -95,17 +95,33 @@ cdef class GenericHit:
     cdef int flags
     cdef tuple constants        # eager tensors the program reads, appended as inputs
     cdef int view_of            # the result is a view of tensors[view_of]; -1: not a view
-    cdef object where           # the view's place in its base (fastlazy.views.attach)
+    cdef int returns_input      # the result is tensors[returns_input] itself; -1: a node
     cdef bint detached_view
+    cdef int view_ndim          # the view's place in its root's storage
+    cdef int64_t view_size[MAX_NDIM]
+    cdef int64_t view_stride[MAX_NDIM]
+    cdef int64_t view_offset
+    # under a flat key (FastKey): the key itself, to tell hash collisions apart
+    cdef FastKey key
+    cdef GenericHit next        # another signature of the same hash
 
 
-cdef dict _generic_hits = {}
+cdef dict _generic_hits = {}    # signature_key(...) -> GenericHit
+cdef dict _fast_hits = {}       # flat key's hash -> GenericHit (chained by .next)
+# In front of _fast_hits: the last hit found per hash bucket (borrowed; the
+# dict owns every hit until forget_generic, which empties this too).
+cdef enum:
+    HIT_CACHE = 4096
+cdef PyObject *_hit_cache[HIT_CACHE]
+memset(_hit_cache, 0, sizeof(_hit_cache))
 
 
-def publish_generic(key, int lowering, list outs, bint detach, tuple constants,
+def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple constants,
                     int view_of, where, bint detached_view):
-    """Record later calls of signature `key` in C (fastlazy.generic)."""
+    """Record later calls of the signature the core described as `prepared`
+    (the key, tensors and flat key it handed to fastlazy.generic) in C."""
     cdef GenericHit hit = GenericHit.__new__(GenericHit)
+    hit.returns_input = -1
     index, dtype, shape, requires_grad = outs[0]
     if len(outs) != 1 or len(shape) > MAX_NDIM or index > 255 or not (
             0 <= lowering < (1 << ATTR_GENERIC_OUT_SHIFT)):
@@ -119,21 +135,98 @@ def publish_generic(key, int lowering, list outs, bint detach, tuple constants,
     hit.flags = NODE_DETACH if detach else 0
     hit.constants = constants
     hit.view_of = view_of
-    hit.where = where
     hit.detached_view = detached_view
-    _generic_hits[key] = hit
+    if view_of >= 0:
+        size, stride, offset = where
+        if len(size) > MAX_NDIM or len(stride) != len(size):
+            raise ValueError("generic call out of range")
+        hit.view_ndim = len(size)
+        for j in range(hit.view_ndim):
+            hit.view_size[j] = size[j]
+            hit.view_stride[j] = stride[j]
+        hit.view_offset = offset
+    file_hit(prepared, hit)
+
+
+def publish_input(tuple prepared, int index):
+    """Later calls of the signature return their tensor argument `index`
+    itself (x.contiguous() of a contiguous x)."""
+    cdef GenericHit hit = GenericHit.__new__(GenericHit)
+    hit.returns_input = index
+    hit.view_of = -1
+    hit.constants = ()
+    file_hit(prepared, hit)
+
+
+cdef int file_hit(tuple prepared, GenericHit hit) except -1:
+    _generic_hits[prepared[0]] = hit
+    if len(prepared) > 2 and prepared[2] is not None:
+        add_fast_hit(<FastKey>prepared[2], hit)
+    return 0
+
+
+cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
+    """File `hit` under the flat key (a copy of hit if it is filed already)."""
+    cdef GenericHit h
+    if hit.key is not None:
+        h = GenericHit.__new__(GenericHit)
+        memcpy(&h.meta, &hit.meta, sizeof(Meta))
+        h.attr, h.flags, h.constants = hit.attr, hit.flags, hit.constants
+        h.view_of, h.detached_view, h.view_ndim = hit.view_of, hit.detached_view, hit.view_ndim
+        h.returns_input = hit.returns_input
+        memcpy(h.view_size, hit.view_size, sizeof(hit.view_size))
+        memcpy(h.view_stride, hit.view_stride, sizeof(hit.view_stride))
+        h.view_offset = hit.view_offset
+        hit = h
+    hit.key = key
+    hit.next = _fast_hits.get(key.hash)
+    _fast_hits[key.hash] = hit
+    return 0
 
 
 def forget_generic():
     """Drop every published signature (the generic path starts over)."""
+    memset(_hit_cache, 0, sizeof(_hit_cache))
     _generic_hits.clear()
+    _fast_hits.clear()
 
 
-cdef object generic_hit(object func, tuple pos, dict kw, bint ruled):
+cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
+    """Append the node of a published signature whose first n operands
+    (the call's tensors) are sorted in ops; the constants go after them."""
+    cdef Py_ssize_t nc = len(hit.constants), k
+    if hit.returns_input >= 0:
+        if hit.returns_input >= n:
+            return None
+        counters[C_GENERIC] += 1
+        return <object>ops[hit.returns_input].obj
+    if n + nc > MAX_IN:
+        return None
+    cdef list held = None       # the LazyTensors made here, alive until recorded
+    for k in range(nc):
+        v = wrap_value(hit.constants[k])
+        if held is None:
+            held = []
+        held.append(v)
+        classify(&ops[n + k], <PyObject*>v)
+    cdef Meta m = hit.meta
+    m.device = ops[0].m.device if n + nc else 0
+    out = record(GENERIC_OP, ops, <int>(n + nc), &m, hit.attr, hit.flags, None)
+    if hit.view_of >= 0:
+        base = <object>ops[hit.view_of].obj
+        if type(base) is not LazyTensor:
+            raise SystemError("fastlazy: a generic view of an eager tensor")
+        attach_view(out, base, hit.view_ndim, hit.view_size, hit.view_stride,
+                    hit.view_offset, hit.detached_view)
+    counters[C_GENERIC] += 1
+    return out
+
+
+cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast):
     """The result of recording func(*pos, **kw) from a published signature;
-    on a miss, (key, tensors) for the generic path to go on with -- or ()
-    if the arguments have no signature here (the generic path describes
-    them itself and decides)."""
+    on a miss, (key, tensors, fast) for the generic path to go on with -- or
+    () if the arguments have no signature here (the generic path describes
+    them itself and decides).  `fast`: the call's flat key, or None."""
     if fl_autocast:
         return ()          # the key holds the autocast state: Python builds it
     cdef list tensors = []
@@ -143,27 +236,294 @@ cdef object generic_hit(object func, tuple pos, dict kw, bint ruled):
         return ()
     found = _generic_hits.get(key)
     if found is None:
-        return key, tensors
+        return key, tensors, fast
     cdef GenericHit hit = <GenericHit>found
-    cdef Py_ssize_t n = len(tensors), nc = len(hit.constants), k
-    if n + nc > MAX_IN:
-        return key, tensors
+    cdef Py_ssize_t n = len(tensors), k
+    if n > MAX_IN:
+        return key, tensors, fast
+    if hit.returns_input >= 0:
+        if hit.returns_input >= n:
+            return key, tensors, fast
+        if fast is not None:
+            add_fast_hit(<FastKey>fast, hit)
+        counters[C_GENERIC] += 1
+        return tensors[hit.returns_input]
     cdef Operand ops[MAX_IN]
     cdef list held = []         # the LazyTensors made here, alive until recorded
-    for k in range(n + nc):
-        v = tensors[k] if k < n else hit.constants[k - n]
+    for k in range(n):
+        v = tensors[k]
         if type(v) is not LazyTensor:
             v = wrap_value(v)
             held.append(v)
         classify(&ops[k], <PyObject*>v)
-    cdef Meta m = hit.meta
-    m.device = ops[0].m.device if n + nc else 0
-    out = record(GENERIC_OP, ops, <int>(n + nc), &m, hit.attr, hit.flags, None)
-    if hit.view_of >= 0:
-        _hooks.attach_view(out, tensors[hit.view_of], hit.where, hit.detached_view)
-    counters[C_GENERIC] += 1
+    out = record_hit(hit, ops, n)
+    if out is None:
+        return key, tensors, fast
+    if fast is not None:
+        # the flat key missed this signature (published from another call)
+        add_fast_hit(<FastKey>fast, hit)
     return out
 
+
+# -- flat keys: the signature of a call from its argument vector --
+#
+# A call's flat key is a run of int64 words -- a tag per argument and its
+# value: an int's value, a float's bits, a LazyTensor's dtype, shape,
+# device, requires_grad and view geometry, an eager tensor's the same and
+# its strides, a sequence's length -- and the few objects that are not
+# numbers (strings, torch.device...), compared by ==.  It tells apart
+# everything signature_key does, and is built without a Python object per
+# argument; arguments it does not describe (dicts, complex numbers, tensor
+# subclasses) leave the call to signature_key.
+
+cdef enum:
+    FK_WORDS = 160
+    FK_OBJS = 8
+
+cdef enum FastTag:
+    FT_INT = 1
+    FT_FALSE
+    FT_TRUE
+    FT_NONE
+    FT_ELLIPSIS
+    FT_FLOAT
+    FT_TUPLE
+    FT_LIST
+    FT_SIZE
+    FT_SLICE
+    FT_OBJ
+    FT_LAZY
+    FT_EAGER
+    FT_KW
+
+ctypedef struct FastDesc:
+    int nwords
+    int nobjs
+    int ntensors
+    int64_t words[FK_WORDS]
+    PyObject *objs[FK_OBJS]     # borrowed: the call's arguments
+    Operand ops[MAX_IN]         # the call's tensors, sorted as operands
+
+
+@cython.final
+@cython.no_gc
+cdef class FastKey:
+    """A call's flat key, kept (a miss's, then a published signature's)."""
+    cdef object hash            # the words' and objects' hash, a Python int
+    cdef uint64_t h             # the same, in C
+    cdef object func
+    cdef bytes words
+    cdef tuple objs
+
+
+cdef inline bint put(FastDesc *d, int64_t w) noexcept:
+    if d.nwords >= FK_WORDS:
+        return False
+    d.words[d.nwords] = w
+    d.nwords += 1
+    return True
+
+
+cdef inline bint put_obj(FastDesc *d, object x) noexcept:
+    cdef PyObject *t = <PyObject*>(<PyObject*>x).ob_type
+    if d.nobjs >= FK_OBJS or not put(d, FT_OBJ) or not put(d, <int64_t>t):
+        return False
+    d.objs[d.nobjs] = <PyObject*>x
+    d.nobjs += 1
+    return True
+
+
+cdef int fast_describe(FastDesc *d, object x) except -1:
+    """Append x's words to d (its tensors to d.ops); 0: x is not described
+    here."""
+    cdef type t = type(x)
+    cdef int overflow = 0
+    cdef int64_t v
+    cdef double f
+    if t is int:
+        v = PyLong_AsLongLongAndOverflow(x, &overflow)
+        return not overflow and put(d, FT_INT) and put(d, v)
+    if t is LazyTensor:
+        return describe_lazy(d, <LazyTensor>x)
+    if x is None:
+        return put(d, FT_NONE)
+    if t is bool:
+        return put(d, FT_TRUE if x is True else FT_FALSE)
+    if t is tuple or t is list or t is _Size:
+        if not put(d, FT_TUPLE if t is tuple else FT_LIST if t is list else FT_SIZE):
+            return 0
+        if not put(d, len(x)):
+            return 0
+        for item in x:
+            if not fast_describe(d, item):
+                return 0
+        return 1
+    if t is float:
+        f = PyFloat_AS_DOUBLE(x)
+        memcpy(&v, &f, sizeof(v))
+        return put(d, FT_FLOAT) and put(d, v)
+    if t is TensorType or t is _Parameter:
+        return describe_eager(d, x)
+    if t is slice:
+        return (put(d, FT_SLICE) and fast_describe(d, (<slice>x).start)
+                and fast_describe(d, (<slice>x).stop) and fast_describe(d, (<slice>x).step))
+    if x is Ellipsis:
+        return put(d, FT_ELLIPSIS)
+    if (t is str or t is _dtype_type or t is _device_type or t is _layout_type
+            or t is _memory_format_type):
+        return put_obj(d, x)
+    return 0
+
+
+cdef int describe_lazy(FastDesc *d, LazyTensor lt) except -1:
+    cdef int grad = lt.meta.requires_grad != 0
+    cdef int kind = 0, i
+    cdef Member where = None
+    cdef Operand *o
+    if d.ntensors >= MAX_IN or d.nwords + 2 * MAX_NDIM + 4 > FK_WORDS:
+        return 0
+    if lt.value is not None:
+        grad = (tensor_get(_get_requires_grad, lt.value) if _fast_eager
+                else lt.value.requires_grad) is True
+    if lt.family is not None:
+        kind = 1
+        if type(lt.family) is Member:
+            kind = 2
+            where = <Member>lt.family
+    put(d, FT_LAZY | (<int64_t>(lt.meta.dtype & 0xff) << 8) | (<int64_t>lt.meta.ndim << 16)
+        | (<int64_t>(lt.meta.device & 0xff) << 24) | (<int64_t>grad << 32)
+        | (<int64_t>kind << 40))
+    for i in range(lt.meta.ndim):
+        put(d, lt.meta.shape[i])
+    if where is not None:
+        put(d, numel_of(&(<LazyTensor>where.root).meta))
+        put(d, where.offset)
+        put(d, where.ndim)
+        for i in range(where.ndim):
+            put(d, where.stride_[i])
+    o = &d.ops[d.ntensors]
+    o.kind = K_LAZY
+    o.obj = <PyObject*>lt
+    o.m = &lt.meta
+    d.ntensors += 1
+    return 1
+
+
+cdef int describe_eager(FastDesc *d, object x) except -1:
+    """An eager tensor's words, read once: they describe the operand too."""
+    cdef Operand *o
+    cdef int i, code, device
+    cdef Py_ssize_t nd
+    if not _fast_eager or d.ntensors >= MAX_IN or d.nwords + 2 * MAX_NDIM + 1 > FK_WORDS:
+        return 0
+    if tensor_get(_get_layout, x) is not _strided:
+        return 0
+    code = dtype_code(tensor_get(_get_dtype, x))
+    if code == DT_UNDEF:
+        return 0
+    shape = tensor_get(_get_shape, x)
+    nd = PyTuple_GET_SIZE(shape)
+    if nd > MAX_NDIM:
+        return 0
+    if tensor_get(_get_is_cpu, x) is True:
+        device = 0
+    elif tensor_get(_get_is_cuda, x) is True:
+        device = 1 + x.get_device()
+    else:
+        return 0                # mps, meta, xpu...: signature_key decides
+    stride = _tensor_stride(x)
+    if PyTuple_GET_SIZE(stride) != nd:
+        return 0
+    o = &d.ops[d.ntensors]
+    o.kind = K_TENSOR
+    o.obj = <PyObject*>x
+    o.m = &o.own
+    o.own.dtype = code
+    o.own.ndim = nd
+    o.own.device = device
+    o.own.requires_grad = tensor_get(_get_requires_grad, x) is True
+    put(d, FT_EAGER | (<int64_t>code << 8) | (<int64_t>nd << 16) | (<int64_t>device << 24)
+        | (<int64_t>o.own.requires_grad << 32))
+    for i in range(nd):
+        o.own.shape[i] = <object>PyTuple_GET_ITEM(shape, i)
+        put(d, o.own.shape[i])
+    for i in range(nd):
+        put(d, <object>PyTuple_GET_ITEM(stride, i))
+    d.ntensors += 1
+    return 1
+
+
+cdef uint64_t fast_hash(FastDesc *d, object func) except? 0:
+    cdef uint64_t h = mix(0x9E3779B97F4A7C15ULL, <uint64_t><PyObject*>func)
+    cdef int i
+    for i in range(d.nwords):
+        h = mix(h, <uint64_t>d.words[i])
+    for i in range(d.nobjs):
+        h = mix(h, <uint64_t>PyObject_Hash(<object>d.objs[i]))
+    return h | 1
+
+
+cdef bint fast_matches(FastKey key, FastDesc *d, object func) except -1:
+    cdef Py_ssize_t nbytes = d.nwords * sizeof(int64_t)
+    if key.func is not func or len(key.words) != nbytes or len(key.objs) != d.nobjs:
+        return False
+    if memcmp(<char*>key.words, d.words, nbytes) != 0:
+        return False
+    for i in range(d.nobjs):
+        if not PyObject_RichCompareBool(<object>PyTuple_GET_ITEM(key.objs, i),
+                                        <object>d.objs[i], 2):
+            return False
+    return True
+
+
+cdef object fast_generic_hit(object func, PyObject **args, Py_ssize_t nargs, object kwnames,
+                             bint ruled):
+    """The result of recording the call from a published signature, found
+    by its flat key; on a miss, the FastKey to publish it under; None if
+    the arguments have no flat key."""
+    cdef FastDesc d
+    cdef Py_ssize_t i, nk = 0
+    d.nwords = 0
+    d.nobjs = 0
+    d.ntensors = 0
+    put(&d, ruled | (<int64_t>grad_enabled() << 1) | (<int64_t>nargs << 2))
+    for i in range(nargs):
+        if not fast_describe(&d, <object>args[i]):
+            return None
+    if kwnames is not None:
+        nk = PyTuple_GET_SIZE(kwnames)
+        for i in range(nk):
+            if not put(&d, FT_KW) or not put_obj(&d, <object>PyTuple_GET_ITEM(kwnames, i)):
+                return None
+            if not fast_describe(&d, <object>args[nargs + i]):
+                return None
+    cdef uint64_t h = fast_hash(&d, func)
+    cdef GenericHit hit
+    cdef PyObject *cached = _hit_cache[h & (HIT_CACHE - 1)]
+    if cached != NULL:
+        hit = <GenericHit>cached
+        if hit.key.h == h and fast_matches(hit.key, &d, func):
+            out = record_hit(hit, d.ops, d.ntensors)
+            if out is not None:
+                return out
+    hashed = h
+    found = _fast_hits.get(hashed)
+    while found is not None:
+        hit = <GenericHit>found
+        if fast_matches(hit.key, &d, func):
+            _hit_cache[h & (HIT_CACHE - 1)] = <PyObject*>hit
+            out = record_hit(hit, d.ops, d.ntensors)
+            if out is not None:
+                return out
+            break
+        found = hit.next
+    cdef FastKey key = FastKey.__new__(FastKey)
+    key.hash = hashed
+    key.h = h
+    key.func = func
+    key.words = (<char*>d.words)[:d.nwords * sizeof(int64_t)]
+    key.objs = tuple([<object>d.objs[i] for i in range(d.nobjs)])
+    return key
 
 def adopt(LazyTensor target, LazyTensor source):
     """Move target onto source's node (or value), leaving source empty: how
@@ -221,7 +581,7 @@ cdef int describe(object x, list tensors, list parts) except -1:
         if lt.family is None:
             parts.append((lt.meta.dtype, shape, lt.meta.device, grad))
         else:
-            parts.append((lt.meta.dtype, shape, lt.meta.device, grad, _hooks.geometry(x)))
+            parts.append((lt.meta.dtype, shape, lt.meta.device, grad, geometry(x)))
     elif t is tuple or t is list:
         parts.append((t, len(x)))
         for v in x:

@@ -5,9 +5,78 @@
 cdef object TensorType = torch.Tensor
 
 
+cdef extern from "Python.h":
+    ctypedef object (*getter_fn)(object, void *)
+    int64_t PyLong_AsLongLongAndOverflow(object, int *) except? -1
+    double PyFloat_AS_DOUBLE(object)
+    Py_ssize_t PyTuple_GET_SIZE(object)
+    PyObject *PyTuple_GET_ITEM(object, Py_ssize_t)
+    Py_hash_t PyObject_Hash(object) except -1
+    int PyObject_RichCompareBool(object, object, int) except -1
+    ctypedef struct PyGetSetDefFull "PyGetSetDef":
+        getter_fn get
+        void *closure
+    ctypedef struct PyGetSetDescrObject:
+        PyGetSetDefFull *d_getset
+
+cdef object _Parameter = torch.nn.Parameter
+cdef object _dtype_type = torch.dtype
+cdef object _layout_type = torch.layout
+cdef object _memory_format_type = torch.memory_format
+cdef object _tensor_stride = torch._C.TensorBase.stride
+
+
+# An eager tensor's metadata through its type's getters, called directly
+# (torch.Tensor's attributes are these getset descriptors; checked at import,
+# else the fast path leaves eager tensors to signature_key).
+cdef PyGetSetDefFull *_get_dtype = NULL
+cdef PyGetSetDefFull *_get_shape = NULL
+cdef PyGetSetDefFull *_get_layout = NULL
+cdef PyGetSetDefFull *_get_is_cpu = NULL
+cdef PyGetSetDefFull *_get_is_cuda = NULL
+cdef PyGetSetDefFull *_get_requires_grad = NULL
+cdef PyGetSetDefFull *_get_version = NULL
+
+
+cdef PyGetSetDefFull *_tensor_getter(str name):
+    import types
+    d = torch._C.TensorBase.__dict__.get(name)
+    if (type(d) is not types.GetSetDescriptorType or getattr(TensorType, name, None) is not d
+            or getattr(_Parameter, name, None) is not d):
+        return NULL
+    return <PyGetSetDefFull*>(<PyGetSetDescrObject*>d).d_getset
+
+
+cdef bint _fast_eager = False
+
+
+cdef void _init_getters():
+    global _get_dtype, _get_shape, _get_layout, _get_is_cpu, _get_is_cuda
+    global _get_requires_grad, _get_version, _fast_eager
+    _get_dtype = _tensor_getter("dtype")
+    _get_shape = _tensor_getter("shape")
+    _get_layout = _tensor_getter("layout")
+    _get_is_cpu = _tensor_getter("is_cpu")
+    _get_is_cuda = _tensor_getter("is_cuda")
+    _get_requires_grad = _tensor_getter("requires_grad")
+    _get_version = _tensor_getter("_version")
+    _fast_eager = (_get_dtype != NULL and _get_shape != NULL and _get_layout != NULL
+                   and _get_is_cpu != NULL and _get_is_cuda != NULL
+                   and _get_requires_grad != NULL and _get_version != NULL)
+
+
+_init_getters()
+
+
+cdef inline object tensor_get(PyGetSetDefFull *g, object x):
+    return g.get(x, g.closure)
+
+
 cdef int meta_from_tensor(Meta *m, object t) except -1:
     """Fill m from an eager tensor: the slow path (attribute reads), taken only
     for eager tensors passed beside LazyTensors."""
+    if _fast_eager and (type(t) is TensorType or type(t) is _Parameter):
+        return meta_from_getters(m, t)
     cdef int d = dtype_code(t.dtype)
     if d == DT_UNDEF:
         return 0
@@ -28,6 +97,29 @@ cdef int meta_from_tensor(Meta *m, object t) except -1:
     else:
         return 0                # mps, meta, xpu...: eager
     m.requires_grad = t.requires_grad
+    return 1
+
+
+cdef int meta_from_getters(Meta *m, object t) except -1:
+    """meta_from_tensor for a torch.Tensor or Parameter, through the getters."""
+    cdef int d = dtype_code(tensor_get(_get_dtype, t))
+    if d == DT_UNDEF:
+        return 0
+    shape = tensor_get(_get_shape, t)
+    cdef Py_ssize_t nd = PyTuple_GET_SIZE(shape), i
+    if nd > MAX_NDIM:
+        return 0
+    if tensor_get(_get_is_cpu, t) is True:
+        m.device = 0
+    elif tensor_get(_get_is_cuda, t) is True:
+        m.device = 1 + t.get_device()
+    else:
+        return 0
+    m.dtype = d
+    m.ndim = nd
+    for i in range(nd):
+        m.shape[i] = <object>PyTuple_GET_ITEM(shape, i)
+    m.requires_grad = tensor_get(_get_requires_grad, t) is True
     return 1
 
 

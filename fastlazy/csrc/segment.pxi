@@ -16,7 +16,7 @@
 # buffer is consistent again.
 
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memcmp
+from libc.string cimport memcpy, memcmp, memset
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -152,7 +152,10 @@ cdef class Segment:
         self.slot_uses[self.nslots] = 0
         if m != NULL:
             try:
-                self.slot_version[self.nslots] = value._version
+                self.slot_version[self.nslots] = (
+                    tensor_get(_get_version, value) if _fast_eager and (
+                        type(value) is TensorType or type(value) is _Parameter)
+                    else value._version)
             except RuntimeError:
                 pass        # inference tensors keep no version counter
         self.nslots += 1

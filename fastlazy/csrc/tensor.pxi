@@ -42,6 +42,25 @@ cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
                               inplace, False)
 
 
+cdef object getitem(LazyTensor self, object idx):
+    """self[idx]: a published signature is recorded from its flat key, as
+    an entry's call is (dispatch.pxi call_generic); else the generic path."""
+    cdef PyObject *argv[2]
+    func = getattr(TensorType, "__getitem__")
+    fast = None
+    if not fl_autocast:
+        argv[0] = <PyObject*>self
+        argv[1] = <PyObject*>idx
+        fast = fast_generic_hit(func, argv, 2, None, False)
+        if fast is not None and type(fast) is not FastKey:
+            return fast
+    pos = (self, idx)
+    found = generic_hit(func, pos, {}, False, fast)
+    if type(found) is not tuple:
+        return found
+    return _hooks.record_call(func, "Tensor.__getitem__", pos, {}, False, False, found)
+
+
 cdef inline void set_value(LazyTensor t, object value) noexcept:
     """t holds `value` from now on: it joins the cycle collector (a value's
     attributes or hooks may refer back to it)."""
@@ -392,7 +411,7 @@ cdef class LazyTensor:
     # -- operators without a row: torch.Tensor's own, on the generic path --
 
     def __getitem__(self, idx):
-        return python_operator("__getitem__", "Tensor.__getitem__", self, (idx,), False)
+        return getitem(self, idx)
     def __setitem__(self, idx, value):
         python_operator("__setitem__", "__setitem__", self, (idx, value), True)
     def __rmatmul__(self, other): return python_operator("__rmatmul__", "__rmatmul__", self, (other,), False)

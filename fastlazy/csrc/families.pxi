@@ -1,0 +1,152 @@
+# Views of LazyTensors, the part a recorded call touches (fastlazy/views.py
+# has the rest): a view's Member -- its root and its place in the root's
+# storage, kept as C arrays so that a generic signature reads it without
+# building tuples -- and a root's Family, its live views held weakly.
+#
+# A view holds its root strongly (as eager's `_base`); the root holds its
+# views through plain weak references (no callbacks): dead ones are pruned
+# as the list grows, so nothing forms a reference cycle.
+
+from cpython.weakref cimport PyWeakref_NewRef, PyWeakref_GetObject
+
+
+@cython.final
+cdef class Family:
+    """On a root: its live views."""
+    cdef list refs                  # weakref.ref of each view (some dead)
+    cdef Py_ssize_t prune_at        # prune the dead ones at this length
+
+    def __cinit__(self):
+        self.refs = []
+        self.prune_at = 8
+
+    cdef void add_view(self, object view) except *:
+        cdef Py_ssize_t n = len(self.refs)
+        if n >= self.prune_at:
+            self.refs = [r for r in self.refs if PyWeakref_GetObject(r) != <PyObject*>None]
+            n = len(self.refs)
+            self.prune_at = 8 if 2 * n < 8 else 2 * n
+        self.refs.append(PyWeakref_NewRef(view, None))
+
+    def add(self, view):
+        self.add_view(view)
+
+    def discard(self, view):
+        """Forget `view` (compared by identity: == on LazyTensors is an op)."""
+        self.refs = [r for r in self.refs
+                     if PyWeakref_GetObject(r) != <PyObject*>view
+                     and PyWeakref_GetObject(r) != <PyObject*>None]
+
+    @property
+    def members(self):
+        """The live views (a list, taken now)."""
+        cdef PyObject *p
+        out = []
+        for r in self.refs:
+            p = PyWeakref_GetObject(r)
+            if p != <PyObject*>None:
+                out.append(<object>p)
+        return out
+
+
+@cython.final
+cdef class Member:
+    """On a view: its root and its place in the root's storage (size,
+    stride, offset relative to the root's contiguous layout)."""
+    cdef public object root
+    cdef public object family
+    cdef public bint detached
+    cdef public int64_t offset
+    cdef int ndim
+    cdef int64_t size_[MAX_NDIM]
+    cdef int64_t stride_[MAX_NDIM]
+
+    def __init__(self, root, family, geometry, detached):
+        self.root = root
+        self.family = family
+        self.size, self.stride, self.offset = geometry
+        self.detached = detached
+
+    @property
+    def size(self):
+        return tuple([self.size_[i] for i in range(self.ndim)])
+
+    @size.setter
+    def size(self, value):
+        value = tuple(value)
+        if len(value) > MAX_NDIM:
+            raise ValueError("a view of more than MAX_NDIM dims")
+        self.ndim = len(value)
+        for i in range(self.ndim):
+            self.size_[i] = value[i]
+
+    @property
+    def stride(self):
+        return tuple([self.stride_[i] for i in range(self.ndim)])
+
+    @stride.setter
+    def stride(self, value):
+        value = tuple(value)
+        if len(value) != self.ndim:
+            raise ValueError("a view's stride has one entry per dim of its size")
+        for i in range(self.ndim):
+            self.stride_[i] = value[i]
+
+
+cdef inline int64_t numel_of(Meta *m) noexcept:
+    cdef int64_t n = 1
+    for i in range(m.ndim):
+        n *= m.shape[i]
+    return n
+
+
+cdef int attach_view(LazyTensor view, object base, int ndim, int64_t *size,
+                     int64_t *stride, int64_t offset, bint detached) except -1:
+    """Make `view` (just recorded from `base`) a view of base's root, at
+    the given place in the root's storage."""
+    cdef Member m
+    family = (<LazyTensor>base).family
+    if type(family) is Member:
+        root = (<Member>family).root
+        detached = detached or (<Member>family).detached
+    else:
+        root = base
+    if type((<LazyTensor>root).family) is not Family:
+        (<LazyTensor>root).family = Family.__new__(Family)
+    m = Member.__new__(Member)
+    m.root = root
+    m.family = (<LazyTensor>root).family
+    m.detached = detached
+    m.offset = offset
+    m.ndim = ndim
+    memcpy(m.size_, size, ndim * sizeof(int64_t))
+    memcpy(m.stride_, stride, ndim * sizeof(int64_t))
+    view.family = m
+    (<Family>m.family).add_view(view)
+    return 0
+
+
+def attach(LazyTensor view, LazyTensor base, where, bint detached):
+    """Make `view` (just recorded from `base`) a view of base's root;
+    `where`: its (size, stride, offset) in the root's storage."""
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    sz, st, offset = where
+    if len(sz) > MAX_NDIM or len(st) != len(sz):
+        raise ValueError("a view's place out of range")
+    for i in range(len(sz)):
+        size[i] = sz[i]
+        stride[i] = st[i]
+    attach_view(view, base, len(sz), size, stride, offset, detached)
+
+
+def geometry(t):
+    """(root numel, stride, offset) of a view, for generic signatures; None
+    for anything else."""
+    if type(t) is not LazyTensor:
+        return None
+    family = (<LazyTensor>t).family
+    if type(family) is not Member:
+        return None
+    return (numel_of(&(<LazyTensor>(<Member>family).root).meta), (<Member>family).stride,
+            (<Member>family).offset)

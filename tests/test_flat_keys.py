@@ -1,0 +1,206 @@
+"""The generic path's flat keys (csrc/generic_record.pxi): a published
+signature is found again from the call's argument vector, reading an eager
+operand's metadata at every call.  An eager tensor's shape, strides and
+dtype can change without a version bump (resize_, set_, .data=, t_): every
+call after such a change gives eager's result.  Eager is the oracle."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy import generic, views
+
+pytestmark = pytest.mark.usefixtures("lazy_on")
+
+
+def hits():
+    return fastlazy.metrics.counters()["generic_calls"]
+
+
+A = torch.arange(6.0).reshape(2, 3)
+
+
+def addmm_with(e):
+    """torch.addmm of a LazyTensor and the eager `e` (a generic call whose
+    arguments the entry sees), three times so that the last two are
+    published hits; eager's result."""
+    z = torch.zeros(1)
+    la = fastlazy.lazy(A)
+    for _ in range(3):
+        got = torch.addmm(z, la, e).to_eager()
+    torch.testing.assert_close(got, torch.addmm(z, A, e))
+
+
+@pytest.mark.parametrize("change", [
+    "resize_", "resize_ smaller", "set_", "data", "t_", "unsqueeze_", "as_strided_"])
+def test_eager_operand_changed_between_hits_gives_eager_result(change):
+    e = torch.rand(3, 2)
+    addmm_with(e)
+    if change == "resize_":
+        e.resize_(3, 4)
+    elif change == "resize_ smaller":
+        e.resize_(3, 1)
+    elif change == "set_":
+        e.set_(torch.rand(3, 5))
+    elif change == "data":
+        e.data = torch.rand(3, 1)
+    elif change == "t_":
+        e.t_()
+    elif change == "unsqueeze_":
+        e.unsqueeze_(0)
+    elif change == "as_strided_":
+        e.as_strided_((3, 2), (1, 3))
+    z, la = torch.zeros(1), fastlazy.lazy(A)
+    try:
+        expected = torch.addmm(z, A, e)
+    except RuntimeError as exc:
+        # raised at the call, as eager raises it
+        with pytest.raises(type(exc)):
+            torch.addmm(z, la, e)
+    else:
+        got = torch.addmm(z, la, e)
+        assert got.shape == expected.shape          # known before it runs
+        torch.testing.assert_close(got.to_eager(), expected)
+
+
+def test_eager_operand_dtype_replaced_through_data():
+    # .data = another dtype: eager's addmm then refuses the mixed dtypes
+    b, w = torch.rand(5), torch.rand(3, 5)
+    x = fastlazy.lazy(torch.rand(4, 3))
+    for _ in range(3):
+        torch.testing.assert_close(torch.addmm(b, x, w).to_eager(),
+                                   torch.addmm(b, x.to_eager(), w))
+    w.data = w.data.double()
+    with pytest.raises(RuntimeError):
+        torch.addmm(b, x.to_eager(), w)
+    with pytest.raises(RuntimeError):
+        torch.addmm(b, x, w)            # at the call, as in eager
+
+
+def test_eager_operand_requires_grad_between_hits():
+    b, w = torch.rand(5), torch.rand(3, 5)
+    x = fastlazy.lazy(torch.rand(4, 3))
+    for _ in range(3):
+        assert not torch.addmm(b, x, w).requires_grad
+    w.requires_grad_(True)
+    out = torch.addmm(b, x, w)
+    assert out.requires_grad
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, x.to_eager().t() @ torch.ones(4, 5))
+
+
+def test_bool_and_int_arguments_are_different_signatures():
+    # eager takes keepdim=True and refuses keepdim=1: a hit for True must
+    # not take the int
+    x = fastlazy.lazy(torch.rand(3, 4))
+    for _ in range(3):
+        assert torch.cumsum(x, 1, dtype=torch.float64).dtype == torch.float64
+        torch.testing.assert_close(torch.std(x, 1, True).to_eager(),
+                                   torch.std(x.to_eager(), 1, True))
+    for value in (1, 1.0):
+        try:
+            expected = torch.std(x.to_eager(), 1, value)
+        except TypeError:
+            with pytest.raises(TypeError):
+                torch.std(x, 1, value)
+        else:
+            torch.testing.assert_close(torch.std(x, 1, value).to_eager(), expected)
+
+
+def test_float_arguments_keep_their_sign_and_value():
+    x = fastlazy.lazy(torch.tensor([-1.0, 0.0, 2.0]))
+    for value in (0.5, 0.5, 0.0, 0.0, -0.0, -0.0, 2.5):
+        got = torch.where(x > 0, x, value).to_eager()
+        expected = torch.where(x.to_eager() > 0, x.to_eager(), value)
+        torch.testing.assert_close(got, expected)
+        assert torch.equal(torch.signbit(got), torch.signbit(expected))
+
+
+def test_keyword_names_are_part_of_the_key():
+    x = fastlazy.lazy(torch.rand(3, 4))
+    for _ in range(3):
+        torch.testing.assert_close(torch.cumsum(x, dim=1).to_eager(),
+                                   torch.cumsum(x.to_eager(), dim=1))
+        torch.testing.assert_close(torch.cumsum(x, dim=0).to_eager(),
+                                   torch.cumsum(x.to_eager(), dim=0))
+    with pytest.raises(TypeError):
+        torch.cumsum(x.to_eager(), dims=1)
+    with pytest.raises(TypeError):
+        torch.cumsum(x, dims=1)
+
+
+def test_published_signature_is_recorded_without_python(monkeypatch):
+    x = fastlazy.lazy(torch.rand(4, 6))
+    w = torch.rand(6, 2)
+    torch.addmm(torch.zeros(2), x, w)
+    torch.addmm(torch.zeros(2), x, w)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went up into Python")
+
+    monkeypatch.setattr(generic, "record", refuse)
+    before = hits()
+    out = torch.addmm(torch.zeros(2), x, w)
+    assert hits() == before + 1
+    torch.testing.assert_close(out.to_eager(), x.to_eager() @ w)
+
+
+def test_view_geometry_is_part_of_the_key():
+    # reshape of a contiguous view is a view of the root; of a transposed
+    # view, a copy: a write through the result reaches the root only then
+    for _ in range(3):
+        x = fastlazy.lazy(torch.zeros(4, 4))
+        r = x.view(4, 4).reshape(16)
+        r.add_(1)
+        assert x.to_eager().sum() == 16
+        y = fastlazy.lazy(torch.zeros(4, 4))
+        s = y.t().reshape(16)
+        s.add_(1)
+        assert y.to_eager().sum() == 0
+
+
+def test_family_holds_views_weakly():
+    x = fastlazy.lazy(torch.zeros(8))
+    kept = [x[i:i + 1] for i in range(4)]
+    for i in range(40):
+        x[i % 8:i % 8 + 1]          # views dropped at once
+    family = x.family
+    assert type(family) is views.Family
+    assert sorted(id(v) for v in family.members) == sorted(id(v) for v in kept)
+    family.discard(kept[0])
+    assert len(family.members) == 3
+    member = kept[1].family
+    assert type(member) is views.Member and member.root is x
+    assert member.size == (1,) and member.stride == (1,) and member.offset == 1
+
+
+def test_call_returning_its_argument_is_a_hit_in_c(monkeypatch):
+    # x.contiguous() of a contiguous x returns x itself, as in eager
+    x = fastlazy.lazy(torch.rand(3, 4))
+    assert x.contiguous() is x
+    assert x.contiguous() is x
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went up into Python")
+
+    monkeypatch.setattr(generic, "record", refuse)
+    assert x.contiguous() is x
+    monkeypatch.undo()
+    t = x.t()
+    c = t.contiguous()              # a copy: another signature
+    assert c is not t
+    torch.testing.assert_close(c.to_eager(), x.to_eager().t())
+
+
+def test_getitem_is_a_hit_in_c(monkeypatch):
+    x = fastlazy.lazy(torch.arange(12.0).reshape(3, 4))
+    x[1:, ::2]
+    x[1:, ::2]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went up into Python")
+
+    monkeypatch.setattr(generic, "record", refuse)
+    y = x[1:, ::2]
+    torch.testing.assert_close(y.to_eager(), torch.arange(12.0).reshape(3, 4)[1:, ::2])
+    assert type(y.family) is views.Member and y.family.root is x
