@@ -39,6 +39,7 @@ import copy
 import dataclasses
 import os
 import statistics
+import threading
 import time
 import weakref
 
@@ -92,6 +93,9 @@ class TieredProgram:
         self._probe_times: list[float] = []
         self._future = None
         self._compiled = None
+        # a graph's runs on several threads share it: its moves between
+        # tiers (submit, promote, decide) happen once
+        self._lock = threading.Lock()
         self._constants = {}
         self.call = self._run_fast
 
@@ -129,10 +133,13 @@ class TieredProgram:
         if not fx_threads.install():
             # this torch's tracer cannot run beside the user's thread
             return self._stay_fast("fast (no background compiles with this torch)")
+        with self._lock:
+            view, self._view = self._view, None
+        if view is None:
+            return None       # another thread's run of this graph submitted it
         limit = getattr(backends.get("inductor"), "max_depth", None)
-        if limit is not None and self._view.depth() > limit:
+        if limit is not None and view.depth() > limit:
             return self._stay_fast("fast (too deep to compile)")
-        view, self._view = self._view, None
         examples = _examples(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
@@ -175,7 +182,15 @@ class TieredProgram:
     # -- the switch -----------------------------------------------------------
 
     def _promote(self, inputs):
-        future, self._future = self._future, None
+        with self._lock:
+            future, self._future = self._future, None
+            if future is not None:
+                self._take(future)
+        return self.call(*inputs)
+
+    def _take(self, future):
+        """The compile's candidates on probation (or the fast tier for good
+        if it failed)."""
         try:
             candidates = future.result()
         except Exception as exc:     # noqa: BLE001 - the fast tier keeps running
@@ -183,7 +198,7 @@ class TieredProgram:
             metrics.count_event("compile_failures")
             metrics.count_event("tier_compiles_failed")
             self._stay_fast("fast (compile failed)")
-            return self._fast(*inputs)
+            return
         metrics.count_event("tier_compiles_done")
         self._candidates = []
         for name, program, frozen in candidates:
@@ -198,14 +213,15 @@ class TieredProgram:
         self._candidates.append(self._fast_candidate)
         self.tier = "probation"
         self.call = self._probe
-        return self._probe(*inputs)
 
     def _probe(self, *inputs):
         """Each candidate in turn, timed, until each has PROBE_WARMUP +
         PROBE_RUNS runs."""
         pending = [c for c in self._candidates if len(c.times) < PROBE_WARMUP + PROBE_RUNS]
         if not pending:
-            self._decide()
+            with self._lock:
+                if self.tier == "probation":    # not decided by another thread
+                    self._decide()
             return self.call(*inputs)
         candidate = min(pending, key=lambda c: len(c.times))
         start = time.perf_counter()
