@@ -237,12 +237,11 @@ cdef class Hooks:
     cdef public object run_eagerly
     # LazyTensor.to: (tensor, args, kwargs) -> result
     cdef public object tensor_to
-    # writes through views: check_leaf(t), check_write(t, operands) and
-    # geometry(t) (fastlazy.views); after_mutation(t) (fastlazy.mutation)
+    # writes through views: check_leaf(t), check_write(t, operands)
+    # (fastlazy.views); after_mutation(t) (fastlazy.mutation)
     cdef public object check_leaf
     cdef public object check_write
     cdef public object after_mutation
-    cdef public object geometry
     # the graph cache: compile_and_run(seg, key, outs) on a miss;
     # recover(seg, index, error) after a failed run; `programs` the cache
     # itself (key -> Program), read by the core on a hit
@@ -260,8 +259,6 @@ cdef class Hooks:
     # not describe, and the argument types that describe themselves
     cdef public object unsafe
     cdef public object atoms
-    # a generic-path view joins its base's family: (view, base, where, detached)
-    cdef public object attach_view
 
 
 # -- functions the parts share --

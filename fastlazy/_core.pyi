@@ -133,7 +133,6 @@ class Hooks:
     check_leaf: Callable[..., Any]
     check_write: Callable[..., Any]
     after_mutation: Callable[..., Any]
-    geometry: Callable[..., Any]
     compile_and_run: Callable[..., Any]
     recover: Callable[..., Any]
     programs: Any

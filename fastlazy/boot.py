@@ -27,7 +27,6 @@ def hooks() -> _core.Hooks:
         check_leaf=views.check_leaf,
         check_write=views.check_write,
         after_mutation=mutation.after_mutation,
-        geometry=views.geometry,
         compile_and_run=graph_cache.compile_and_run,
         recover=graph_cache.recover,
         programs=graph_cache.programs,
@@ -36,7 +35,6 @@ def hooks() -> _core.Hooks:
         note_flush=metrics.note_flush,
         unsafe=capture.Unsafe,
         atoms=generic.ATOMS,
-        attach_view=views.attach,
     )
 
 
