@@ -83,14 +83,6 @@ def _substitute(x, it):
     return x
 
 
-def _contiguous_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
-
-
 def _example(t, make=torch.empty):
     """A real tensor standing for argument t in the fake runs (never
     written, so never touched), with t's view geometry."""
@@ -102,7 +94,7 @@ def _example(t, make=torch.empty):
         numel, stride, offset = geometry
         base = make(numel, dtype=dtype, device=device, requires_grad=grad)
         return base.as_strided(shape, stride, offset)
-    if t.stride() == _contiguous_strides(t.shape):
+    if t.stride() == views.contiguous_strides(t.shape):
         # (a parameter, mostly: a plain tensor becomes a fake one about
         # three times sooner than a view made by as_strided)
         return make(t.shape, dtype=t.dtype, device=t.device).requires_grad_(t.requires_grad)

@@ -55,7 +55,8 @@ def erased_key(func, args, kwargs, tensors):
         return None
     parts = []
     shape_ints = func in _SHAPE_ARGUMENTS
-    for leaf in pytree.tree_leaves((args, kwargs)):
+    leaves, structure = pytree.tree_flatten((args, kwargs))
+    for leaf in leaves:
         if shape_ints and (type(leaf) is int or type(leaf) is torch.Size):
             parts.append(("size",) if type(leaf) is int else ("sizes", len(leaf)))
         elif isinstance(leaf, torch.Tensor):
@@ -66,7 +67,7 @@ def erased_key(func, args, kwargs, tensors):
             parts.append((float, leaf.hex()))      # -0.0 and nan are values of their own
         else:
             parts.append((type(leaf), leaf))
-    key = (func, pytree.tree_structure((args, kwargs)), tuple(parts), len(tensors),
+    key = (func, structure, tuple(parts), len(tensors),
            torch.is_grad_enabled(), torch.get_default_dtype())
     try:
         hash(key)

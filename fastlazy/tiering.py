@@ -50,7 +50,6 @@ from fastlazy import backends, compile_worker, fx_threads, metrics
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
 PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
 CANDIDATES = 3            # at most: compiled, compiled with parameters frozen, fast
-FAST_SAMPLES = 8          # recent fast-tier run times kept for the comparison
 
 
 class Engine:
@@ -89,8 +88,6 @@ class TieredProgram:
         self.fast_run_seconds = self.compiled_run_seconds = None
         self._view = _without_tensors(view)
         self._bind_fast()
-        self._fast_times: list[float] = []
-        self._probe_times: list[float] = []
         self._future = None
         self._compiled = None
         # a graph's runs on several threads share it: its moves between
@@ -120,9 +117,7 @@ class TieredProgram:
         future = self._future
         if future is not None and future.done():
             return self._promote(inputs)
-        start = time.perf_counter()
         out = self._fast(*inputs)
-        _keep(self._fast_times, time.perf_counter() - start, FAST_SAMPLES)
         if future is not None:
             _count_fast_run()
         elif self.runs >= ENGINE.hot_after:
@@ -143,7 +138,7 @@ class TieredProgram:
         examples = _examples(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
-        frozen = _frozen_inputs(self.fast.slots, inputs)
+        frozen = _frozen_inputs(inputs)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
         self._future = compile_worker.submit(self._compile, view, examples, frozen)
@@ -205,11 +200,11 @@ class TieredProgram:
             call = _taking(program, self.fast.slots, self._constants)
             if frozen is not None:
                 call = frozen.guarding(call, self._frozen_changed)
-            self._candidates.append(_Candidate(name, call))
+            self._candidates.append(_Candidate(name, call, frozen is not None))
         self._compiled = self._candidates[0].call
         # the fast tier is timed again beside them: its runs while the
         # compile thread was busy were slowed by it
-        self._fast_candidate = _Candidate("fast", self._fast)
+        self._fast_candidate = _Candidate("fast", self._fast, False)
         self._candidates.append(self._fast_candidate)
         self.tier = "probation"
         self.call = self._probe
@@ -231,8 +226,7 @@ class TieredProgram:
         return out
 
     def _decide(self):
-        timed = self._fast_candidate.times[PROBE_WARMUP:] or self._fast_times
-        fast = _typical(timed) if timed else float("inf")
+        fast = _typical(self._fast_candidate.times[PROBE_WARMUP:])
         ranked = sorted((_typical(c.times[PROBE_WARMUP:]), k, c)
                         for k, c in enumerate(self._candidates)
                         if c is not self._fast_candidate and not c.stale
@@ -259,8 +253,8 @@ class TieredProgram:
         metrics.count_event("tier_frozen_misses")
         if self.tier == "probation":
             if for_good:
-                for c in self._candidates[1:-1]:      # the frozen ones
-                    c.stale = True
+                for c in self._candidates:
+                    c.stale |= c.frozen
             return self._candidates[0].call(*inputs)
         fallback = getattr(self, "_fallback", self._fast)
         if for_good and self.tier.startswith("hot ("):
@@ -276,11 +270,13 @@ class TieredProgram:
 
 
 class _Candidate:
-    """A compiled program on probation: its call and its timed runs."""
+    """A program on probation: its call, whether it holds parameters
+    frozen, and its timed runs."""
 
-    def __init__(self, name, call):
+    def __init__(self, name, call, frozen):
         self.name = name
         self.call = call
+        self.frozen = frozen
         self.times: list[float] = []
         self.stale = False
 
@@ -316,7 +312,7 @@ class _Frozen:
         return guarded
 
 
-def _frozen_inputs(positions, inputs):
+def _frozen_inputs(inputs):
     """The parameters (nn.Parameter inputs) of a run without autograd,
     which a frozen candidate may hold as constants; None for a run that
     records autograd history or reads no parameter."""
@@ -341,12 +337,6 @@ def _typical(times):
     the time other work on the machine took from it mostly left out."""
     fastest = sorted(times)[:max(1, (len(times) + 1) // 2)]
     return statistics.median(fastest)
-
-
-def _keep(samples, value, limit):
-    samples.append(value)
-    if len(samples) > limit:
-        del samples[0]
 
 
 def _count_fast_run():

@@ -32,11 +32,17 @@ def place(t):
     if type(family) is Member:
         return family.root, family.size, family.stride, family.offset
     size = tuple(t.shape)
+    return t, size, contiguous_strides(size), 0
+
+
+def contiguous_strides(size):
+    """The strides of a contiguous tensor of `size` (a dim of size 0 or 1
+    counted as 1, as torch does)."""
     stride, step = [], 1
     for n in reversed(size):
         stride.insert(0, step)
         step *= max(n, 1)
-    return t, size, tuple(stride), 0
+    return tuple(stride)
 
 
 def dense(size, stride):

@@ -62,7 +62,7 @@ class InductorBackend(Backend):
         dispatch = _ShapeDispatch(gm, kinds, self, replay, on_replay)
         return Program([s.position for s in view.slots], dispatch, False, gm.code)
 
-    def compile_frozen(self, view, frozen, replay=None, on_replay=None) -> Program:
+    def compile_frozen(self, view, frozen) -> Program:
         """The graph with the tensors in `frozen` (slot position -> tensor)
         as constants, compiled with inductor's freezing: convolution
         weights prepacked for oneDNN, subgraphs of constants folded.  Its
@@ -71,7 +71,7 @@ class InductorBackend(Backend):
         the graph's inputs at those positions (tiering does)."""
         gm, kinds = _build_fx(view)
         kinds = _freeze(gm, view, frozen, kinds)
-        dispatch = _ShapeDispatch(gm, kinds, self, replay, on_replay, frozen=True)
+        dispatch = _ShapeDispatch(gm, kinds, self, None, None, frozen=True)
         return Program([s.position for s in view.slots if s.position not in frozen],
                        dispatch, False, gm.code)
 
