@@ -212,7 +212,8 @@ class TieredProgram:
     def _probe(self, *inputs):
         """Each candidate in turn, timed, until each has PROBE_WARMUP +
         PROBE_RUNS runs."""
-        pending = [c for c in self._candidates if len(c.times) < PROBE_WARMUP + PROBE_RUNS]
+        pending = [c for c in self._candidates
+                   if not c.stale and len(c.times) < PROBE_WARMUP + PROBE_RUNS]
         if not pending:
             with self._lock:
                 if self.tier == "probation":    # not decided by another thread

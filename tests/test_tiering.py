@@ -395,3 +395,22 @@ def test_training_graphs_freeze_nothing(auto, monkeypatch):
         net(fastlazy.lazy(x)).sum().backward()
     assert tiering.wait(300)
     assert seen and all(f is None for f in seen)
+
+
+def test_a_parameter_written_during_probation_still_ends_it(auto, monkeypatch):
+    """The frozen candidate turns stale mid-probe (its parameter written):
+    the probe goes on without it and a tier is chosen, with eager's values."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        for _ in range(2):
+            net(fastlazy.lazy(x)).to_eager()
+        assert tiering.wait(300)
+        _lazy_run(net, x)                      # the first probe call
+        assert only_tier()["tier"] == "probation"
+        net.conv.weight.mul_(2)
+        for _ in range(tiering.probe_calls()):
+            torch.testing.assert_close(_lazy_run(net, x), net(x))
+    assert only_tier()["tier"] != "probation"
+    assert not only_tier()["tier"].startswith("hot (compiled, parameters frozen")
