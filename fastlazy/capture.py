@@ -226,8 +226,6 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
             i = aliased[0]
             if type(tensors[i]) is not LazyTensor:
                 raise Unsafe("returns a view of an eager tensor (eager semantics)")
-            if leaf.dtype != fakes[i].dtype:
-                raise Unsafe("a view with another dtype (writes through it are not tracked)")
             detached = fakes[i].requires_grad and not leaf.requires_grad
             sig.kinds.append(("view", i, (tuple(leaf.shape), leaf.stride(),
                                           leaf.storage_offset()), detached))

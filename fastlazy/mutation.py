@@ -103,7 +103,8 @@ def _reshape_view(target, func, args, kwargs):
     """The view's new place in its root's storage: the op run on a meta
     tensor at the old place."""
     where = target.family
-    base = torch.empty(where.root.numel(), dtype=target.dtype, device="meta")
+    base = _storage_as(torch.empty(where.root.shape, dtype=where.root.dtype, device="meta"),
+                       target.dtype)
     view = base.as_strided(where.size, where.stride, where.offset)
     func(view, *materialize(args), **materialize(kwargs))
     where.size, where.stride = tuple(view.shape), tuple(view.stride())
@@ -185,7 +186,7 @@ def write_overlapping(func, name, args, kwargs):
     where = target.family
     root = where.root
     base = root.to_eager().clone(memory_format=torch.contiguous_format)
-    view = base.as_strided(where.size, where.stride, where.offset)
+    view = _storage_as(base, target.dtype).as_strided(where.size, where.stride, where.offset)
     if where.detached:
         view = view.detach()
     if func(view, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
@@ -211,16 +212,29 @@ def run_out(func, args, kwargs):
     return out
 
 
-def _view_of(root, size, stride, offset, detached):
+def _storage_as(value, dtype):
+    """A contiguous `value`'s storage as elements of `dtype`, where a view's
+    geometry counts (a dtype view, x.view(torch.uint8), counts in its own
+    elements, as torch's strides and storage offsets do)."""
+    if value.dtype == dtype:
+        return value
+    return value.reshape(-1).view(dtype)
+
+
+def _view_of(root, size, stride, offset, detached, dtype):
     # the root's value may have any layout at run time; the geometry is in
     # its contiguous layout
-    value = root.clone(memory_format=torch.contiguous_format).as_strided(size, stride, offset)
+    base = _storage_as(root.clone(memory_format=torch.contiguous_format), dtype)
+    value = base.as_strided(size, stride, offset)
     return value.detach() if detached else value
 
 
 def _scatter_into(root, view, size, stride, offset):
     base = root.clone(memory_format=torch.contiguous_format)
-    return torch.as_strided_scatter(base, view, size, stride, offset)
+    if view.dtype == root.dtype:
+        return torch.as_strided_scatter(base, view, size, stride, offset)
+    written = torch.as_strided_scatter(_storage_as(base, view.dtype), view, size, stride, offset)
+    return written.view(root.dtype).view(root.shape)
 
 
 def after_mutation(t):
@@ -241,6 +255,6 @@ def after_mutation(t):
             continue
         where = view.family
         fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
-                                          where.detached), {}, "view refresh",
+                                          where.detached, view.dtype), {}, "view refresh",
                                track_views=False)
         _core.adopt(view, fresh)

@@ -81,6 +81,13 @@ def check_write(target, operands):
     through unfold adds once per alias), so the caller runs the write
     eagerly on a copy of the root's value (mutation.write_overlapping)."""
     root, size, stride, offset = place(target)
+    if target.dtype != root.dtype and root.requires_grad:
+        # eager writes the bits under the root's autograd history; a recorded
+        # graph's write-back is a reinterpretation autograd cannot follow
+        raise RuntimeError(
+            f"fastlazy: an in-place write through a {target.dtype} view of a {root.dtype} "
+            f"tensor that requires grad is not supported; write through a view of its "
+            f".detach() instead")
     if overlapping(size, stride):
         return True
     numel = 1
@@ -99,8 +106,13 @@ def check_write(target, operands):
             o_numel *= n
         if not o_numel or not dense(o_size, o_stride):
             continue
-        full = offset == o_offset and numel == o_numel and stride == o_stride
-        if not full and offset < o_offset + o_numel and o_offset < offset + numel:
+        # each view's geometry counts its own elements: compare bytes
+        size_a, size_b = target.dtype.itemsize, other.dtype.itemsize
+        start, end = offset * size_a, (offset + numel) * size_a
+        o_start, o_end = o_offset * size_b, (o_offset + o_numel) * size_b
+        full = (start == o_start and end == o_end
+                and [s * size_a for s in stride] == [s * size_b for s in o_stride])
+        if not full and start < o_end and o_start < end:
             raise RuntimeError(_PARTIAL)
     return False
 

@@ -13,6 +13,7 @@ cdef PyObject *dtype_ptr[NDTYPES]     # code -> borrowed torch.dtype, for identi
 cdef int8_t promote_table[NDTYPES][NDTYPES]
 cdef bint can_cast_table[NDTYPES][NDTYPES]
 cdef int8_t category[NDTYPES]
+cdef int8_t itemsize[NDTYPES]        # bytes per element
 cdef int8_t to_complex[NDTYPES]       # float dtype -> its complex counterpart
 cdef int8_t to_real[NDTYPES]          # complex dtype -> its real counterpart
 cdef list int_min = [0] * NDTYPES     # integral dtypes' ranges, from torch.iinfo
@@ -29,6 +30,7 @@ cdef void init_dtypes() except *:
     for i in range(NDTYPES):
         d = DTYPES[i]
         dtype_ptr[i] = <PyObject*>d
+        itemsize[i] = d.itemsize
         if d is torch.bool:
             category[i] = CAT_BOOL
         elif d.is_complex:

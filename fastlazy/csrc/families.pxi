@@ -100,6 +100,15 @@ cdef inline int64_t numel_of(Meta *m) noexcept:
     return n
 
 
+cdef inline int64_t root_numel_as(Member m, int dtype) noexcept:
+    """The root's element count in units of `dtype`, the dtype of a view of
+    it: a view's geometry counts in its own elements (as torch's strides and
+    storage offset do), which differ from the root's for a dtype view
+    (x.view(torch.uint8))."""
+    cdef Meta *root = &(<LazyTensor>m.root).meta
+    return numel_of(root) * itemsize[root.dtype] // itemsize[dtype]
+
+
 cdef int attach_view(LazyTensor view, object base, int ndim, int64_t *size,
                      int64_t *stride, int64_t offset, bint detached) except -1:
     """Make `view` (just recorded from `base`) a view of base's root, at
@@ -141,12 +150,12 @@ def attach(LazyTensor view, LazyTensor base, where, bint detached):
 
 
 def geometry(t):
-    """(root numel, stride, offset) of a view, for generic signatures; None
-    for anything else."""
+    """(root numel in the view's elements, stride, offset) of a view, for
+    generic signatures; None for anything else."""
     if type(t) is not LazyTensor:
         return None
     family = (<LazyTensor>t).family
     if type(family) is not Member:
         return None
-    return (numel_of(&(<LazyTensor>(<Member>family).root).meta), (<Member>family).stride,
+    return (root_numel_as(<Member>family, (<LazyTensor>t).meta.dtype), (<Member>family).stride,
             (<Member>family).offset)

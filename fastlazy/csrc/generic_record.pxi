@@ -396,7 +396,7 @@ cdef int describe_lazy(FastDesc *d, LazyTensor lt) except -1:
     for i in range(lt.meta.ndim):
         put(d, lt.meta.shape[i])
     if where is not None:
-        put(d, numel_of(&(<LazyTensor>where.root).meta))
+        put(d, root_numel_as(where, lt.meta.dtype))
         put(d, where.offset)
         put(d, where.ndim)
         for i in range(where.ndim):
