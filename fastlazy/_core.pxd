@@ -134,6 +134,8 @@ ctypedef struct Meta:
     int8_t ndim
     int8_t device         # device code: 0 cpu, 1 + index for cuda:index
     int8_t requires_grad
+    int8_t inference      # pending: recorded in inference mode (an inference
+                          # tensor once computed); a value answers for itself
     int64_t shape[MAX_NDIM]
 
 ctypedef struct Node:

@@ -122,6 +122,7 @@ def enable() -> None:
             _installed.append((owner, attr, original, original is not _MISSING, entry))
         _watch_writes()
         _track_autocast()
+        _track_inference_mode()
 
 
 def _watch_writes():
@@ -169,6 +170,30 @@ def _track_autocast():
     _core.autocast_entered(-_core.autocast_depth() + int(active))
 
 
+def _track_inference_mode():
+    """Count torch.inference_mode contexts in the core: while one is open, a
+    recorded result asks whether its thread is in inference mode (it is then
+    an inference tensor, as in eager)."""
+    cls = torch.autograd.grad_mode.inference_mode
+    enter, exit_ = cls.__enter__, cls.__exit__
+
+    def __enter__(self):
+        out = enter(self)
+        _core.inference_mode_entered(1)
+        return out
+
+    def __exit__(self, *exc):
+        _core.inference_mode_entered(-1)
+        return exit_(self, *exc)
+
+    for attr, patched in (("__enter__", __enter__), ("__exit__", __exit__)):
+        original = vars(cls)[attr]
+        setattr(cls, attr, patched)
+        _installed.append((cls, attr, original, True, patched))
+    _core.inference_mode_entered(-_core.inference_mode_depth()
+                                 + int(torch.is_inference_mode_enabled()))
+
+
 def disable() -> None:
     with _lock:
         for owner, attr, original, own, entry in reversed(_installed):
@@ -180,3 +205,4 @@ def disable() -> None:
                 delattr(owner, attr)
         _installed.clear()
         _core.autocast_entered(-_core.autocast_depth())
+        _core.inference_mode_entered(-_core.inference_mode_depth())

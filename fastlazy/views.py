@@ -146,8 +146,7 @@ def check_leaf(target, through_view=False):
     torch.inference_mode()) outside inference mode."""
     family = target.family
     root = family.root if type(family) is Member else target
-    if (root.is_materialized and not torch.is_inference_mode_enabled()
-            and root.to_eager().is_inference()):
+    if not torch.is_inference_mode_enabled() and root.is_inference():
         raise RuntimeError("Inplace update to inference tensor outside InferenceMode is not "
                            "allowed.You can make a clone to get a normal tensor before doing "
                            "inplace update.See https://github.com/pytorch/rfcs/pull/17 for "

@@ -256,8 +256,94 @@ def fn_inference_inside_mode(lz):
         return x.clone()
 
 
+# -- results recorded in inference mode, still pending ---------------------
+
+def fn_pending_inference_result(lz):
+    x = lz(torch.ones(3))
+    with torch.inference_mode():
+        y = x + 1
+    return y.is_inference(), y, y.is_inference(), y.requires_grad
+
+
+def fn_pending_inference_add_(lz):
+    x = lz(torch.ones(3))
+    with torch.inference_mode():
+        y = x * 2
+    y.add_(1)
+    return y
+
+
+def fn_pending_inference_setitem(lz):
+    with torch.inference_mode():
+        y = lz(torch.ones(3)) * 2
+    y[0] = 5
+    return y
+
+
+def fn_pending_inference_view_write(lz):
+    with torch.inference_mode():
+        y = lz(torch.ones(3)) * 2
+        v = y[1:]
+    v.add_(1)
+    return y
+
+
+def fn_pending_inference_of_grad_input(lz):
+    w = torch.ones(3, requires_grad=True)
+    with torch.inference_mode():
+        y = lz(w) * 2
+    return y.requires_grad, y.is_inference(), y
+
+
+def fn_inplace_inside_inference_mode(lz):
+    x = lz(torch.ones(3))
+    with torch.inference_mode():
+        y = x + 1
+        y.add_(1)
+    return y, y.is_inference()
+
+
+def fn_normal_tensor_written_in_inference_mode(lz):
+    x = lz(torch.ones(3)) * 2
+    with torch.inference_mode():
+        x.add_(1)
+        x.mul_(torch.full((3,), 2.0))
+    x.add_(1)                   # still a normal tensor: allowed
+    return x, x.is_inference()
+
+
+def fn_mixed_graph(lz):
+    x = lz(torch.ones(3))
+    a = x * 3
+    with torch.inference_mode():
+        b = x * 4
+    return a + 1, b, a.is_inference(), b.is_inference()
+
+
+def fn_nested_inference_mode_off(lz):
+    x = lz(torch.ones(3))
+    with torch.inference_mode():
+        with torch.inference_mode(False):
+            y = x + 1
+        z = x + 2
+    y.add_(1)
+    return y, z.is_inference(), y.is_inference()
+
+
+def fn_inference_decorator(lz):
+    @torch.inference_mode()
+    def f(t):
+        return t * 2
+    y = f(lz(torch.ones(3)))
+    return y.is_inference(), y
+
+
 @cases(fn_data_add, fn_data_setitem, fn_data_of_view, fn_grad_zero, fn_grad_setitem_and_none,
-       fn_no_grad_leaf, fn_inference_add_, fn_inference_setitem, fn_inference_inside_mode)
+       fn_no_grad_leaf, fn_inference_add_, fn_inference_setitem, fn_inference_inside_mode,
+       fn_pending_inference_result, fn_pending_inference_add_, fn_pending_inference_setitem,
+       fn_pending_inference_view_write, fn_pending_inference_of_grad_input,
+       fn_inplace_inside_inference_mode, fn_normal_tensor_written_in_inference_mode,
+       fn_mixed_graph, fn_nested_inference_mode_off, fn_inference_decorator)
 def test_writes(f):
     same_as_eager(f)
 

@@ -64,9 +64,9 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if ops[0].kind != K_LAZY:
             return run_eager(entry, args, nargs, kwnames, form, "in-place on an eager tensor")
         self_t = <LazyTensor>p[0]
-        if self_t.value is not None or self_t.family is not None:
-            # only a materialized value (or a view's root) can be a leaf, or
-            # an inference tensor
+        if self_t.value is not None or self_t.family is not None or self_t.meta.inference:
+            # only a materialized value (or a view's root) can be a leaf; an
+            # inference tensor may also be pending
             _hooks.check_leaf(self_t)
             if (self_t.meta.requires_grad and self_t.value is not None
                     and self_t.value.is_leaf and not grad_enabled()):

@@ -126,12 +126,14 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
     live handles, appended to `owners`, their nodes to `outs`)."""
     cdef int32_t i
     cdef bint grad = False, detached = False
+    cdef int inference = 0
     for i in range(seg.n):
         detached |= seg.nodes[i].flags & NODE_DETACH
         if seg.nodes[i].owner != NULL:
             owners.append(<object>seg.nodes[i].owner)
             outs.append(i)
             grad |= seg.nodes[i].meta.requires_grad
+            inference += seg.nodes[i].meta.inference
     flush_reasons[reason] += 1
     if not owners:
         counters[C_EMPTY_FLUSHES] += 1
@@ -143,7 +145,12 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
         # what a user needs to remove the split (metrics.explain)
         _hooks.note_flush(REASON_NAMES[reason])
     key, slot_order = canonical_key(seg, outs)
-    if grad:
+    if inference == len(owners):
+        # every result was recorded in inference mode: they are inference
+        # tensors, wherever they are read
+        with _inference_mode():
+            program, values = run_graph(seg, key, outs, slot_order)
+    elif grad:
         # recorded with grad enabled: the graph must build autograd
         # history even if the value is read inside torch.no_grad()
         with _enable_grad():
@@ -156,6 +163,14 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
             program, values = run_graph(seg, key, outs, slot_order)
     else:
         program, values = run_graph(seg, key, outs, slot_order)
+    if inference and inference != len(owners):
+        # some results were recorded in inference mode, others not: those
+        # become inference tensors by a copy made in that mode
+        values = list(values)
+        with _inference_mode():
+            for k in range(len(owners)):
+                if seg.nodes[outs[k]].meta.inference:
+                    values[k] = values[k].clone()
     cdef LazyTensor t
     for k in range(len(owners)):
         t = <LazyTensor>owners[k]

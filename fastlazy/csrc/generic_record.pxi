@@ -532,12 +532,18 @@ def adopt(LazyTensor target, LazyTensor source):
     if target is source:
         return
     cdef Segment seg = source.seg
+    cdef int8_t inference
     if seg is not None and seg.state == SEG_RECORDING:
+        # an in-place write or a view's refresh: target stays an inference
+        # tensor or not, as it was
+        inference = is_inference(target) if fl_inference_hint else 0
         # the node gets its new owner before target lets its old node go,
         # so dropping that one can never drop this one
         seg.nodes[source.idx].owner = <PyObject*>target
         source.seg = None
         memcpy(&target.meta, &source.meta, sizeof(Meta))
+        target.meta.inference = inference
+        seg.nodes[source.idx].meta.inference = inference
         target._device = None
         retarget(target, seg, source.idx)
     else:

@@ -97,6 +97,7 @@ cdef int meta_from_tensor(Meta *m, object t) except -1:
     else:
         return 0                # mps, meta, xpu...: eager
     m.requires_grad = t.requires_grad
+    m.inference = 0
     return 1
 
 

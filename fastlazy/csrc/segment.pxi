@@ -531,6 +531,39 @@ cdef void retarget(LazyTensor t, Segment seg, int32_t idx) noexcept:
         old.drop_owner(old_idx)
 
 
+# How many torch.inference_mode contexts are open, over all threads (kept by
+# fastlazy.patching): only while some is does a record ask torch for the
+# calling thread's mode, which costs a Python call.
+cdef int fl_inference_hint = 0
+cdef object _is_inference_mode_enabled = torch.is_inference_mode_enabled
+
+
+def inference_mode_entered(int delta):
+    global fl_inference_hint
+    fl_inference_hint += delta
+    if fl_inference_hint < 0:
+        fl_inference_hint = 0
+
+
+def inference_mode_depth():
+    return fl_inference_hint
+
+
+cdef inline int8_t is_inference(LazyTensor t) except -1:
+    if t.value is not None:
+        return t.value.is_inference()
+    return t.meta.inference
+
+
+cdef int8_t recorded_in_inference_mode(LazyTensor rebind) except -1:
+    """A node's result is an inference tensor if it is recorded in inference
+    mode -- except an in-place op's, whose tensor stays what it was (eager
+    writes a normal tensor in inference mode and it stays normal)."""
+    if not fl_inference_hint or not _is_inference_mode_enabled():
+        return 0
+    return 1 if rebind is None else is_inference(rebind)
+
+
 cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
                        int flags, LazyTensor rebind):
     """Append one node; return its LazyTensor (a new one, or `rebind` for an
@@ -541,6 +574,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     cdef int nin, i
     cdef int attr0 = attr, flags0 = flags
     cdef LazyTensor t
+    out.inference = recorded_in_inference_mode(rebind)
     # First what may run Python (see the top of this file): the handle's
     # allocation (the cyclic GC may run), and the values of operands pending
     # in another segment (another thread's, or one that failed).

@@ -282,6 +282,9 @@ cdef class LazyTensor:
     def is_cuda(self):
         return self.meta.device > 0
 
+    def is_inference(self):
+        return bool(is_inference(self))
+
     @property
     def is_materialized(self):
         """True once the value has been computed (reading it is free)."""
