@@ -62,6 +62,10 @@ def closing() -> bool:
     return _closing
 
 
+def on_compile_thread() -> bool:
+    return threading.current_thread() is _thread
+
+
 def _ensure_thread():
     global _thread
     if _thread is not None:

@@ -28,7 +28,8 @@ tier_listing = None
 tier_summary = None
 _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_failed",
                 "tier_promotions", "tier_fast_runs_while_compiling",
-                "tier_frozen_compiles_failed", "tier_frozen_misses")
+                "tier_frozen_compiles_failed", "tier_frozen_misses",
+                "tier_cpp_wrapper_failures")
 
 
 def count_fallback(name: str, reason: str = "") -> None:

@@ -219,6 +219,54 @@ def test_inductor_tier_gives_eagers_values_before_and_after_the_switch(auto, mon
     assert entry["compile_seconds"] > 0
 
 
+def _record_wrappers(monkeypatch, fail_cpp=False):
+    """Which wrapper each inductor compile asked for (cpp_wrapper flags);
+    with fail_cpp, a C++-wrapper compile raises."""
+    from fastlazy.backends import inductor
+    asked = []
+    real = inductor._ShapeDispatch._compile_with
+
+    def spy(self, args, dynamic, cpp_wrapper):
+        asked.append(cpp_wrapper)
+        if cpp_wrapper and fail_cpp:
+            raise RuntimeError("no C++ wrapper here")
+        return real(self, args, dynamic, cpp_wrapper)
+    monkeypatch.setattr(inductor._ShapeDispatch, "_compile_with", spy)
+    return asked
+
+
+def test_background_compiles_use_the_cpp_wrapper_on_cpu(auto, monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    asked = _record_wrappers(monkeypatch)
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    run(a, b, 0.5)
+    run(a, b, 0.5)
+    assert tiering.wait(300)
+    for k in range(tiering.probe_calls()):
+        torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
+    assert asked and all(asked), asked
+    # a compile the user's thread waits for (the inductor backend) does not
+    # pay the wrapper's longer compile
+    asked.clear()
+    fastlazy.set_backend("inductor")
+    torch.testing.assert_close(run(a, b, 0.5), graph(a, b, 0.5))
+    assert asked == [False]
+
+
+def test_a_failed_cpp_wrapper_compile_falls_back_to_the_python_wrapper(auto, monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    asked = _record_wrappers(monkeypatch, fail_cpp=True)
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    run(a, b, 0.5)
+    run(a, b, 0.5)
+    assert tiering.wait(300)
+    for k in range(tiering.probe_calls()):
+        torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
+    assert asked == [True, False]
+    assert fastlazy.metrics.counters()["tier_cpp_wrapper_failures"] == 1
+    assert only_tier()["error"] is None
+
+
 def test_inductor_tier_runs_a_new_shape_on_the_fast_tier_while_compiling(auto, monkeypatch):
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
     # promote whatever the timings say: the point is the compiled tier's

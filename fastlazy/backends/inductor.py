@@ -165,6 +165,20 @@ class _ShapeDispatch:
             return self._compile_locked(args, dynamic)
 
     def _compile_locked(self, args, dynamic):
+        if not _cpp_wrapper_pays(args):
+            return self._compile_with(args, dynamic, cpp_wrapper=False)
+        try:
+            return self._compile_with(args, dynamic, cpp_wrapper=True)
+        except Exception:     # noqa: BLE001 - the Python wrapper is the fallback
+            metrics.count_event("tier_cpp_wrapper_failures")
+            return self._compile_with(args, dynamic, cpp_wrapper=False)
+
+    def _compile_with(self, args, dynamic, cpp_wrapper):
+        from torch._inductor import config
+        with config.patch(cpp_wrapper=cpp_wrapper):
+            return self._compile_now(args, dynamic)
+
+    def _compile_now(self, args, dynamic):
         start = time.perf_counter()
         if self.frozen:
             from torch._inductor import compile as inductor_compile, config
@@ -183,6 +197,16 @@ class _ShapeDispatch:
             compiled = inductor_compile(self.gm, list(args))
         metrics.add_compile_time(time.perf_counter() - start)
         return compiled
+
+
+def _cpp_wrapper_pays(args):
+    """Whether to compile with inductor's C++ wrapper: on fastlazy's compile
+    thread (where nobody waits for the compile), for CPU graphs.  The
+    wrapper calls the kernels from C++ instead of a Python function: W4's
+    compiled transformer graphs at batch 1 ran 10-25 % faster (GPT-2 602 ->
+    516 us, BERT 443 -> 369 us), for 4-7 s more of background compile."""
+    return compile_worker.on_compile_thread() and all(
+        a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
 
 
 # A scalar input's 0-dim tensor, made once per value: torch.tensor costs
