@@ -39,13 +39,31 @@ cd "$REPO"
 if [[ "${1:-}" == "--bundle-test-deps" ]]; then
     rm -rf .gpu_deps && mkdir -p .gpu_deps
     "$PY" - <<'EOF' || exit 2
-import importlib, pathlib, shutil
-for name in ("hypothesis", "attr", "attrs", "sortedcontainers"):
-    module = importlib.import_module(name)
-    source = pathlib.Path(module.__file__).parent
-    shutil.copytree(source, pathlib.Path(".gpu_deps") / source.name,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    print("bundled", name, getattr(module, "__version__", ""))
+# hypothesis and what it requires (no extras), as the modules this Python imports
+import importlib.metadata as md, importlib.util, pathlib, re, shutil
+wanted, todo = set(), ["hypothesis"]
+while todo:
+    dist = todo.pop()
+    if dist.lower() in wanted:
+        continue
+    wanted.add(dist.lower())
+    for req in md.requires(dist) or []:
+        if "extra ==" not in req:
+            todo.append(re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0])
+for module, dists in md.packages_distributions().items():
+    if not {d.lower() for d in dists} & wanted:
+        continue
+    origin = pathlib.Path(importlib.util.find_spec(module).origin)
+    source = origin.parent if origin.name == "__init__.py" else origin
+    target = pathlib.Path(".gpu_deps") / source.name
+    if source.is_dir():
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        shutil.copy2(source, target)
+    print("bundled", module, "of", ", ".join(dists))
+for dist in wanted:        # the metadata too: hypothesis's pytest plugin is an entry point
+    info = pathlib.Path(md.distribution(dist)._path)
+    shutil.copytree(info, pathlib.Path(".gpu_deps") / info.name)
 EOF
     echo "carry .gpu_deps to the GPU machine (it is ignored by git)"
     exit 0
