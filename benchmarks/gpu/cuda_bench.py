@@ -171,8 +171,9 @@ class CompileReduceOverhead(workloads.Compile):
 
 
 class NotBuilt(workloads.Contender):
-    """A contender the issue names that fastlazy does not have yet: a column
-    that says so, never run."""
+    """A contender fastlazy does not have yet (CUDA-graph replay of hot
+    graphs, which needs a GPU to be built and tested): a column that says
+    so, never run."""
 
     def __init__(self, name):
         self.name = name
