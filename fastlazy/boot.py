@@ -46,6 +46,7 @@ def boot() -> None:
     optable.register(_core.register_op)
     tensor_methods.install_lazy_tensor_methods()
     metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
+    metrics.fusion_listing = graph_cache.fusion
     graph_cache.set_backend(backends.default_name())
     lazy_device.install()
     _configure_from_environment()

@@ -31,7 +31,7 @@ import collections
 import time
 
 from fastlazy import _core, backends, metrics, recompiles, tiering
-from fastlazy.backends import native
+from fastlazy.backends import native, torchscript
 from fastlazy.graph import GraphView
 from fastlazy.sites import site_of_call
 
@@ -90,6 +90,21 @@ def tiers() -> list[dict]:
 
 def tier_summary() -> str:
     return tiering.summary(list(programs.values()))
+
+
+def fusion() -> list[dict]:
+    """Per cached graph that TorchScript compiled to fuse (the tiered
+    engine's fast tier included), oldest first: what the graph executor
+    fused (backends.torchscript.TorchScriptProgram.fusion) and its position
+    in the cache.  Empty, at no cost, where nothing can fuse."""
+    if not torchscript.any_fusing():
+        return []
+    found = []
+    for position, program in enumerate(list(programs.values())):
+        info = torchscript.fusion_of(program)
+        if info is not None and info["state"] != "no fuser":
+            found.append(dict(info, graph=position))
+    return found
 
 
 def _insert(key, program):

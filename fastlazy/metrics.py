@@ -26,6 +26,9 @@ _events: collections.Counter = collections.Counter()    # count_event's names
 # a list of dicts, and as one line ("hot 2, fast 5")
 tier_listing = None
 tier_summary = None
+# set by the boot: per cached graph that TorchScript compiled to fuse, what
+# its graph executor fused (fastlazy.graph_cache.fusion)
+fusion_listing = None
 _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_failed",
                 "tier_promotions", "tier_fast_runs_while_compiling",
                 "tier_frozen_compiles_failed", "tier_frozen_misses",
@@ -103,6 +106,43 @@ def tiers() -> list:
     return tier_listing()
 
 
+def fusion() -> list:
+    """Per cached graph that TorchScript compiled to fuse (CUDA inputs; CPU
+    only with LLVM or NNC's IR evaluator switched on), oldest first: its
+    position in the cache (`graph`), `state` ("optimized", or "not optimized
+    yet": the profiling executor optimizes a graph at its second run;
+    "autograd": a graph building autograd history runs unoptimized),
+    `groups` (fusion groups in the optimized graph), `fused` (aten ops
+    inside them) and `unfused` (aten ops left outside, by name).  A property
+    of the cached graphs, like cache_size: reset() keeps it."""
+    return fusion_listing() if fusion_listing is not None else []
+
+
+def _fusion_lines(limit: int = 20) -> list:
+    """fusion() in words: totals, then one line per graph."""
+    graphs = fusion()
+    if not graphs:
+        return []
+    done = [g for g in graphs if g["state"] == "optimized"]
+    groups = sum(g["groups"] for g in done)
+    fused = sum(g["fused"] for g in done)
+    outside = sum(sum(g["unfused"].values()) for g in done)
+    waiting = len(graphs) - len(done)
+    lines = [f"TorchScript fusion: {len(done)} optimized graph(s) hold {groups} fusion "
+             f"group(s) covering {fused} aten op(s), {outside} outside"
+             + (f"; {waiting} graph(s) not optimized (yet)" if waiting else "")]
+    for g in graphs[:limit]:
+        if g["state"] != "optimized":
+            lines.append(f"  graph {g['graph']}: {g['state']}")
+            continue
+        left = ", ".join(f"{k} x{n}" for k, n in sorted(g["unfused"].items()))
+        lines.append(f"  graph {g['graph']}: {g['groups']} group(s), {g['fused']} op(s) "
+                     f"fused" + (f"; outside: {left}" if left else ""))
+    if len(graphs) > limit:
+        lines.append(f"  ... and {len(graphs) - limit} more")
+    return lines
+
+
 def reset() -> None:
     """Zero every counter (the graph cache itself is kept)."""
     _core.reset_counters()
@@ -127,6 +167,9 @@ def report() -> str:
         lines.append(f"{key:<{width}}  {shown:>12}")
     if tier_summary is not None:
         lines += ["", f"graphs by tier (tiered engine): {tier_summary()}"]
+    fused = _fusion_lines()
+    if fused:
+        lines += ["", *fused]
     if recompiles.log:
         lines += ["", "compiles, most recent last (reason: detail @ site)"]
         for reason, detail, site in list(recompiles.log)[-20:]:
@@ -138,7 +181,8 @@ def explain() -> str:
     """Since the last reset(): which calls ran eagerly instead of being
     recorded, and why, most frequent first; then where graphs were computed
     other than by mark_step() (each such read splits the program into more
-    graphs), by reason and line."""
+    graphs), by reason and line; then, where TorchScript can fuse, what it
+    fused per graph and which ops it left outside its fusion groups."""
     with _lock:
         rows = sorted(fallback_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
         splits = sorted(flushes_by_site.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -151,6 +195,9 @@ def explain() -> str:
     if splits:
         lines += ["", "graphs computed before mark_step(), by reason and line:"]
         lines += [f"  {n:>6}  {reason:<12}  {site}" for (reason, site), n in splits]
+    fused = _fusion_lines()
+    if fused:
+        lines += ["", *fused]
     return "\n".join(lines)
 
 

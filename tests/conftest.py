@@ -3,7 +3,11 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import fastlazy
-from helpers import BACKENDS
+from helpers import BACKENDS, DEVICES
+
+# the differential fuzzers' examples per test on CUDA, where every example
+# launches kernels and synchronizes (per profile: ci, long)
+CUDA_EXAMPLES = {"ci": 30, "long": 4000}
 
 
 @pytest.fixture
@@ -35,7 +39,37 @@ def backend(request):
         fastlazy.set_backend(before)
 
 
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Run a test once per device: "cpu", and "cuda", marked `cuda` (skipped
+    without a CUDA device; `pytest -m cuda` runs those items alone).  Eager
+    on the same device is the oracle.  On CUDA, TF32 is off for the test, so
+    that eager's convolutions and matrix products are float32 ones, as on
+    the CPU, and the suite's float32 tolerances mean what they say."""
+    if request.param != "cuda":
+        yield request.param
+        return
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield request.param
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cuda: needs a CUDA device (skipped without one); "
+                   "`pytest -m cuda` runs these items alone")
     torch.manual_seed(0)
     # CI: a few hundred generated programs; --fuzz-long: tens of thousands
     # fixtures used with @given here only select a backend or enable
@@ -45,7 +79,10 @@ def pytest_configure(config):
                               suppress_health_check=quiet)
     settings.register_profile("long", max_examples=20_000, deadline=None,
                               suppress_health_check=quiet)
-    settings.load_profile("long" if config.getoption("--fuzz-long") else "ci")
+    profile = "long" if config.getoption("--fuzz-long") else "ci"
+    settings.register_profile("cuda", settings.get_profile(profile),
+                              max_examples=CUDA_EXAMPLES[profile])
+    settings.load_profile(profile)
 
 
 def pytest_addoption(parser):

@@ -10,13 +10,17 @@ pytest registers it there):
 * ``fastlazy_enabled`` -- module-scoped, autouse: ``fastlazy.enable()`` for
   the module, ``fastlazy.disable()`` after it.
 
-The ``backend`` fixture, parametrized over BACKENDS, is conftest's.
+The ``backend`` fixture, parametrized over BACKENDS, and the ``device``
+fixture, parametrized over DEVICES, are conftest's.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import operator
+import pathlib
+import sys
 import zlib
 
 import pytest
@@ -29,6 +33,9 @@ from fastlazy.optable import OPS
 
 BACKENDS = ("torchscript", "native", "eager")
 DEFAULT_BACKEND = "torchscript"
+# the devices a test taking the `device` fixture runs on: CUDA items carry
+# the `cuda` mark, which conftest turns into a skip without a CUDA device
+DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.cuda))
 
 
 # --------------------------------------------------------------------------
@@ -46,6 +53,31 @@ def fastlazy_enabled():
     graph_cache.clear()
     if not was:             # (left as found when another module enabled it)
         fastlazy.disable()
+
+
+# --------------------------------------------------------------------------
+# the benchmark suite's modules
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def import_benchmark(name, path=None):
+    """benchmarks/<name>.py (or `path`) as module `name`: the suite's modules
+    import each other by bare name (workloads imports zoo), so they are
+    registered under it, zoo before workloads."""
+    if name in sys.modules:
+        return sys.modules[name]
+    if name == "workloads":
+        import_benchmark("zoo")
+    spec = importlib.util.spec_from_file_location(name, path or BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module          # before running it: its dataclasses look it up
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 # --------------------------------------------------------------------------
@@ -392,10 +424,48 @@ def seed(text):
     torch.default_generator.manual_seed(zlib.crc32(text.encode()))
 
 
-def make_value(spec):
+def make_value(spec, device="cpu"):
+    """A case's argument: T specs made into tensors (on the CPU, from its
+    seeded generator, so that every device sees the same values), then moved
+    to `device`."""
     if type(spec) in (list, tuple):
-        return type(spec)(make_value(v) for v in spec)
-    return spec.make() if isinstance(spec, T) else spec
+        return type(spec)(make_value(v, device) for v in spec)
+    if not isinstance(spec, T):
+        return spec
+    t = spec.make()
+    return t if device == "cpu" else t.to(device)
+
+
+def raises_on_cpu(fn, *args, **kwargs):
+    """Does eager raise calling fn with these arguments on the CPU (tensors
+    copied there)?  On CUDA, eager checks some values in the kernel with a
+    device-side assert, which leaves the CUDA context unusable for the rest
+    of the process (an index out of range), and checks others not at all
+    (integer division by zero gives whatever the kernel computes): a call
+    that raises on the CPU is therefore not run on CUDA, where nothing is
+    left to compare or the run itself would break the next tests."""
+    def to_cpu(v):
+        if type(v) in (list, tuple):
+            return type(v)(to_cpu(x) for x in v)
+        return v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v
+    try:
+        fn(*to_cpu(list(args)), **{k: to_cpu(v) for k, v in kwargs.items()})
+    except Exception:   # noqa: BLE001 -- any exception
+        return True
+    return False
+
+
+def fuzz_settings(device, base=None):
+    """Hypothesis settings for a fuzzer's examples on `device`: `base` (the
+    loaded profile by default) on the CPU; on CUDA the same with the "cuda"
+    profile's fewer examples (conftest: each one launches kernels and
+    synchronizes).  A test applies them to a @given function it defines and
+    calls itself, since a test's own @settings cannot differ per device."""
+    from hypothesis import settings
+    base = base if base is not None else settings.default
+    if device == "cpu":
+        return settings(base)
+    return settings(base, max_examples=settings.get_profile("cuda").max_examples)
 
 
 def show(v):

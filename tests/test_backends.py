@@ -133,7 +133,7 @@ def test_inductor_switches_to_dynamic_shapes(monkeypatch):
         fastlazy.set_backend("torchscript")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["torchscript", "inductor"])
 def test_cuda_backends(name):
     fastlazy.set_backend(name)

@@ -305,7 +305,7 @@ def test_lazy_tensor_passed_between_threads():
     assert torch.equal(out[0], x.to_eager() + 1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_values_and_device():
     a = fastlazy.lazy(torch.rand(64, 64, device="cuda"))
     r = (a * 2 + 1).relu() - torch.tensor(0.5)   # a 0-dim CPU tensor may join

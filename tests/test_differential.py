@@ -1,5 +1,6 @@
 """Differential tests: every recorded op, through every entry point, against
-eager PyTorch (the oracle), on every backend in helpers.BACKENDS.
+eager PyTorch (the oracle), on every backend in helpers.BACKENDS, on the
+CPU and (where one is present) on CUDA, against eager on the same device.
 
 The cases are generated from the op table (fastlazy.optable.OPS): a row's
 entry points (functions, methods -- operators included --, inplace,
@@ -12,8 +13,10 @@ op (only the known-bug predicates do): adding a row adds its cases, and
 test_every_row_and_entry_point_is_covered / test_every_parameter_has_a_domain
 fail if a row, an entry point or a parameter gets none.
 
-Cases are grouped into one test item per (row, entry point, group, backend)
-to keep the suite fast.  Cases that hit a known core bug are split out into
+Cases are grouped into one test item per (row, entry point, group, backend,
+device) to keep the suite fast.  On CUDA a case whose eager run raises on
+the CPU is left out (helpers.raises_on_cpu: CUDA checks such values in the
+kernel, or not at all).  Cases that hit a known core bug are split out into
 their own items, marked xfail(strict=True) with the bug's description
 (KNOWN_BUGS); such an item must fail, and only in the way the bug describes.
 """
@@ -35,7 +38,8 @@ from fastlazy.optable import COMPLEX, OPS, Attr, Call
 
 from helpers import fastlazy_enabled  # noqa: F401  (fixture: enable() for the module)
 from helpers import (BACKENDS, fastlazy_disabled, BF16, BOOL, C64, C128, F16, F32, F64, I8, I32, I64, U8, Mismatch,
-                     T, assert_same, check, forms_of, make_value, returns_self, seed, show)
+                     T, assert_same, check, forms_of, fuzz_settings, make_value, raises_on_cpu,
+                     returns_self, seed, show)
 
 # every test runs once per backend in helpers.BACKENDS (conftest's backend fixture)
 pytestmark = pytest.mark.usefixtures("backend")
@@ -88,13 +92,19 @@ class Case:
             s += "|pending"
         return s
 
-    def build(self):
+    def build(self, device="cpu"):
         seed(self.id)
-        return ([make_value(a) for a in self.args],
-                {k: make_value(v) for k, v in self.kwargs.items()})
+        return ([make_value(a, device) for a in self.args],
+                {k: make_value(v, device) for k, v in self.kwargs.items()})
 
-    def run(self):
-        args, kwargs = self.build()
+    def run(self, device="cpu"):
+        """check() the case on `device`; None (not run) on CUDA where eager
+        raises on the CPU (helpers.raises_on_cpu)."""
+        if device != "cpu":
+            args, kwargs = self.build()
+            if raises_on_cpu(self.form, *args, **kwargs):
+                return None
+        args, kwargs = self.build(device)
         return check(self.form, *args, lazy=self.lazy, pending=self.pending,
                      returns_self=returns_self(self.row, self.form, args, kwargs), **kwargs)
 
@@ -760,14 +770,16 @@ def _params():
     return params
 
 
-def run_cases(cases):
-    failures = []
+def run_cases(cases, device="cpu"):
+    """The cases' failures, and how many ran (on CUDA some are left out)."""
+    failures, ran = [], 0
     for case in cases:
         try:
-            case.run()
+            ran += case.run(device) is not None
         except Mismatch as exc:
             failures.append((case, str(exc)))
-    return failures
+            ran += 1
+    return failures, ran
 
 
 def _report(failures, ncases):
@@ -776,14 +788,16 @@ def _report(failures, ncases):
 
 
 @pytest.mark.parametrize("backend, cases, bug", _params(), indirect=["backend"])
-def test_op(backend, cases, bug):
-    check_cases(cases, bug)
+def test_op(backend, cases, bug, device):
+    check_cases(cases, bug, device)
 
 
-def check_cases(cases, bug):
+def check_cases(cases, bug, device="cpu"):
     """Pass if every case matches eager; with a known bug, raise KnownBug if
     every failure is the bug's (strict xfail), fail on any other."""
-    failures = run_cases(cases)
+    failures, ran = run_cases(cases, device)
+    if not ran:
+        pytest.skip(f"every case raises on the CPU: none runs on {device}")
     if bug is None:
         if failures:
             pytest.fail(_report(failures, len(cases)), pytrace=False)
@@ -886,13 +900,13 @@ def _basic_call(row):
 
 
 @pytest.mark.parametrize("row", OPS, ids=lambda r: r.name)
-def test_every_row_records(row):
+def test_every_row_records(row, device):
     """The op is recorded (a pending node, no flush), not run eagerly, and
     agrees with eager."""
     case = _basic_call(row)
     flushes = fastlazy.metrics.counters()["flushes"]
-    outcome = case.run()
-    assert outcome.exception is None
+    outcome = case.run(device)
+    assert outcome is not None and outcome.exception is None
     assert outcome.recorded, f"{case.id} was run eagerly, not recorded"
     assert fastlazy.metrics.counters()["flushes"] == flushes + 1   # the one read
 
@@ -971,17 +985,17 @@ def test_second_read_does_not_recompute():
     assert_same(first, (base + 1) * 2)
 
 
-def _scalar_program(row):
+def _scalar_program(row, device="cpu"):
     """(input shape, program(x, s)) for one row, taking a Python float: the
     scalar goes into the op where the row takes one, else through a mul
-    before it."""
+    before it.  Its other tensors are on `device`."""
     fam = family(row)
     form = forms_of(row)[0]
     if fam == "generic":
         # the scalar enters through a mul before the op; a list's first tensor
         # (into the first float tensor argument; the first result)
         args, kwargs = GENERIC_ARGS[row.name[len("generic_"):]][0]
-        built = [make_value(a) for a in args]
+        built = [make_value(a, device) for a in args]
         if isinstance(args[0], T):
             tensors = [k for k, a in enumerate(args) if isinstance(a, T)]
             i = next((k for k in tensors if args[k].dtype.is_floating_point), tensors[0])
@@ -1003,15 +1017,15 @@ def _scalar_program(row):
         return (3, 4), lambda x, s: form(x, (4,), None, None, abs(s) * 1e-3)
     if fam == "matmul":
         shapes = [shape for shape in MATMUL_SHAPES[row.rule][0] if shape is not None]
-        others = [torch.rand(shape) for shape in shapes[1:]]
+        others = [torch.rand(shape).to(device) for shape in shapes[1:]]
         return shapes[0], lambda x, s: form(x * s, *others)
     return (3, 4), lambda x, s: form(x * s)
 
 
 @pytest.mark.parametrize("row", OPS, ids=lambda r: r.name)
-def test_new_scalar_value_hits_the_cache(row):
-    shape, program = _scalar_program(row)
-    base = torch.rand(shape) + 0.5
+def test_new_scalar_value_hits_the_cache(row, device):
+    shape, program = _scalar_program(row, device)
+    base = (torch.rand(shape) + 0.5).to(device)
     program(fastlazy.lazy(base.clone()), 1.5).to_eager()        # compiles
     for s in (2.5, -0.75):
         before = fastlazy.metrics.counters()
@@ -1117,15 +1131,25 @@ def _category(dtype):
 _N_EXAMPLES = 100 if settings.default.max_examples <= 150 else settings.default.max_examples
 
 
-@settings(max_examples=_N_EXAMPLES, deadline=None, derandomize=_N_EXAMPLES == 100,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much])
-@given(data=st.data())
-def test_random_programs(data):
+_CHAIN_SETTINGS = settings(
+    max_examples=_N_EXAMPLES, deadline=None, derandomize=_N_EXAMPLES == 100,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                           HealthCheck.filter_too_much])
+
+
+def test_random_programs(device):
+    @fuzz_settings(device, _CHAIN_SETTINGS)
+    @given(data=st.data())
+    def random_program(data):
+        _random_program(data, device)
+    random_program()
+
+
+def _random_program(data, device):
     shape = data.draw(st.sampled_from(CHAIN_SHAPES), label="shape")
     dtype = data.draw(st.sampled_from(CHAIN_DTYPES), label="dtype")
     seed(repr((shape, dtype)))
-    source = T(shape, dtype).make()
+    source = T(shape, dtype).make().to(device)
     given = source.clone()
     eager_vals, lazy_vals = [source.clone()], [fastlazy.lazy(given)]
     input_e, input_l = eager_vals[0], lazy_vals[0]
@@ -1143,7 +1167,8 @@ def test_random_programs(data):
         for spec in ops:
             if isinstance(spec, tuple) and spec and spec[0] == "fresh":
                 seed(repr(spec) + str(len(steps)))
-                spec = ("fresh", T(spec[1], spec[2], nonzero=row.rule == Rule.R_DIV).make())
+                spec = ("fresh", T(spec[1], spec[2],
+                                   nonzero=row.rule == Rule.R_DIV).make().to(device))
             built.append(spec)
         prev_index = data.draw(st.integers(0, len(eager_vals) - 1), label="previous")
         args_e = [_resolve(s, cur_e, input_e, eager_vals[prev_index], False) for s in built]
@@ -1154,6 +1179,9 @@ def test_random_programs(data):
             T(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args_e),
             dict(kwargs))
         assume(known_bug(spec_case, fastlazy.backend()) is None)
+        if device != "cpu" and raises_on_cpu(form, *args_e, **kwargs):
+            event("ends before a step that raises on the CPU (not run on CUDA)")
+            break
         steps.append(spec_case.id)
         try:
             out_e = form(*args_e, **kwargs)

@@ -6,6 +6,10 @@ Programs draw shapes with 0-dim, size-1 and empty dims that broadcast, every
 supported dtype, Python scalars (inf, nan, -0.0, negative), mixed eager and
 lazy operands, in-place ops, and views with mutation through them.
 
+Each runs on the CPU and on CUDA (fewer examples: helpers.fuzz_settings),
+against eager on the same device; on CUDA a program whose eager run raises
+on the CPU is left out (helpers.raises_on_cpu).
+
 `pytest tests/test_fuzz.py --fuzz-long` runs the long profile.
 """
 import math
@@ -13,11 +17,13 @@ import operator
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
 import fastlazy
 from fastlazy._core import Rule
 from fastlazy.optable import OPS
+
+from helpers import fuzz_settings
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.uint8, torch.bool]
@@ -101,9 +107,9 @@ def _apply(step, pool):
     return fn(*args)
 
 
-def run(inputs, steps, lazy):
-    pool = [fastlazy.lazy(v.clone()) if lazy and make_lazy else v.clone()
-            for v, make_lazy in inputs]
+def run(inputs, steps, lazy, device="cpu"):
+    pool = [fastlazy.lazy(v.to(device, copy=True)) if lazy and make_lazy
+            else v.to(device, copy=True) for v, make_lazy in inputs]
     for k, step in enumerate(steps):
         try:
             out = _apply(step, pool)
@@ -117,9 +123,15 @@ def _value(x):
     return x.to_eager() if isinstance(x, fastlazy.LazyTensor) else x
 
 
-def check(inputs, steps):
-    want, want_err = run(inputs, steps, lazy=False)
-    got, got_err = run(inputs, steps, lazy=True)
+def comparable(inputs, steps, device):
+    """Has the program an eager outcome to compare on `device`?  On CUDA
+    only where eager runs it through on the CPU (helpers.raises_on_cpu)."""
+    return device == "cpu" or run(inputs, steps, lazy=False)[1] is None
+
+
+def check(inputs, steps, device="cpu"):
+    want, want_err = run(inputs, steps, lazy=False, device=device)
+    got, got_err = run(inputs, steps, lazy=True, device=device)
     if want_err is not None and any(m in str(want_err[1]) for m in VALUE_ERRORS):
         with pytest.raises(RuntimeError):        # surfaces when read
             for g in got:
@@ -139,9 +151,13 @@ def check(inputs, steps):
             torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-6, atol=1e-7)
 
 
-@given(program=programs())
-def test_random_programs(backend, lazy_on, program):
-    check(*program)
+def test_random_programs(backend, lazy_on, device):
+    @fuzz_settings(device)
+    @given(program=programs())
+    def random_program(program):
+        assume(comparable(*program, device))
+        check(*program, device)
+    random_program()
 
 
 REGRESSIONS = [
@@ -162,5 +178,6 @@ REGRESSIONS = [
 
 
 @pytest.mark.parametrize("case", REGRESSIONS)
-def test_fuzz_regressions(case, lazy_on):
-    check(*case)
+def test_fuzz_regressions(case, lazy_on, device):
+    assert comparable(*case, device)
+    check(*case, device)

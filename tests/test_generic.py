@@ -1,6 +1,9 @@
 """The generic path: calls without a C rule, recorded from fake-tensor
 signatures cached per call signature (OpInfo covers the ops at large; these
-pin the mechanism)."""
+pin the mechanism).  The tests taking `device` run on the CPU and on CUDA;
+those about eager's value checks (binary_cross_entropy's range, integer
+division by zero) are CPU-only: CUDA checks them in the kernel, with an
+assert that leaves the CUDA context unusable."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,10 +34,10 @@ def test_signature_is_analysed_once(monkeypatch):
     assert len(analyses) == 1
 
 
-def test_shape_independent_lowering_keeps_torchscript_graphs_shape_generic(backend):
-    w = torch.rand(4, 3, 3, 3)
+def test_shape_independent_lowering_keeps_torchscript_graphs_shape_generic(backend, device):
+    w = torch.rand(4, 3, 3, 3, device=device)
     for batch in (1, 2, 5):
-        x = torch.rand(batch, 3, 8, 8)
+        x = torch.rand(batch, 3, 8, 8, device=device)
         got = F.conv2d(fastlazy.lazy(x), w, padding=1).relu()
         torch.testing.assert_close(got.to_eager(), F.conv2d(x, w, padding=1).relu())
     assert counters()["cache_misses"] == 1
@@ -70,9 +73,10 @@ def test_bad_arguments_raise_eagers_error_at_the_call():
                                torch.cat([a.to_eager(), b.to_eager()], 1))
 
 
-def _many(n, dtypes=(torch.float32,), lazy_every=1):
+def _many(n, dtypes=(torch.float32,), lazy_every=1, device="cpu"):
     """n tensors of 2 x (1..3) columns, every lazy_every-th one lazy."""
-    eager = [(torch.rand(2, i % 3 + 1) * 10).to(dtypes[i % len(dtypes)]) for i in range(n)]
+    eager = [(torch.rand(2, i % 3 + 1) * 10).to(device, dtypes[i % len(dtypes)])
+             for i in range(n)]
     mixed = [fastlazy.lazy(t) if i % lazy_every == 0 else t for i, t in enumerate(eager)]
     return eager, mixed
 
@@ -88,10 +92,11 @@ def _many(n, dtypes=(torch.float32,), lazy_every=1):
     lambda ts: torch.vstack([t[:, :1] for t in ts]),
     lambda ts: torch.dstack([t[:, :1] for t in ts]),
 ], ids=["cat", "cat-dim-kw", "concat-kw", "hstack", "stack", "stack-last", "vstack", "dstack"])
-def test_more_tensors_than_a_node_holds_are_recorded_as_a_tree(backend, call, n):
+def test_more_tensors_than_a_node_holds_are_recorded_as_a_tree(backend, call, n, device):
     """DenseNet concatenates every earlier feature map: more tensors than a
     node's inputs.  Recorded as nested calls, bit for bit eager's result."""
-    eager, mixed = _many(n, dtypes=(torch.float32, torch.float16, torch.int64), lazy_every=2)
+    eager, mixed = _many(n, dtypes=(torch.float32, torch.float16, torch.int64), lazy_every=2,
+                         device=device)
     got = call(mixed)
     assert type(got) is fastlazy.LazyTensor
     want = call(eager)
@@ -134,10 +139,11 @@ INDICES = {
 
 
 @pytest.mark.parametrize("index", INDICES.values(), ids=INDICES.keys())
-def test_integer_advanced_indexing_is_recorded(backend, index):
+def test_integer_advanced_indexing_is_recorded(backend, index, device):
     """aten.index is tagged data-dependent for its boolean masks only; a
-    Python list index traces as a constant tensor, which becomes an input."""
-    e = torch.arange(24.0).reshape(4, 6)
+    Python list index traces as a constant tensor, which becomes an input.
+    (Index tensors stay on the CPU, which eager takes for a CUDA tensor.)"""
+    e = torch.arange(24.0, device=device).reshape(4, 6)
     got = index(fastlazy.lazy(e))
     assert type(got) is fastlazy.LazyTensor
     want = index(e)
@@ -145,8 +151,8 @@ def test_integer_advanced_indexing_is_recorded(backend, index):
     assert counters()["fallbacks"] == 0
 
 
-def test_a_new_list_index_is_a_new_signature_not_a_stale_constant(backend):
-    e = torch.arange(24.0).reshape(4, 6)
+def test_a_new_list_index_is_a_new_signature_not_a_stale_constant(backend, device):
+    e = torch.arange(24.0, device=device).reshape(4, 6)
     for index in ([0, 2], [3, 1], [3, 1], [2]):
         assert torch.equal(fastlazy.lazy(e)[index].to_eager(), e[index])
     assert counters()["fallbacks"] == 0
@@ -170,15 +176,15 @@ def test_an_out_of_range_list_index_raises_eagers_error_at_the_call():
     assert str(lazy_error.value) == str(eager_error.value)
 
 
-def test_writes_through_integer_indices_and_their_gradients(backend):
-    e = torch.arange(24.0).reshape(4, 6)
+def test_writes_through_integer_indices_and_their_gradients(backend, device):
+    e = torch.arange(24.0, device=device).reshape(4, 6)
     got, want = fastlazy.lazy(e.clone()), e.clone()
     for t in (got, want):
-        t[[0, 2]] = torch.full((6,), 7.0)
+        t[[0, 2]] = torch.full((6,), 7.0, device=device)
         t[torch.tensor([1, 3]), 2] = 5.0
         t[:, [0, 4]] += 1
     assert torch.equal(got.to_eager(), want)
-    w = torch.rand(4, 6, requires_grad=True)
+    w = torch.rand(4, 6, device=device, requires_grad=True)
     (fastlazy.lazy(e) * w)[[1, 3, 3]].sum().backward()
     w_eager = w.detach().clone().requires_grad_()
     (e * w_eager)[[1, 3, 3]].sum().backward()
@@ -218,8 +224,8 @@ RULE_CORNERS = {
 
 
 @pytest.mark.parametrize("call", RULE_CORNERS.values(), ids=RULE_CORNERS.keys())
-def test_calls_a_c_rule_does_not_take_go_to_the_generic_path(backend, call):
-    e = torch.rand(3, 4) * 10
+def test_calls_a_c_rule_does_not_take_go_to_the_generic_path(backend, call, device):
+    e = torch.rand(3, 4, device=device) * 10
     got = call(fastlazy.lazy(e))
     want = call(e)
     assert type(got) is fastlazy.LazyTensor and got.dtype == want.dtype
@@ -238,18 +244,18 @@ def test_where_fake_kernels_and_eager_disagree_the_call_runs_eagerly(n):
     assert counters()["fallbacks"] == 1
 
 
-def test_in_place_views_of_the_programs_own_intermediates_are_recorded(backend):
+def test_in_place_views_of_the_programs_own_intermediates_are_recorded(backend, device):
     """quantile squeezes an intermediate in place (aten.squeeze_): pure as
     seen from outside, like any other write to an intermediate."""
-    e = torch.rand(5, 7)
-    got = torch.quantile(fastlazy.lazy(e), torch.tensor([0.25, 0.5]), dim=1, keepdim=True)
-    want = torch.quantile(e, torch.tensor([0.25, 0.5]), dim=1, keepdim=True)
+    e, q = torch.rand(5, 7, device=device), torch.tensor([0.25, 0.5], device=device)
+    got = torch.quantile(fastlazy.lazy(e), q, dim=1, keepdim=True)
+    want = torch.quantile(e, q, dim=1, keepdim=True)
     assert got.shape == want.shape and torch.equal(got.to_eager(), want)
     assert counters()["fallbacks"] == 0
 
 
-def test_several_outputs_run_once(backend):
-    x = torch.rand(3, 5)
+def test_several_outputs_run_once(backend, device):
+    x = torch.rand(3, 5, device=device)
     lx = fastlazy.lazy(x) * 1
     values, indices = torch.max(lx, 1)
     parts = lx.split([2, 3], dim=1)
@@ -268,8 +274,8 @@ def test_identity_results_are_the_argument_itself():
     assert x.float() is x and x.contiguous() is x and x.to(torch.float32) is x
 
 
-def test_dtype_casts_are_recorded():
-    x = fastlazy.lazy(torch.rand(3)) * 4
+def test_dtype_casts_are_recorded(device):
+    x = fastlazy.lazy(torch.rand(3, device=device)) * 4
     for cast in (lambda t: t.half(), lambda t: t.to(torch.int32), lambda t: t.double(),
                  lambda t: t.to(dtype=torch.bfloat16)):
         got = cast(x)
@@ -278,9 +284,9 @@ def test_dtype_casts_are_recorded():
     assert counters()["fallbacks"] == 0
 
 
-def test_gradients_flow_through_generic_nodes():
-    w = torch.rand(4, 3, 3, 3, requires_grad=True)
-    x = torch.rand(2, 3, 6, 6)
+def test_gradients_flow_through_generic_nodes(device):
+    w = torch.rand(4, 3, 3, 3, device=device, requires_grad=True)
+    x = torch.rand(2, 3, 6, 6, device=device)
     out = F.max_pool2d(F.conv2d(fastlazy.lazy(x), w), 2)
     assert out.requires_grad
     out.sum().backward()
@@ -296,9 +302,9 @@ def test_no_grad_results_do_not_require_grad():
     assert not out.requires_grad and not out.to_eager().requires_grad
 
 
-def test_autocast_gives_eagers_dtypes():
-    x, w = torch.rand(4, 8), torch.rand(8, 8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+def test_autocast_gives_eagers_dtypes(device):
+    x, w = torch.rand(4, 8, device=device), torch.rand(8, 8, device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
         want = (x @ w + 1).relu()
         lx = fastlazy.lazy(x)
         got = (lx @ w + 1).relu()
@@ -309,12 +315,12 @@ def test_autocast_gives_eagers_dtypes():
     assert native.dtype == torch.float32
 
 
-def test_eager_arguments_keep_their_strides():
-    e = torch.arange(24.0).reshape(4, 6)[:, ::2]        # spans more than it holds
-    x = fastlazy.lazy(torch.ones(4, 3))
+def test_eager_arguments_keep_their_strides(device):
+    e = torch.arange(24.0, device=device).reshape(4, 6)[:, ::2]   # spans more than it holds
+    x = fastlazy.lazy(torch.ones(4, 3, device=device))
     got = torch.cat([x, e], 0)
     assert not got.is_materialized
-    assert torch.equal(got.to_eager(), torch.cat([torch.ones(4, 3), e]))
+    assert torch.equal(got.to_eager(), torch.cat([torch.ones(4, 3, device=device), e]))
 
 
 def test_trial_values_do_not_refuse_linear_algebra():
@@ -325,7 +331,7 @@ def test_trial_values_do_not_refuse_linear_algebra():
     assert counters()["fallbacks"] == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["torchscript", "inductor", "native", "eager"])
 def test_generic_ops_and_views_on_cuda(name):
     """Device constants in captured programs (factory ops, Device arguments

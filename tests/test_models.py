@@ -1,5 +1,6 @@
 """Unmodified nn modules with LazyTensor inputs: eager's outputs, losses and
-gradients, in eval and in training."""
+gradients, in eval and in training, on the CPU and on CUDA (the `device`
+fixture: eager on the same device is the oracle)."""
 import pytest
 import torch
 from torch import nn
@@ -42,11 +43,11 @@ def run(model, x, lazy, train):
     return (out.to_eager() if lazy else out), loss.item(), [p.grad.clone() for p in model.parameters()] if train else []
 
 
-def assert_matches_eager(make, shape, train):
+def assert_matches_eager(make, shape, train, device="cpu"):
     """Output, loss and (training) gradients of one model, eager vs lazy."""
     torch.manual_seed(0)
-    model = make()
-    x = torch.randn(*shape)
+    model = make().to(device)
+    x = torch.randn(*shape).to(device)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     want = run(model, x, lazy=False, train=train)
     model.load_state_dict(state)            # batchnorm running stats
@@ -59,8 +60,8 @@ def assert_matches_eager(make, shape, train):
 
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-def test_model_matches_eager(name, train):
-    assert_matches_eager(*MODELS[name], train)
+def test_model_matches_eager(name, train, device):
+    assert_matches_eager(*MODELS[name], train, device)
 
 
 def test_mlp_records_most_ops():
@@ -73,12 +74,12 @@ def test_mlp_records_most_ops():
 
 
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
-def test_models_record_in_one_graph(name):
+def test_models_record_in_one_graph(name, device):
     """Conv, pooling, batch norm (eval), attention: all recorded, one flush."""
     make, shape = MODELS[name]
     torch.manual_seed(0)
-    model = make().eval()
-    x = torch.randn(*shape)
+    model = make().eval().to(device)
+    x = torch.randn(*shape).to(device)
     out = model(x.to("lazy"))
     assert not out.is_materialized
     torch.testing.assert_close(out.to_eager(), model(x), rtol=1e-4, atol=1e-5)
@@ -86,20 +87,20 @@ def test_models_record_in_one_graph(name):
     assert c["fallbacks"] == 0 and c["flushes"] == 1
 
 
-def test_training_step_records_everything_batch_norm_included():
+def test_training_step_records_everything_batch_norm_included(device):
     torch.manual_seed(0)
-    model = cnn().train()
-    x = torch.randn(2, 3, 8, 8)
+    model = cnn().train().to(device)
+    x = torch.randn(2, 3, 8, 8).to(device)
     loss = model(x.to("lazy")).pow(2).mean()
     loss.backward()
     assert dict(metrics.fallbacks_by_op) == {}
     assert metrics.counters()["flushes"] == 1
 
 
-def test_batch_norm_running_statistics_update_at_the_call():
+def test_batch_norm_running_statistics_update_at_the_call(device):
     torch.manual_seed(0)
-    lazy_bn, eager_bn = nn.BatchNorm2d(3).train(), nn.BatchNorm2d(3).train()
-    x = torch.randn(4, 3, 5, 5)
+    lazy_bn, eager_bn = nn.BatchNorm2d(3).train().to(device), nn.BatchNorm2d(3).train().to(device)
+    x = torch.randn(4, 3, 5, 5).to(device)
     lazy_bn(x.to("lazy") * 2)              # nothing read yet
     eager_bn(x * 2)
     torch.testing.assert_close(lazy_bn.running_mean, eager_bn.running_mean)
@@ -180,6 +181,6 @@ MORE_MODELS = {
 
 @pytest.mark.parametrize("name", list(MORE_MODELS))
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-def test_more_modules_match_eager_and_record(name, train):
-    assert_matches_eager(*MORE_MODELS[name], train)
+def test_more_modules_match_eager_and_record(name, train, device):
+    assert_matches_eager(*MORE_MODELS[name], train, device)
     assert not metrics.fallbacks_by_op, dict(metrics.fallbacks_by_op)

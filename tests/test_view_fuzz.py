@@ -10,12 +10,19 @@ View steps only take views whose aliasing does not depend on memory layout
 (select, slice, transpose, unsqueeze, diagonal; view(-1) of an input): a
 LazyTensor that is not a view reports a contiguous layout, where eager's
 result of an op on a transposed view may not be contiguous (see README).
+
+Each runs on the CPU and on CUDA (fewer examples: helpers.fuzz_settings),
+against eager on the same device.  Every error a program can meet is one
+of eager's checks of shapes and aliasing, made on the host on either
+device.
 """
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastlazy
+
+from helpers import fuzz_settings
 
 # (index_list is advanced indexing: a copy, which later writes must not reach)
 VIEWS = ["select", "slice", "transpose", "unsqueeze", "diagonal", "flatten_input",
@@ -86,10 +93,10 @@ def _write(name, x, y, i, flag):
     return getattr(x, name)(other)
 
 
-def run(shape, dtype, n_inputs, steps, lazy):
+def run(shape, dtype, n_inputs, steps, lazy, device="cpu"):
     torch.manual_seed(0)
     inputs = [(torch.arange(torch.Size(shape).numel(), dtype=torch.float64) * (k + 1) - 3)
-              .reshape(shape).to(dtype) for k in range(n_inputs)]
+              .reshape(shape).to(device, dtype) for k in range(n_inputs)]
     pool = [fastlazy.lazy(v) * 1 if lazy else v for v in inputs]
     for k, (kind, name, a, b, i, flag) in enumerate(steps):
         try:
@@ -109,9 +116,9 @@ def _value(x):
     return x.to_eager() if isinstance(x, fastlazy.LazyTensor) else x
 
 
-def check(shape, dtype, n_inputs, steps):
-    want, want_err = run(shape, dtype, n_inputs, steps, lazy=False)
-    got, got_err = run(shape, dtype, n_inputs, steps, lazy=True)
+def check(shape, dtype, n_inputs, steps, device="cpu"):
+    want, want_err = run(shape, dtype, n_inputs, steps, lazy=False, device=device)
+    got, got_err = run(shape, dtype, n_inputs, steps, lazy=True, device=device)
     assert want_err == got_err
     assert len(want) == len(got)
     for k, (w, g) in enumerate(zip(want, got)):
@@ -120,10 +127,16 @@ def check(shape, dtype, n_inputs, steps):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, msg=f"pool[{k}]")
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(program=programs())
-def test_views_and_inplace_match_eager(backend, lazy_on, program):
-    check(*program)
+_SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                            HealthCheck.too_slow])
+
+
+def test_views_and_inplace_match_eager(backend, lazy_on, device):
+    @fuzz_settings(device, _SETTINGS)
+    @given(program=programs())
+    def views_program(program):
+        check(*program, device)
+    views_program()
 
 
 REGRESSIONS = [
@@ -138,5 +151,5 @@ REGRESSIONS = [
 
 
 @pytest.mark.parametrize("case", REGRESSIONS)
-def test_view_regressions(case, lazy_on):
-    check(*case)
+def test_view_regressions(case, lazy_on, device):
+    check(*case, device)

@@ -1,4 +1,5 @@
-"""Mutation through a view shows in its base, as in eager."""
+"""Mutation through a view shows in its base, as in eager (on the CPU and on
+CUDA: the `device` fixture)."""
 import pytest
 import torch
 
@@ -18,32 +19,33 @@ PROGRAMS = {
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_mutation_through_views(name):
+def test_mutation_through_views(name, device):
     fn = PROGRAMS[name]
-    base = torch.arange(12.0).reshape(3, 4)
+    base = torch.arange(12.0, device=device).reshape(3, 4)
     want = fn(base.clone())
     lazy_x = fastlazy.lazy(base.clone()) * 1       # a pending LazyTensor
     got = fn(lazy_x)
     assert torch.equal(got.to_eager(), want)
 
 
-def test_lazy_made_from_a_tensor_is_never_written_by_direct_inplace():
-    t = torch.ones(3)
+def test_lazy_made_from_a_tensor_is_never_written_by_direct_inplace(device):
+    t = torch.ones(3, device=device)
     x = fastlazy.lazy(t)
     x.add_(1)
     x.mul_(3)
-    assert torch.equal(x.to_eager(), torch.full((3,), 6.0)) and torch.equal(t, torch.ones(3))
+    assert torch.equal(x.to_eager(), torch.full((3,), 6.0, device=device))
+    assert torch.equal(t, torch.ones(3, device=device))
 
 
-def test_views_are_recorded_not_run():
-    x = fastlazy.lazy(torch.arange(12.0)) * 1
+def test_views_are_recorded_not_run(device):
+    x = fastlazy.lazy(torch.arange(12.0, device=device)) * 1
     v = x.view(3, 4).t()[1]
     assert not v.is_materialized and fastlazy.metrics.counters()["fallbacks"] == 0
-    assert torch.equal(v.to_eager(), (torch.arange(12.0).view(3, 4).t()[1]))
+    assert torch.equal(v.to_eager(), (torch.arange(12.0, device=device).view(3, 4).t()[1]))
 
 
-def test_write_to_base_shows_in_every_live_view():
-    base = torch.arange(12.0).reshape(3, 4)
+def test_write_to_base_shows_in_every_live_view(device):
+    base = torch.arange(12.0, device=device).reshape(3, 4)
     x = fastlazy.lazy(base.clone()) * 1
     row, col, flat = x[1], x[:, 2], x.view(-1)
     x.mul_(2)
@@ -55,8 +57,8 @@ def test_write_to_base_shows_in_every_live_view():
     assert torch.equal(flat.to_eager(), want.view(-1))
 
 
-def test_write_through_one_view_shows_in_the_others():
-    base = torch.arange(12.0).reshape(3, 4)
+def test_write_through_one_view_shows_in_the_others(device):
+    base = torch.arange(12.0, device=device).reshape(3, 4)
     x = fastlazy.lazy(base.clone()) * 1
     t, row = x.t(), x[2]
     t[3].fill_(9.0)                 # column 3 of x
@@ -65,8 +67,8 @@ def test_write_through_one_view_shows_in_the_others():
     assert torch.equal(row.to_eager(), want[2]) and torch.equal(x.to_eager(), want)
 
 
-def test_chunks_are_views():
-    base = torch.arange(8.0)
+def test_chunks_are_views(device):
+    base = torch.arange(8.0, device=device)
     x = fastlazy.lazy(base.clone()) * 1
     a, b = x.chunk(2)
     b.add_(100)
@@ -75,42 +77,43 @@ def test_chunks_are_views():
     assert torch.equal(x.to_eager(), want) and torch.equal(a.to_eager(), want[:4])
 
 
-def test_partial_overlap_is_eagers_error_at_the_call():
-    x = fastlazy.lazy(torch.arange(4.0)) * 1
+def test_partial_overlap_is_eagers_error_at_the_call(device):
+    x = fastlazy.lazy(torch.arange(4.0, device=device)) * 1
     with pytest.raises(RuntimeError, match="refer to a single memory location"):
         x[1:].add_(x[:-1])
-    e = torch.arange(4.0)
+    e = torch.arange(4.0, device=device)
     with pytest.raises(RuntimeError, match="refer to a single memory location"):
         e[1:].add_(e[:-1])          # eager's own behaviour, which the above matches
-    assert torch.equal(x.to_eager(), torch.arange(4.0))     # nothing was written
+    assert torch.equal(x.to_eager(), torch.arange(4.0, device=device))   # nothing written
 
 
-def test_write_through_an_expanded_view_is_eagers_error():
-    x = fastlazy.lazy(torch.zeros(1, 4)) * 1
+def test_write_through_an_expanded_view_is_eagers_error(device):
+    x = fastlazy.lazy(torch.zeros(1, 4, device=device)) * 1
     with pytest.raises(RuntimeError, match="more than one element"):
         x.expand(3, 4).add_(1)
-    assert torch.equal(x.to_eager(), torch.zeros(1, 4))
+    assert torch.equal(x.to_eager(), torch.zeros(1, 4, device=device))
 
 
-def test_full_overlap_is_allowed():
-    x = fastlazy.lazy(torch.arange(4.0)) * 1
+def test_full_overlap_is_allowed(device):
+    x = fastlazy.lazy(torch.arange(4.0, device=device)) * 1
     v = x[:]
     v.add_(x)
-    assert torch.equal(x.to_eager(), torch.arange(4.0) * 2)
+    assert torch.equal(x.to_eager(), torch.arange(4.0, device=device) * 2)
 
 
-def test_eager_tensor_written_by_lazy_argument_keeps_eager_semantics():
-    e = torch.ones(4)
-    y = fastlazy.lazy(torch.arange(4.0)) * 1
+def test_eager_tensor_written_by_lazy_argument_keeps_eager_semantics(device):
+    e = torch.ones(4, device=device)
+    y = fastlazy.lazy(torch.arange(4.0, device=device)) * 1
     e[:2].add_(y[:2])
-    assert type(e) is torch.Tensor and torch.equal(e, torch.tensor([1.0, 2.0, 1.0, 1.0]))
+    assert type(e) is torch.Tensor
+    assert torch.equal(e, torch.tensor([1.0, 2.0, 1.0, 1.0], device=device))
 
 
 @pytest.mark.parametrize("write", [lambda t: t.add_(1), lambda t: t.zero_(),
                                    lambda t: t.__setitem__(0, 1.0),
                                    lambda t: t[1:].mul_(2)])
-def test_inplace_on_a_leaf_that_requires_grad_is_eagers_error(write):
-    w = torch.rand(3, requires_grad=True)
+def test_inplace_on_a_leaf_that_requires_grad_is_eagers_error(write, device):
+    w = torch.rand(3, device=device, requires_grad=True)
     with pytest.raises(RuntimeError) as eager:
         write(w)
     with pytest.raises(RuntimeError) as lazy:
@@ -124,8 +127,8 @@ def test_inplace_on_a_leaf_that_requires_grad_is_eagers_error(write):
 
 @pytest.mark.parametrize("write", [lambda t: t.add_(1), lambda t: t.zero_(),
                                    lambda t: t.__setitem__(0, 1.0)])
-def test_a_detached_view_of_a_leaf_may_be_written(write):
-    w = torch.rand(3, requires_grad=True)
+def test_a_detached_view_of_a_leaf_may_be_written(write, device):
+    w = torch.rand(3, device=device, requires_grad=True)
     write(w.detach())                       # eager allows it
     d = fastlazy.lazy(w).detach()
     write(d)

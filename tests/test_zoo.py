@@ -4,15 +4,13 @@ batch 1 on fastlazy's default backend, the modules eager and their inputs
 lazy: eager's output in inference, eager's loss, gradients, parameters and
 buffers over three SGD steps in training; and on a steady-state call (the
 second inference, the third training step) at most BOUNDS' fallbacks and
-graphs.
+graphs.  Each on the CPU and on CUDA (the `device` fixture), against eager
+on the same device.
 
 Skipped without torchvision or transformers: install them with
 `pip install --no-deps torchvision==0.28.0 && pip install -e ".[zoo]"`.
 """
 import contextlib
-import importlib.util
-import pathlib
-import sys
 import warnings
 
 import pytest
@@ -20,21 +18,9 @@ import torch
 
 import fastlazy
 
-ZOO_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "zoo.py"
+from helpers import import_benchmark
 
-
-def _import_zoo():
-    """benchmarks/zoo.py as module `zoo`, the name the benchmark imports it by."""
-    if "zoo" in sys.modules:
-        return sys.modules["zoo"]
-    spec = importlib.util.spec_from_file_location("zoo", ZOO_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["zoo"] = module          # before running it: its dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
-
-
-zoo = _import_zoo()
+zoo = import_benchmark("zoo")
 zoo.define_torchvision_ops()            # before torchvision's import (see zoo's docstring)
 pytest.importorskip("torchvision")
 pytest.importorskip("transformers")
@@ -90,10 +76,10 @@ def _check_bounds(name, mode, counters):
 
 
 @pytest.mark.parametrize("name", [m.name for m in zoo.W4])
-def test_inference_matches_eager(name):
+def test_inference_matches_eager(name, device):
     model = zoo.MODELS[name]
-    module = model.build(SIZE)
-    x, _ = model.inputs(SIZE)
+    module = model.build(SIZE).to(device)
+    x = model.inputs(SIZE)[0].to(device)
     with _fastlazy_off():
         want = zoo.step(model, module, module, x, None, zoo.INFER)()
     lazy_call = zoo.step(model, module, module, fastlazy.lazy(x), None, zoo.INFER,
@@ -107,13 +93,14 @@ def test_inference_matches_eager(name):
 
 
 @pytest.mark.parametrize("name", [m.name for m in zoo.W4 if zoo.TRAIN in m.modes])
-def test_training_steps_match_eager(name):
+def test_training_steps_match_eager(name, device):
     """Forward, loss, backward, SGD step, three times, on two copies of the
     model: the lazy input's loss and the copy's gradients, parameters and
     buffers (batch-norm statistics) are eager's after every step."""
     model = zoo.MODELS[name]
-    x, target = model.inputs(SIZE)
-    eager_module, lazy_module = model.build(SIZE, zoo.TRAIN), model.build(SIZE, zoo.TRAIN)
+    x, target = (t.to(device) for t in model.inputs(SIZE))
+    eager_module = model.build(SIZE, zoo.TRAIN).to(device)
+    lazy_module = model.build(SIZE, zoo.TRAIN).to(device)
     eager_step = zoo.step(model, eager_module, eager_module, x, target, zoo.TRAIN)
     lazy_step = zoo.step(model, lazy_module, lazy_module, fastlazy.lazy(x),
                          fastlazy.lazy(target), zoo.TRAIN)

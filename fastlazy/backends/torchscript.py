@@ -5,17 +5,27 @@ With CUDA tensors (or a torch built with LLVM) the profiling executor runs it
 and NNC (TensorExpr) fuses the elementwise chains.  On CPU without LLVM (PyPI
 wheels) nothing can fuse, so the graph is made cheap to interpret instead:
 the legacy executor (no profiling or guard nodes) and in-place aten variants
-that reuse the storage of intermediates nobody else reads.
+that reuse the storage of intermediates nobody else reads.  (CPU fusion
+without LLVM is possible through NNC's IR evaluator, which torch's flags
+`_jit_override_can_fuse_on_cpu(True)` and `_jit_set_te_must_use_llvm_cpu(False)`
+allow: it interprets the fused loops, far slower than aten's kernels, so it
+is for tests of the fusion itself, which `fuses` then reports.)
+
+Each program that may fuse can say what NNC made of it
+(`TorchScriptProgram.fusion`): the profiling executor optimizes a graph at
+its second run, and its optimized graph holds the fusion groups.
 """
 from __future__ import annotations
 
 import functools
 import operator
+import weakref
 
 import torch
 import torch.fx
 
 from fastlazy.backends.base import Backend, Program, lower, reusable
+from fastlazy.optable import AttrValue
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
 # tests/test_backends.py checks it against what the tracer emits.
@@ -142,15 +152,125 @@ class TorchScriptBackend(Backend):
         fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
         if view.grad:
             fn = _without_autodiff(fn)
-        program = Program(slots, fn, len(view.outputs) == 1, text)
+        program = TorchScriptProgram(slots, fn, len(view.outputs) == 1, text, fuses=fuses,
+                                     grad=view.grad)
         if not fuses:
             program._first_call = functools.partial(_legacy_first_call, program, text)
         return program
 
     def fuses(self, view):
-        """Will NNC fuse this graph's elementwise chains (CUDA inputs, or a
-        torch built with LLVM)?"""
-        return self.llvm or any(s.kind == "tensor" and s.value.is_cuda for s in view.slots)
+        """Will NNC fuse this graph's elementwise chains?  On CUDA inputs if
+        the GPU fuser is on (torch's default); on CPU only where CPU fusion
+        was switched on, with LLVM (a torch built with it: __init__ switches
+        it on) or with LLVM not required (NNC's IR evaluator)."""
+        if not torch._C._jit_texpr_fuser_enabled():
+            return False
+        if any(s.kind == "tensor" and s.value.is_cuda for s in view.slots):
+            return torch._C._jit_can_fuse_on_gpu()
+        return torch._C._jit_can_fuse_on_cpu() and (
+            self.llvm or not torch._C._jit_get_te_must_use_llvm_cpu())
+
+
+# the programs compiled to fuse, while they live (fusion_of reads them)
+_fusing: weakref.WeakSet = weakref.WeakSet()
+
+# the nodes NNC (TensorExpr) or the legacy fuser makes of fused ops
+FUSION_KINDS = frozenset({"prim::TensorExprGroup", "prim::TensorExprDynamicGroup",
+                          "prim::FusionGroup", "prim::CudaFusionGroup"})
+
+
+class TorchScriptProgram(Program):
+    """A Program whose TorchScript function can say what the graph executor
+    fused (`fusion()`)."""
+
+    def __init__(self, slots, call, single, source, fuses, grad):
+        super().__init__(slots, call, single, source)
+        self.fuses = fuses
+        self.grad = grad
+        self._fusion = None
+        if fuses:
+            _fusing.add(self)
+
+    def fusion(self) -> dict:
+        """What the graph executor made of this graph: `groups` (fusion
+        groups in its optimized graph), `fused` (the aten ops inside them),
+        `unfused` (aten ops left outside, by name) and `state`:
+
+        - "optimized": the groups above (zero groups: NNC took no op);
+        - "not optimized yet": the profiling executor optimizes a graph at
+          its second run (the first one records the shapes it specializes
+          on); until then nothing is fused;
+        - "no fuser": nothing can fuse here (CPU without LLVM, or the fuser
+          switched off): the legacy executor runs the graph as it is;
+        - "autograd": the graph builds autograd history and runs without
+          the executor's optimizations (see _without_autodiff).
+
+        The optimized graph is the one specialized on the shapes of the first
+        runs; other shapes take the executor's fallback path, which it
+        specializes and fuses again on its own (torch's fusion strategy), with
+        no new fastlazy compile."""
+        if self._fusion is not None:
+            return self._fusion
+        if not self.fuses:
+            return _fusion_state("no fuser")
+        if self.grad:
+            return _fusion_state("autograd")
+        try:
+            plans = self.call.get_debug_state().execution_plans
+        except RuntimeError:     # (an internal assert: no optimized plan yet)
+            return _fusion_state("not optimized yet")
+        graphs = [plan.graph for plan in plans.values()]
+        if not graphs:
+            return _fusion_state("not optimized yet")
+        groups, fused, unfused = 0, 0, {}
+        for graph in graphs:
+            for node in _walk(graph.nodes()):
+                if node.kind() in FUSION_KINDS:
+                    groups += 1
+                    fused += _count_aten(node.g("Subgraph"))
+                elif node.kind().startswith("aten::"):
+                    unfused[node.kind()] = unfused.get(node.kind(), 0) + 1
+        self._fusion = {"state": "optimized", "groups": groups, "fused": fused,
+                        "unfused": unfused}
+        return self._fusion
+
+
+def _fusion_state(state):
+    return {"state": state, "groups": 0, "fused": 0, "unfused": {}}
+
+
+def _walk(nodes):
+    """Every node of a graph, through the blocks of prim::If and prim::Loop
+    (the executor's guards), not into fusion groups' subgraphs."""
+    stack = list(nodes)[::-1]
+    while stack:
+        node = stack.pop()
+        yield node
+        for block in node.blocks():
+            stack.extend(list(block.nodes())[::-1])
+
+
+def _count_aten(subgraph):
+    """aten ops in a fusion group's subgraph (nested groups included)."""
+    n = 0
+    for node in _walk(subgraph.nodes()):
+        if node.kind().startswith("aten::"):
+            n += 1
+        elif node.kind() in FUSION_KINDS:
+            n += _count_aten(node.g("Subgraph"))
+    return n
+
+
+def fusion_of(program) -> dict | None:
+    """A cached program's fusion (TorchScriptProgram.fusion), or None if
+    TorchScript did not compile it; a tiered program's fast tier is read."""
+    program = getattr(program, "fast", program)
+    return program.fusion() if isinstance(program, TorchScriptProgram) else None
+
+
+def any_fusing() -> bool:
+    """Does any program compiled to fuse still live?"""
+    return len(_fusing) > 0
 
 
 def _emit(ir, env, node, inplace, scalars):
@@ -170,12 +290,29 @@ def _emit(ir, env, node, inplace, scalars):
                        type="int[]")
 
     args = [lower(a, node, operand, ir.constant, call, trailing_dims) for a in expr.args]
-    args += [lower(v, node, operand, ir.constant, call, trailing_dims) for _, v in expr.kwargs]
+    args += [lower(v, node, operand, ir.constant, call, trailing_dims)
+             for _, v in _kwargs(expr, node)]
     value = ir.call(expr.name + "_" if inplace else expr.name, args)
     if node.cast:
         value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
                                ir.constant(False), ir.constant(False), ir.constant(None)])
     return value
+
+
+# Keyword arguments whose None is the overload without them: div's
+# rounding_mode=None names div.Tensor_mode, which NNC does not fuse, where
+# div.Tensor (the same true division) fuses.
+_NONE_MEANS_ABSENT = frozenset({("div", "rounding_mode")})
+
+
+def _kwargs(expr, node):
+    """A row's keyword arguments as the IR passes them (positionally, in
+    order), a trailing None that _NONE_MEANS_ABSENT names left out."""
+    kwargs = list(expr.kwargs)
+    while kwargs and (expr.name, kwargs[-1][0]) in _NONE_MEANS_ABSENT \
+            and isinstance(kwargs[-1][1], AttrValue) and kwargs[-1][1].value(node) is None:
+        kwargs.pop()
+    return kwargs
 
 
 def _emit_generic(ir, env, node, emitted):
