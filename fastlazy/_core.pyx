@@ -55,15 +55,16 @@ cdef object _device_type = torch.device
 cdef object _enable_grad = torch.enable_grad
 cdef object _no_grad = torch.no_grad
 cdef object _InferenceMode = torch._C._InferenceMode
+cdef object _strided = torch.strided
+cdef object _operator_index = operator.index
+cdef object _new_lock = threading.Lock
 
 
 cdef inline object _inference_mode():
     # torch's own context, not torch.inference_mode: that one fastlazy
     # patches to count contexts (segment.pxi's fl_inference_hint)
     return _InferenceMode(True)
-cdef object _strided = torch.strided
-cdef object _operator_index = operator.index
-cdef object _new_lock = threading.Lock
+
 
 include "csrc/counters.pxi"
 include "csrc/dtypes.pxi"

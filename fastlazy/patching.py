@@ -149,49 +149,40 @@ def _track_autocast():
     """Count torch.autocast contexts in the core: inside one, every call
     takes the generic path, whose signatures include the autocast state
     (the C rules know nothing of autocast's per-op casts)."""
-    cls = torch.amp.autocast_mode.autocast
-    enter, exit_ = cls.__enter__, cls.__exit__
-
-    def __enter__(self):
-        out = enter(self)
-        _core.autocast_entered(1)
-        return out
-
-    def __exit__(self, *exc):
-        _core.autocast_entered(-1)
-        return exit_(self, *exc)
-
-    for attr, patched in (("__enter__", __enter__), ("__exit__", __exit__)):
-        original = vars(cls)[attr]
-        setattr(cls, attr, patched)
-        _installed.append((cls, attr, original, True, patched))
     # enabled inside an autocast context: count that one
     active = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
-    _core.autocast_entered(-_core.autocast_depth() + int(active))
+    _count_contexts(torch.amp.autocast_mode.autocast, _core.autocast_entered,
+                    _core.autocast_depth, active)
 
 
 def _track_inference_mode():
     """Count torch.inference_mode contexts in the core: while one is open, a
     recorded result asks whether its thread is in inference mode (it is then
     an inference tensor, as in eager)."""
-    cls = torch.autograd.grad_mode.inference_mode
+    _count_contexts(torch.autograd.grad_mode.inference_mode, _core.inference_mode_entered,
+                    _core.inference_mode_depth, torch.is_inference_mode_enabled())
+
+
+def _count_contexts(cls, entered, depth, active):
+    """Patch context manager class `cls` so that the core's counter
+    (entered(delta), depth()) follows its open contexts, starting from one
+    if `active` (enable() called inside such a context)."""
     enter, exit_ = cls.__enter__, cls.__exit__
 
     def __enter__(self):
         out = enter(self)
-        _core.inference_mode_entered(1)
+        entered(1)
         return out
 
     def __exit__(self, *exc):
-        _core.inference_mode_entered(-1)
+        entered(-1)
         return exit_(self, *exc)
 
     for attr, patched in (("__enter__", __enter__), ("__exit__", __exit__)):
         original = vars(cls)[attr]
         setattr(cls, attr, patched)
         _installed.append((cls, attr, original, True, patched))
-    _core.inference_mode_entered(-_core.inference_mode_depth()
-                                 + int(torch.is_inference_mode_enabled()))
+    entered(-depth() + int(active))
 
 
 def disable() -> None:

@@ -206,14 +206,20 @@ def test_constant_bool_slots_reach_the_compiled_tier(auto, scripted, monkeypatch
 # -- the real inductor, end to end ------------------------------------------
 
 
-def test_inductor_tier_gives_eagers_values_before_and_after_the_switch(auto, monkeypatch):
-    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
-    a, b = torch.randn(8, 16), torch.randn(8, 16)
+def _compile_and_probe(a, b):
+    """Run the test graph until its background compile is done and its
+    probe is over, checking every value against eager's."""
     run(a, b, 0.5)
     run(a, b, 0.5)
     assert tiering.wait(300)
     for k in range(tiering.probe_calls()):
         torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
+
+
+def test_inductor_tier_gives_eagers_values_before_and_after_the_switch(auto, monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    _compile_and_probe(a, b)
     entry = only_tier()
     assert entry["tier"] in ("hot", "fast (compiled was slower)"), entry
     assert entry["compile_seconds"] > 0
@@ -239,11 +245,7 @@ def test_background_compiles_use_the_cpp_wrapper_on_cpu(auto, monkeypatch):
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
     asked = _record_wrappers(monkeypatch)
     a, b = torch.randn(8, 16), torch.randn(8, 16)
-    run(a, b, 0.5)
-    run(a, b, 0.5)
-    assert tiering.wait(300)
-    for k in range(tiering.probe_calls()):
-        torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
+    _compile_and_probe(a, b)
     assert asked and all(asked), asked
     # a compile the user's thread waits for (the inductor backend) does not
     # pay the wrapper's longer compile
@@ -257,11 +259,7 @@ def test_a_failed_cpp_wrapper_compile_falls_back_to_the_python_wrapper(auto, mon
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
     asked = _record_wrappers(monkeypatch, fail_cpp=True)
     a, b = torch.randn(8, 16), torch.randn(8, 16)
-    run(a, b, 0.5)
-    run(a, b, 0.5)
-    assert tiering.wait(300)
-    for k in range(tiering.probe_calls()):
-        torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
+    _compile_and_probe(a, b)
     assert asked == [True, False]
     assert fastlazy.metrics.counters()["tier_cpp_wrapper_failures"] == 1
     assert only_tier()["error"] is None
