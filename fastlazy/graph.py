@@ -1,25 +1,25 @@
 """A read-only view of the part of a segment a flush computes.
 
 Backends lower from this view: the needed nodes in recording order (dead ones
-pruned), the external input slots they use, and the outputs.
+pruned), each with its NodeProgram (fastlazy.node_program: the aten calls it
+is, whatever recorded it), the external input slots they use, and the
+outputs.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from fastlazy import generic
-from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
-                            ATTR_SMALL_MASK, GENERIC_OP, NodeFlag, ScalarType, SlotKey)
-from fastlazy.optable import OPS, Op
-
-_LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
+from fastlazy import node_program
+from fastlazy._core import NodeFlag, ScalarType, SlotKey
+from fastlazy.node_program import NodeProgram
 
 
 @dataclass(frozen=True)
 class Node:
     index: int
-    op: Op               # or a generic.Lowering (op.generic)
+    op: object           # what recorded it, for its name: an op-table row or a generic.Lowering
+    program: NodeProgram  # what backends lower
     inputs: tuple        # ('node', i) | ('slot', k)
     attr: int
     cast: bool           # in-place op: cast the result to `dtype`
@@ -29,22 +29,8 @@ class Node:
     uses: int            # consumers among the needed nodes
     is_output: bool
     requires_grad: bool
-    output: int = 0      # generic nodes: which output of the lowering
+    output: int = 0      # which of the program's outputs
     keeps_shape: bool = False  # the result has its first operand's shape
-
-    def choice(self):
-        """Index of the row's choice parameter's value (div's rounding_mode)
-        among the row's values."""
-        return self.attr >> ATTR_CHOICE_SHIFT & ATTR_SMALL_MASK
-
-    def operand(self, position):
-        """The input for operand `position` of the op, or None if absent
-        (absent optional operands are not stored: attr bit 16+position)."""
-        if self.attr >> (ATTR_ABSENT_SHIFT + position) & 1:
-            return None
-        present = sum(1 for p in range(position)
-                      if not self.attr >> (ATTR_ABSENT_SHIFT + p) & 1)
-        return self.inputs[present]
 
 
 @dataclass(frozen=True)
@@ -55,25 +41,20 @@ class Slot:
     value: object        # the value at compile time (a bool slot is a constant)
 
 
-def _op(record):
-    if record.op == GENERIC_OP:
-        return generic.lowering(record.attr & _LOWERING_MASK)
-    return OPS[record.op]
-
-
 class GraphView:
     def __init__(self, seg, outputs):
         # the core's canonical form of the graph: the needed nodes and the
         # slots in parameter order are those of the cache key
         records, slot_order = seg.graph(outputs)
         outset = set(outputs)
-        self.nodes = [
-            Node(r.index, _op(r), r.inputs, r.attr, bool(r.flags & NodeFlag.NODE_CAST),
-                 bool(r.flags & NodeFlag.NODE_DETACH), r.dtype, r.shape, r.uses,
-                 r.index in outset, r.requires_grad, r.attr >> ATTR_GENERIC_OUT_SHIFT & 255,
-                 bool(r.flags & NodeFlag.NODE_KEEPS_SHAPE))
-            for r in records
-        ]
+        self.nodes = []
+        for r in records:
+            op, program, output = node_program.of_record(r.op, r.attr, r.dtype)
+            self.nodes.append(Node(
+                r.index, op, program, r.inputs, r.attr, bool(r.flags & NodeFlag.NODE_CAST),
+                bool(r.flags & NodeFlag.NODE_DETACH), r.dtype, r.shape, r.uses,
+                r.index in outset, r.requires_grad, output,
+                bool(r.flags & NodeFlag.NODE_KEEPS_SHAPE)))
         # Without an output that needs autograd history the graph runs under
         # no_grad as a whole, so per-node detaching is moot.
         self.grad = any(n.requires_grad for n in self.nodes if n.is_output)

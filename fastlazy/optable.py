@@ -1,17 +1,18 @@
 """The op table: one row per recorded op, the single source of truth.
 
 A row says which rule computes the op's output shape and dtype (the rules are
-C code in csrc/rules.pxi), which aten expression it lowers to (every
-backend lowers from the same expression), which torch entry points record it,
-and what its parameters are.  Patching, LazyTensor's methods, the backends and
-the parametrized tests all read this table; adding an op is adding a row.
+C code in csrc/rules.pxi), which aten expression it lowers to (read, per
+attr, into the aten calls every backend lowers: fastlazy.node_program), which
+torch entry points record it, and what its parameters are.  Patching,
+LazyTensor's methods, the node programs and the parametrized tests all read
+this table; adding an op is adding a row.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 
-from fastlazy._core import (ATTR_DIM_MASK, ATTR_DTYPE_MASK,
+from fastlazy._core import (ATTR_CHOICE_SHIFT, ATTR_DIM_MASK, ATTR_DTYPE_MASK,
                             ATTR_DTYPE_SHIFT, ATTR_KEEPDIM, ATTR_SMALL_MASK, MAX_NDIM,
                             Category, OpFlag, Rule, dtype_of_code)
 
@@ -42,9 +43,10 @@ class Opt:
 
 
 class AttrValue:
-    """A structural argument, read back from the node's attr."""
+    """A structural argument, read back from the node's attr (and result
+    dtype)."""
 
-    def value(self, node):
+    def value(self, attr, dtype):
         raise NotImplementedError
 
 
@@ -53,8 +55,8 @@ class Attr(AttrValue):
     """The row's choice parameter: one of `values` (the first is the default)."""
     values: tuple
 
-    def value(self, node):
-        return self.values[node.choice()]
+    def value(self, attr, dtype):
+        return self.values[attr >> ATTR_CHOICE_SHIFT & ATTR_SMALL_MASK]
 
 
 @dataclass(frozen=True)
@@ -62,22 +64,22 @@ class ReduceDims(AttrValue):
     """The reduced dims as an explicit list (all of them when the call gave
     no dim: TorchScript's shape analysis rejects dim=None)."""
 
-    def value(self, node):
-        return [k for k in range(MAX_NDIM) if (node.attr & ATTR_DIM_MASK) >> k & 1]
+    def value(self, attr, dtype):
+        return [k for k in range(MAX_NDIM) if (attr & ATTR_DIM_MASK) >> k & 1]
 
 
 @dataclass(frozen=True)
 class KeepDim(AttrValue):
-    def value(self, node):
-        return bool(node.attr & ATTR_KEEPDIM)
+    def value(self, attr, dtype):
+        return bool(attr & ATTR_KEEPDIM)
 
 
 @dataclass(frozen=True)
 class Dim(AttrValue):
     """A single dim (softmax)."""
 
-    def value(self, node):
-        return node.attr & ATTR_SMALL_MASK
+    def value(self, attr, dtype):
+        return attr & ATTR_SMALL_MASK
 
 
 @dataclass(frozen=True)
@@ -85,13 +87,13 @@ class Const(AttrValue):
     """A constant argument (an int in a lowering means a node input)."""
     constant: object
 
-    def value(self, node):
+    def value(self, attr, dtype):
         return self.constant
 
 
 @dataclass(frozen=True)
 class TrailingDims:
-    """The last `node.attr & 15` sizes of input `index`, read when the graph
+    """The last `attr & 15` sizes of operand `index`, read when the graph
     runs (layer_norm's normalized_shape): graphs are shape-generic, so a
     size may not be a constant of the graph."""
     index: int = 0
@@ -102,16 +104,16 @@ class ResultDType(AttrValue):
     """The node's own dtype, spelled out: a reduction over no dims (a 0-dim
     input) would otherwise keep a bool input's dtype where eager gives int64."""
 
-    def value(self, node):
-        return node.dtype
+    def value(self, attr, dtype):
+        return dtype
 
 
 @dataclass(frozen=True)
 class DTypeArg(AttrValue):
     """The dtype= argument, or None."""
 
-    def value(self, node):
-        code = node.attr >> ATTR_DTYPE_SHIFT & ATTR_DTYPE_MASK
+    def value(self, attr, dtype):
+        code = attr >> ATTR_DTYPE_SHIFT & ATTR_DTYPE_MASK
         return None if code == 0 else dtype_of_code(code - 1)
 
 
@@ -144,8 +146,6 @@ class Op:
     inplace: tuple = ()           # Tensor.<name> that mutate self
     nn_functions: tuple = ()      # torch.nn.functional.<name>
     opcode: int = field(default=-1, compare=False)
-
-    generic = False               # lowered from a Call (generic.Lowering: True)
 
 
 def _rows():

@@ -186,3 +186,38 @@ def test_inductor_true_division_of_integers_casts_each_operand(program):
     finally:
         fastlazy.set_backend("torchscript")
     torch.testing.assert_close(got, want)
+
+
+class _Counting(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten calls made while it is active, by op (add_ as add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__.rstrip("_")
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["torchscript", "native", "eager"])
+def test_a_captured_program_runs_once_for_all_its_outputs(name):
+    """Nodes that are outputs of one captured program over the same inputs
+    (the three parts of a split) share one run of it; nodes of op-table
+    rows do not (each may be computed into by a later op)."""
+    fastlazy.set_backend(name)
+    try:
+        x = torch.rand(6, 4)
+        lx = fastlazy.lazy(x)
+        parts = (lx * 2).split(2)
+        twice = lx.exp() * lx.exp()
+        got = parts[0] + parts[1] * parts[2] + twice[:2]
+        with _Counting() as counting:
+            value = got.to_eager()
+        parts = (x * 2).split(2)
+        assert torch.equal(value, parts[0] + parts[1] * parts[2] + (x.exp() * x.exp())[:2])
+        assert counting.calls.get("split") == 1
+        assert counting.calls.get("exp") == 2
+    finally:
+        fastlazy.set_backend("torchscript")

@@ -67,9 +67,10 @@ def _compare(got, want):
         assert got == want or (got != got and want != want)
 
 
-# The backends whose lowering of generic programs differs: TorchScript IR,
-# and the native backend's steps (eager replays the captured GraphModule as
-# the differential suite checks).  The summary counts the first.
+# The backends whose lowering of captured programs differs most from eager's
+# calls: TorchScript IR, and the native backend's steps (the eager backend
+# calls the same aten ops one by one, as the differential suite checks).
+# The summary counts the first.
 OPINFO_BACKENDS = ("torchscript", "native")
 
 

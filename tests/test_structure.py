@@ -142,3 +142,31 @@ def test_no_wiring_at_import(path):
                     continue
                 assert not _WIRING.match(callee), (
                     f"{path.name}:{node.lineno} calls {callee} at import")
+
+
+BACKEND_MODULES = sorted(p for p in (PACKAGE / "backends").glob("*.py")
+                         if p.name not in ("__init__.py", "base.py"))
+
+
+@pytest.mark.parametrize("path", BACKEND_MODULES, ids=lambda p: _module_name(p))
+def test_backends_know_nothing_of_each_other(path):
+    """A backend lowers one form of node, its NodeProgram: it never asks
+    which kind of node it has (`.generic`) nor reads where the node came
+    from (the op table, the captured programs); it imports no other backend
+    (what they share is in backends/base.py) and no module's private
+    names.  Which backend runs a graph is the graph cache's policy."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            assert node.attr != "generic", f"{path.name}:{node.lineno} branches on .generic"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fastlazy"):
+            for alias in node.names:
+                private = alias.name.startswith("_") and not (
+                    PACKAGE.parent / node.module.replace(".", "/") / alias.name).with_suffix(
+                        ".pyx").exists()
+                assert not private, f"{path.name}:{node.lineno} imports {node.module}.{alias.name}"
+    imported = _imports(path)
+    others = {_module_name(p) for p in BACKEND_MODULES} - {_module_name(path)}
+    assert not imported & others, f"{path.name} imports {sorted(imported & others)}"
+    sources = {"fastlazy.optable", "fastlazy.generic", "fastlazy.graph"}
+    assert not imported & sources, f"{path.name} imports {sorted(imported & sources)}"

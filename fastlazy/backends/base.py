@@ -1,13 +1,9 @@
-"""What every backend shares: the Program shape and the walk over a row's
-lowering expression (fastlazy.optable.Call / Opt / Attr)."""
+"""What every backend shares: the Program shape, the Backend interface, and
+helpers for lowering a node's NodeProgram (fastlazy.node_program)."""
 from __future__ import annotations
 
-import functools
-from typing import Callable
-
-import torch
-
-from fastlazy.optable import AttrValue, Call, Opt, TrailingDims
+# what a backend lowers (each node's NodeProgram), given to the backends from here
+from fastlazy.node_program import REFS, Input, Sizes, Value, builtin, holds_refs
 
 
 # aten ops whose `<name>_` variant computes the same thing into its first
@@ -56,90 +52,45 @@ class Backend:
         raise NotImplementedError
 
 
-def lower(expr, node, operand: Callable, constant: Callable, call: Callable,
-          trailing_dims: Callable = None):
-    """Evaluate a row's lowering expression for one node, with the backend's
-    own meaning of an operand, a constant, a call and the runtime sizes of
-    an input (trailing_dims(value, k))."""
-    if isinstance(expr, int):
-        return operand(node.operand(expr))
-    if isinstance(expr, TrailingDims):
-        return trailing_dims(operand(node.operand(expr.index)), node.attr & 15)
-    if isinstance(expr, Opt):
-        inp = node.operand(expr.index)
-        return constant(expr.default) if inp is None else operand(inp)
-    if isinstance(expr, AttrValue):
-        return constant(expr.value(node))
-    if isinstance(expr, Call):
-        args = [lower(a, node, operand, constant, call, trailing_dims) for a in expr.args]
-        kwargs = [(k, lower(v, node, operand, constant, call, trailing_dims))
-                  for k, v in expr.kwargs]
-        return call(expr.name, args, kwargs)
-    raise TypeError(f"bad lowering expression {expr!r}")
+_FIRST_INPUT = (Input(0),)
 
 
-@functools.lru_cache(maxsize=None)
-def builtin(name):
-    """torch's own builtin for an aten name (torch.add, torch._C._nn.linear,
-    ...): never fastlazy's entry point, and much cheaper to call than an
-    aten OpOverloadPacket, which matches schemas on every call."""
-    for namespace in (torch._C._VariableFunctions, torch._C._nn):
-        fn = getattr(namespace, name, None)
-        if fn is not None:
-            return fn
-    return getattr(torch.ops.aten, name)
+def run_key(node):
+    """Nodes with one key share one run of their program.  A program whose
+    outputs may alias its inputs or each other (a captured one) runs once
+    per distinct input tuple, its other outputs being nodes of their own; a
+    fresh one (which a later op may compute into) runs per node."""
+    return node.index if node.program.fresh else (node.program, node.inputs)
+
+
+def resolve(template, ref, sizes):
+    """A call argument in a backend's own terms: ref(Input | Value) for a
+    value, sizes(value, count) for an input's trailing sizes; constants as
+    they are."""
+    if isinstance(template, REFS):
+        return ref(template)
+    if isinstance(template, Sizes):
+        return sizes(ref(template.of), template.count)
+    if isinstance(template, (list, tuple)) and holds_refs(template):
+        return type(template)(resolve(t, ref, sizes) for t in template)
+    return template
 
 
 def reusable(node, by_index):
-    """May node compute into its first input's storage?  Only if that input
-    is an intermediate read by nobody else, of the result's shape and dtype."""
-    expr = node.op.lower
-    if (node.op.generic or node.cast or expr.name not in INPLACE_VARIANTS
-            or expr.args[0] != 0):
+    """May node compute into its first input's storage (the `<name>_`
+    variant of its one call)?  Only if that input is an intermediate read by
+    nobody else, of the result's shape and dtype."""
+    call = node.program.only_call()
+    if (call is None or node.cast or call.name not in INPLACE_VARIANTS
+            or call.args[:1] != _FIRST_INPUT):
         return False
-    kind, index = node.operand(expr.args[0])
+    kind, index = node.inputs[0]
     if kind != "node":
         return False
     producer = by_index[index]
-    # a generic node's value may be a view of one of its inputs
+    # a program that is not fresh may return a view of one of its inputs.
     # keeps_shape, not the shapes at hand: the graph is reused for every
     # shape of this structure, and a broadcast elsewhere must not write
     # a larger result into the producer
-    return (not producer.op.generic and producer.uses == 1 and not producer.is_output
+    return (producer.program.fresh and producer.uses == 1 and not producer.is_output
             and node.keeps_shape and producer.dtype == node.dtype)
-
-
-def _same(inp):
-    return inp
-
-
-def closure(expr, node, where=_same):
-    """env -> value of a row's lowering expression for one node; an input
-    ('node', i) or ('slot', k) is read at env[where(input)]."""
-    if isinstance(expr, Call):
-        fn = builtin(expr.name)
-        args = [closure(a, node, where) for a in expr.args]
-        kwargs = [(k, closure(v, node, where)) for k, v in expr.kwargs]
-
-        def call(env):
-            return fn(*[a(env) for a in args], **{k: v(env) for k, v in kwargs})
-        return call
-    if isinstance(expr, AttrValue):
-        return _constant(expr.value(node))
-    if isinstance(expr, TrailingDims):
-        source, k = closure(expr.index, node, where), node.attr & 15
-        return lambda env: list(source(env).shape[-k:])
-    inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
-    if inp is None:
-        return _constant(expr.default)
-    inp = where(inp)
-    if node.detach:
-        def detached(env):
-            value = env[inp]
-            return value.detach() if isinstance(value, torch.Tensor) else value
-        return detached
-    return lambda env: env[inp]
-
-
-def _constant(value):
-    return lambda env: value

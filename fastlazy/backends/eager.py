@@ -2,15 +2,15 @@
 reference the other backends are tested against, the debugging aid behind
 FASTLAZY_SYNC=1, and what the inductor backend replays while it compiles.
 
-Each node's lowering expression is turned into a closure once, at compile
-time, so a replay costs the torch calls and little else.
+Each node's program is turned into a closure once, at compile time, so a
+replay costs the torch calls and little else.
 """
 from __future__ import annotations
 
 import torch
 
 from fastlazy import failures
-from fastlazy.backends.base import Backend, Program, closure
+from fastlazy.backends.base import Backend, Input, Program, Sizes, Value, holds_refs, run_key
 
 
 class EagerBackend(Backend):
@@ -21,8 +21,7 @@ class EagerBackend(Backend):
         and the line that recorded it (fastlazy.failures; the view's sites
         are those of this recording, so such a program is not cached)."""
         keys = [("slot", s.index) for s in view.slots]
-        steps = [(("node", node.index),
-                  _generic_closure(node) if node.op.generic else closure(node.op.lower, node),
+        steps = [(("node", node.index), _closure(node),
                   node.dtype if node.cast else None) for node in view.nodes]
         outputs = [("node", i) for i in view.outputs]
         nodes, sites = view.nodes, view.segment_sites
@@ -44,19 +43,47 @@ class EagerBackend(Backend):
         return Program([s.position for s in view.slots], run, False, str(view))
 
 
-def _generic_closure(node):
-    """env -> output `node.output` of a generic node's aten program; the
-    program runs once per distinct input tuple (its other outputs are
-    nodes of their own)."""
-    program, inputs, k, detach = node.op.gm, list(node.inputs), node.output, node.detach
-    memo = ("generic", node.op.index, tuple(node.inputs))
+def _closure(node):
+    """env -> the node's value: its program's output `node.output`.  Nodes
+    that share a run (base.run_key) find its outputs in env."""
+    program, inputs, detach, k = node.program, node.inputs, node.detach, node.output
+    calls = [(call.fn, [_argument(a) for a in call.args],
+              [(name, _argument(a)) for name, a in call.kwargs]) for call in program.calls]
+    outputs = [_argument(o) for o in program.outputs]
 
-    def call(env):
+    def run(env):
+        ins = [env[i] for i in inputs]
+        if detach:
+            ins = [v.detach() if isinstance(v, torch.Tensor) else v for v in ins]
+        values = []
+        for fn, args, kwargs in calls:
+            values.append(fn(*[a(ins, values) for a in args],
+                             **{name: a(ins, values) for name, a in kwargs}))
+        return [o(ins, values) for o in outputs]
+
+    key = run_key(node)
+    if key == node.index:
+        return lambda env: run(env)[k]
+    memo = ("run", key)
+
+    def shared(env):
         outs = env.get(memo)
         if outs is None:
-            args = [env[i] for i in inputs]
-            if detach:
-                args = [a.detach() for a in args]
-            outs = env[memo] = program(*args)
+            outs = env[memo] = run(env)
         return outs[k]
-    return call
+    return shared
+
+
+def _argument(template):
+    """(the node's inputs, its program's values so far) -> the argument."""
+    if isinstance(template, Input):
+        return lambda ins, values, k=template.k: ins[k]
+    if isinstance(template, Value):
+        return lambda ins, values, k=template.k: values[k]
+    if isinstance(template, Sizes):
+        of, count = _argument(template.of), template.count
+        return lambda ins, values: list(of(ins, values).shape[-count:])
+    if isinstance(template, (list, tuple)) and holds_refs(template):
+        items, kind = [_argument(t) for t in template], type(template)
+        return lambda ins, values: kind([a(ins, values) for a in items])
+    return lambda ins, values: template

@@ -24,9 +24,7 @@ import torch
 import torch.fx
 
 from fastlazy import compile_worker, fx_threads, metrics
-from fastlazy.backends.base import Backend, Program, builtin, lower
-from fastlazy._core import Rule
-from fastlazy.optable import SCALAR_ARGS
+from fastlazy.backends.base import Backend, Input, Program, builtin, resolve, run_key
 
 # Inductor's compile is not thread-safe (its caches and dynamo's global
 # state): one compile at a time, process-wide.  Re-entrant, since a finalizer
@@ -286,49 +284,12 @@ def _build_fx(view):
             casts[key] = graph.call_function(_TO_COPY, (env[inp],), {"dtype": dtype})
         return casts[key]
 
-    generic_outs = {}             # (lowering, inputs) -> its inlined outputs
+    runs = {}                     # base.run_key -> the program's outputs
     for node in view.nodes:
-        if node.op.generic:
-            key = (node.op.index, node.inputs)
-            if key not in generic_outs:
-                args = [env[i] for i in node.inputs]
-                if node.detach:
-                    args = [graph.call_function(torch.ops.aten.detach.default, (a,))
-                            for a in args]
-                generic_outs[key] = _inline(graph, node.op, args)
-            env[("node", node.index)] = generic_outs[key][node.output]
-            meta[("node", node.index)] = (node.dtype, len(node.shape), None)
-            continue
-        common = _common_dtype(node, meta)
-        scalar_args = _scalar_arg_slots(node)
-        in_float = _divides_in_float(node)
-        # other / x is reciprocal(x) * other: the scalar meets a float
-        scalar_in_float = in_float or node.op.rule == Rule.R_RTRUEDIV
-
-        def operand(inp, node=node, common=common, scalar_args=scalar_args, in_float=in_float,
-                    scalar_in_float=scalar_in_float):
-            if meta[inp][2] is None:          # a tensor
-                value = env[inp]
-                if in_float and meta[inp][0] != node.dtype:
-                    value = cast(inp, node.dtype)
-                if node.detach:
-                    return graph.call_function(torch.ops.aten.detach.default, (value,))
-                return value
-            if inp in scalar_args or scalar_in_float:   # alpha, negative_slope; true division
-                return cast(inp, node.dtype)
-            return env[inp] if common is None else cast(inp, common)
-
-        def call(name, args, kwargs):
-            kwargs = dict(kwargs)
-            if name in _DECOMPOSE and any(isinstance(kwargs.get(k), torch.fx.Node) or
-                                          k == "*" for k in _DECOMPOSE[name][0]):
-                return _DECOMPOSE[name][1](graph, args, kwargs)
-            return graph.call_function(_function(name), tuple(args), kwargs)
-
-        def trailing_dims(value, k):
-            return graph.call_function(_trailing_dims, (value, k))
-
-        value = lower(node.op.lower, node, operand, _constant, call, trailing_dims)
+        key = run_key(node)
+        if key not in runs:
+            runs[key] = _lower(graph, node, env, meta, cast)
+        value = runs[key][node.output]
         if node.cast:
             value = graph.call_function(_TO_COPY, (value,), {"dtype": node.dtype})
         env[("node", node.index)] = value
@@ -337,36 +298,61 @@ def _build_fx(view):
     return torch.fx.GraphModule(torch.nn.Module(), graph), kinds
 
 
-def _inline(graph, lowering, args):
-    """Copy a generic node's aten program into graph; its outputs."""
-    values = dict(zip(lowering.placeholders, args))
-    for fx in lowering.gm.graph.nodes:
-        if fx.op == "call_function":
-            values[fx] = graph.call_function(
-                fx.target, torch.fx.node.map_arg(fx.args, values.__getitem__),
-                torch.fx.node.map_arg(fx.kwargs, values.__getitem__))
-    return [values[o] for o in lowering.outputs]
+def _lower(graph, node, env, meta, cast):
+    """A node's program copied into graph, each input read as eager would
+    promote it (Python scalars are 0-dim tensor inputs here); its outputs."""
+    program = node.program
+    common = _common_dtype(node, meta)
+    # the scalar inputs aten takes as Python numbers
+    numbers = {node.inputs[k] for k in program.numbers if node.inputs[k][0] == "slot"}
+    # True division of integral operands: eager casts each operand from its
+    # own dtype to the float result dtype.  Inductor would first cast to the
+    # integral common dtype (a 0-dim int64 -5 beside a uint8 tensor becomes
+    # 251), so the operands are cast here.
+    in_float = program.true_division and (node.dtype.is_floating_point or node.dtype.is_complex)
+    # other / x is reciprocal(x) * other: the scalar meets a float
+    scalar_in_float = in_float or program.scalars_in_float
+    operands = {}
+
+    def operand(k):
+        if k in operands:
+            return operands[k]
+        inp = node.inputs[k]
+        if meta[inp][2] is None:          # a tensor
+            value = env[inp]
+            if in_float and meta[inp][0] != node.dtype:
+                value = cast(inp, node.dtype)
+            if node.detach:
+                value = graph.call_function(torch.ops.aten.detach.default, (value,))
+        elif inp in numbers or scalar_in_float:    # alpha, negative_slope; true division
+            value = cast(inp, node.dtype)
+        else:
+            value = env[inp] if common is None else cast(inp, common)
+        operands[k] = value
+        return value
+
+    values = []
+
+    def ref(r):
+        return operand(r.k) if isinstance(r, Input) else values[r.k]
+
+    def sizes(value, count):
+        return graph.call_function(_trailing_dims, (value, count))
+
+    for call in program.calls:
+        args = [resolve(a, ref, sizes) for a in call.args]
+        kwargs = {name: resolve(a, ref, sizes) for name, a in call.kwargs}
+        values.append(_call(graph, call, args, kwargs))
+    return [ref(o) for o in program.outputs]
 
 
-def _divides_in_float(node):
-    """True division of integral operands: eager casts each operand from its
-    own dtype to the float result dtype.  Inductor would first cast to the
-    integral common dtype (a 0-dim int64 -5 beside a uint8 tensor becomes
-    251), so the operands are cast here."""
-    rule = node.op.rule
-    true_division = rule == Rule.R_TRUEDIV or rule == Rule.R_DIV and node.choice() == 0
-    return true_division and (node.dtype.is_floating_point or node.dtype.is_complex)
-
-
-def _scalar_arg_slots(node):
-    """The inputs of node passed as Python-number arguments (SCALAR_ARGS)."""
-    found = set()
-    for position, name in enumerate(node.op.params[: node.op.noperands or None]):
-        if name in SCALAR_ARGS:
-            inp = node.operand(position)
-            if inp is not None and inp[0] == "slot":
-                found.add(inp)
-    return found
+def _call(graph, call, args, kwargs):
+    if call.overload is not None:
+        return graph.call_function(call.overload, tuple(args), kwargs)
+    if call.name in _DECOMPOSE and any(isinstance(kwargs.get(k), torch.fx.Node) or k == "*"
+                                       for k in _DECOMPOSE[call.name][0]):
+        return _DECOMPOSE[call.name][1](graph, args, kwargs)
+    return graph.call_function(_function(call.name), tuple(args), kwargs)
 
 
 # aten takes these arguments as Python numbers; as graph inputs (0-dim
@@ -452,15 +438,10 @@ def _constant(value):
 
 def _common_dtype(node, meta):
     """The dtype eager computes `node` in, if a Python scalar takes part."""
-    params = node.op.params
     operands = []
     has_scalar = False
-    for position, name in enumerate(params[: node.op.noperands or len(params)]):
-        if name in SCALAR_ARGS:
-            continue
-        inp = node.operand(position)
-        if inp is None:
-            continue
+    for k in node.program.promoting:
+        inp = node.inputs[k]
         operands.append(_example(meta[inp]))
         has_scalar = has_scalar or meta[inp][2] is not None
     if not has_scalar:

@@ -5,10 +5,11 @@ The graph becomes steps (fastlazy/_steps.pyx) that a C loop runs: each a
 call of torch's builtin with its argument tuple assembled in C, so a step
 costs about what eager's call of the op costs (W1, 32 ops at n=100: 0.96-1.06x
 eager, where TorchScript's interpreter reaches 1.12-1.23x).
-Results are eager's, call for call: the builtins the eager backend replays,
-their in-place variants where the torchscript backend uses them (an
-intermediate nobody else reads), and a generic node's aten ops inlined, as
-TorchScript inlines them.  With one exception:
+Results are eager's, call for call: each node's program
+(fastlazy.node_program) inlined, one step per aten call, as TorchScript
+inlines it, with the in-place variants the torchscript backend uses where
+an intermediate nobody else reads may take the result.  With one
+exception:
 
 A linear layer on one row of float32 (batch-1 inference), followed or not by
 a relu, runs fastlazy's own kernel (fastlazy/small_linear.h), which is about
@@ -22,11 +23,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.fx
 
 from fastlazy import _steps
-from fastlazy.backends.base import Backend, Program, builtin, closure, reusable
-from fastlazy.optable import AttrValue, Opt
+from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, Value, builtin,
+                                    resolve, reusable, run_key)
 
 
 _to = torch._C.TensorBase.to
@@ -59,12 +59,13 @@ def kernel_steps(view):
     for node in view.nodes:
         if not _plain(node, "linear") or node.dtype != torch.float32:
             continue
-        x, w, b = (node.operand(k) for k in range(3))
+        x, w, b = _linear_operands(node)
         if not (len(shape[x]) >= 1 and len(shape[w]) == 2 and (b is None or len(shape[b]) == 1)):
             continue
         users = readers.get(("node", node.index), [])
         relu = users[0] if len(users) == 1 and not node.is_output else None
-        if relu is not None and not (_plain(relu, "relu") and relu.op.lower.args == (0,)):
+        if relu is not None and not (_plain(relu, "relu")
+                                     and relu.program.calls[0].args == (Input(0),)):
             relu = None
         found[node.index] = node, relu, shape[x]
     steps = {}
@@ -86,150 +87,153 @@ def takes_one_row(view):
 
 
 def _plain(node, name):
-    return (not node.op.generic and node.op.lower.name == name and not node.cast
-            and not node.detach)
+    """Is node one call of `name` by name, without a cast or detaching?"""
+    return node.program.only_call(name) is not None and not node.cast and not node.detach
+
+
+def _linear_operands(node):
+    """The inputs a linear node reads as x, weight and bias (None: no bias)."""
+    return [node.inputs[a.k] if isinstance(a, Input) else None
+            for a in node.program.calls[0].args[:3]]
 
 
 def build(view) -> _steps.StepProgram:
-    """The steps of `view`, values numbered inputs first, then nodes."""
+    """The steps of `view`, values numbered inputs first, then what the
+    steps compute."""
     where = {("slot", s.index): p for p, s in enumerate(view.slots)}
+    count = [len(view.slots)]
 
-    def value(key):
-        where[key] = len(where)
-        return where[key]
+    def value():
+        count[0] += 1
+        return count[0] - 1
 
+    tensor = {("slot", s.index) for s in view.slots if s.kind == "tensor"}
+    tensor.update(("node", n.index) for n in view.nodes)
     fused = kernel_steps(view)
     by_index = {n.index: n for n in view.nodes}
     absorbed = {relu for relu, _, _ in fused.values() if relu is not None}
     steps, reads = [], []
-    generic_memo = {}      # (lowering, inputs) -> value index of its output tuple
+    runs = {}              # base.run_key -> value indices of the program's outputs
+
+    def add(step, inputs):
+        steps.append(step)
+        reads.append(inputs)
+
     for node in view.nodes:
         if node.index in absorbed:
             continue
         if node.index in fused:
             relu, keep, x_shape = fused[node.index]
-            out = value(("node", node.index if relu is None else relu))
+            out = value()
+            where[("node", node.index)] = out
             if relu is not None:
-                where[("node", node.index)] = out
-            step, inputs = _linear_step(node, out, relu is not None, keep, len(x_shape), where)
-        elif node.op.generic:
-            key = (node.op.index, node.inputs)
-            if key not in generic_memo:
-                generic_memo[key] = _generic_steps(node, where, value, steps, reads)
-            source = generic_memo[key][node.output]
-            if not node.cast:
-                where[("node", node.index)] = source
-                continue
-            out = value(("node", node.index))
-            step = _steps.CallStep(out, _to, (None, node.dtype), [(0, source)], {}, [], None)
-            inputs = [source]
-        else:
-            out = value(("node", node.index))
+                where[("node", relu)] = out
+            add(*_linear_step(node, out, relu is not None, keep, len(x_shape), where))
+            continue
+        key = run_key(node)
+        # a fresh program runs for this node alone: its last call may cast
+        program = node.program
+        cast = (node.dtype if node.cast and program.fresh
+                and program.outputs[node.output].k == len(program.calls) - 1 else None)
+        if key not in runs:
             inplace = not view.grad and reusable(node, by_index)
-            step, inputs = _call_step(node, out, where, inplace)
-        steps.append(step)
-        reads.append(inputs)
+            runs[key] = _program_steps(node, where, value, add, inplace, tensor, cast)
+        source = runs[key][node.output]
+        if node.cast and cast is None:
+            out = value()
+            add(_steps.CallStep(out, _to, (None, node.dtype), [(0, source)], {}, [], None),
+                [source])
+            source = out
+        where[("node", node.index)] = source
     outputs = tuple(where[("node", i)] for i in view.outputs)
     _set_frees(steps, reads, len(view.slots), set(outputs))
-    return _steps.StepProgram(len(view.slots), len(where), steps, outputs)
+    return _steps.StepProgram(len(view.slots), count[0], steps, outputs)
 
 
-def _call_step(node, out, where, inplace):
-    """One torch call, or a closure where the lowering is more than one.
-    inplace: call the Tensor method `<name>_`, which computes into the first
-    operand (an intermediate that dies here)."""
-    expr = node.op.lower
-    cast = node.dtype if node.cast else None
-    if node.detach or not all(_flat(a) for a in (*expr.args, *(v for _, v in expr.kwargs))):
-        compute = closure(expr, node, where.__getitem__)
-        if cast is not None:
-            def compute(values, inner=compute):
-                return inner(values).to(cast)
-        return _steps.PyStep(out, compute), [where[i] for i in node.inputs]
+def _program_steps(node, where, value, add, inplace, tensor, cast):
+    """A node's program as steps: one torch call per aten call (as
+    TorchScript inlines it).  Returns the value indices of the program's
+    outputs.  inplace: the one call is the Tensor method `<name>_`, which
+    computes into the first operand (an intermediate that dies here).
+    cast: the dtype the last call's result is cast to, or None."""
+    ins = []
+    for inp in node.inputs:
+        source = where[inp]
+        if node.detach and inp in tensor:
+            out = value()
+            add(_steps.CallStep(out, _detach, (None,), [(0, source)], {}, [], None), [source])
+            source = out
+        ins.append(source)
+    values = []
+
+    def index(ref):
+        # the value index a reference reads
+        return ins[ref.k] if type(ref) is Input else values[ref.k]
+
+    calls = node.program.calls
+    for j, call in enumerate(calls):
+        out = value()
+        fn = getattr(torch._C.TensorBase, call.name + "_") if inplace else call.fn
+        add(*_call_step(call, fn, out, index, cast if j == len(calls) - 1 else None))
+        values.append(out)
+    return [index(o) for o in node.program.outputs]
+
+
+def _call_step(call, fn, out, index, cast):
+    """One torch call whose arguments are constants or values (a CallStep,
+    its argument tuple assembled in C), or a closure where an argument is
+    built from values (a list of them, an input's sizes)."""
+    if not call.flat:
+        def at(ref):
+            return Value(index(ref))
+        args = [resolve(a, at, Sizes) for a in call.args]
+        kwargs = [(name, resolve(a, at, Sizes)) for name, a in call.kwargs]
+        return _steps.PyStep(out, _closure(fn, args, kwargs, cast)), _reads(call, index)
     args, holes, kwargs, kwholes = [], [], {}, []
-    for pos, a in enumerate(expr.args):
-        args.append(_argument(a, node, where, lambda src, pos=pos: holes.append((pos, src))))
-    for name, a in expr.kwargs:
-        kwargs[name] = _argument(a, node, where, lambda src, name=name: kwholes.append((name, src)))
-        # a keyword left at its default (an absent optional operand, or None
-        # for an optional argument) is dropped: torch's argument parser
-        # takes about 0.3 µs per keyword it is given.  (A hole's placeholder
-        # is None too: the call fills it from kwholes.)
-        if kwargs[name] is None or (isinstance(a, Opt) and node.operand(a.index) is None):
-            del kwargs[name]
+    for pos, a in enumerate(call.args):
+        if isinstance(a, REFS):
+            holes.append((pos, index(a)))
+            a = None
+        args.append(a)
+    for name, a in call.kwargs:
+        if isinstance(a, REFS):
+            kwholes.append((name, index(a)))
+        elif name not in call.optional:
+            # a keyword left at its default is dropped: torch's argument
+            # parser takes about 0.3 µs per keyword it is given
+            kwargs[name] = a
     inputs = [src for _, src in holes + kwholes]
-    fn = getattr(torch._C.TensorBase, expr.name + "_") if inplace else builtin(expr.name)
     return _steps.CallStep(out, fn, tuple(args), holes, kwargs, kwholes, cast), inputs
 
 
-def _flat(expr):
-    return isinstance(expr, (int, Opt, AttrValue))
+def _reads(call, index):
+    found = []
+
+    def ref(r):
+        found.append(index(r))
+        return r
+    for a in (*call.args, *(a for _, a in call.kwargs)):
+        resolve(a, ref, lambda v, count: v)
+    return found
 
 
-def _argument(expr, node, where, hole):
-    """The constant of an argument, or None after registering it as a hole."""
-    if isinstance(expr, AttrValue):
-        return expr.value(node)
-    inp = node.operand(expr.index if isinstance(expr, Opt) else expr)
-    if inp is None:
-        return expr.default
-    hole(where[inp])
-    return None
-
-
-def _generic_steps(node, where, value, steps, reads):
-    """A generic node's aten program inlined as steps (as TorchScript
-    inlines it): one torch call per aten op, no GraphModule call.  Returns
-    the value indices of the program's outputs."""
-    fx_values = {}
-    for fx, inp in zip(node.op.placeholders, node.inputs):
-        fx_values[fx] = where[inp]
-        if node.detach:
-            out = value(("detached", node.op.index, node.inputs, fx.name))
-            steps.append(_steps.CallStep(out, _detach, (None,), [(0, fx_values[fx])], {}, [], None))
-            reads.append([fx_values[fx]])
-            fx_values[fx] = out
-    for fx in node.op.gm.graph.nodes:
-        if fx.op != "call_function":
-            continue
-        out = fx_values[fx] = value(("fx", node.op.index, node.inputs, fx.name))
-        if any(_holds_values(a) for a in (*fx.args, *fx.kwargs.values())):
-            # a list of values as an argument (cat's tensors): a closure
-            steps.append(_steps.PyStep(out, _fx_closure(fx, fx_values)))
-            reads.append([fx_values[n] for n in fx.all_input_nodes])
-            continue
-        holes = [(pos, fx_values[a]) for pos, a in enumerate(fx.args) if isinstance(a, torch.fx.Node)]
-        kwholes = [(name, fx_values[a]) for name, a in fx.kwargs.items()
-                   if isinstance(a, torch.fx.Node)]
-        args = tuple(None if isinstance(a, torch.fx.Node) else a for a in fx.args)
-        kwargs = {name: a for name, a in fx.kwargs.items() if not isinstance(a, torch.fx.Node)}
-        fn = getattr(fx.target, "_op", fx.target)     # an OpOverload's own builtin
-        steps.append(_steps.CallStep(out, fn, args, holes, kwargs, kwholes, None))
-        reads.append([src for _, src in holes + kwholes])
-    return [fx_values[o] for o in node.op.outputs]
-
-
-def _holds_values(a):
-    return isinstance(a, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in a)
-
-
-def _fx_closure(fx, fx_values):
-    fn = fx.target
-
-    def resolve(a, values):
-        if isinstance(a, torch.fx.Node):
-            return values[fx_values[a]]
-        if isinstance(a, (list, tuple)):
-            return type(a)(resolve(v, values) for v in a)
-        return a
-
+def _closure(fn, args, kwargs, cast):
+    """values -> fn of the arguments (cast), Value(i) read as values[i]."""
     def run(values):
-        return fn(*resolve(fx.args, values), **{k: resolve(v, values) for k, v in fx.kwargs.items()})
+        def read(ref):
+            return values[ref.k]
+        result = fn(*[resolve(a, read, _trailing) for a in args],
+                    **{name: resolve(a, read, _trailing) for name, a in kwargs})
+        return result if cast is None else result.to(cast)
     return run
 
 
+def _trailing(value, count):
+    return list(value.shape[-count:])
+
+
 def _linear_step(node, out, relu, keep, x_rank, where):
-    x, w, b = (node.operand(k) for k in range(3))
+    x, w, b = _linear_operands(node)
     linear, act = builtin("linear"), builtin("relu")
     if relu:
         def fallback(x, w, b):

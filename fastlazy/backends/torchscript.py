@@ -22,10 +22,8 @@ import operator
 import weakref
 
 import torch
-import torch.fx
 
-from fastlazy.backends.base import Backend, Program, lower, reusable
-from fastlazy.optable import AttrValue
+from fastlazy.backends.base import REFS, Backend, Input, Program, Sizes, reusable, run_key
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
 # tests/test_backends.py checks it against what the tracer emits.
@@ -135,13 +133,16 @@ class TorchScriptBackend(Backend):
         # writing into intermediates is safe only where autograd keeps none
         reuse = not view.grad and not fuses
         by_index = {n.index: n for n in view.nodes}
-        generic_outs = {}     # (lowering, inputs) -> the emitted program's outputs
+        runs = {}             # base.run_key -> the emitted program's outputs
         for node in view.nodes:
-            if node.op.generic:
-                env[("node", node.index)] = _emit_generic(ir, env, node, generic_outs)
-                continue
-            env[("node", node.index)] = _emit(ir, env, node, reuse and reusable(node, by_index),
-                                              scalars)
+            key = run_key(node)
+            if key not in runs:
+                runs[key] = _emit(ir, env, node, reuse and reusable(node, by_index), scalars)
+            value = runs[key][node.output]
+            if node.cast:
+                value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
+                                       ir.constant(False), ir.constant(False), ir.constant(None)])
+            env[("node", node.index)] = value
         outs = [env[("node", i)] for i in view.outputs]
         if len(outs) > 1:
             # a function returns one value: several outputs travel as a tuple
@@ -274,89 +275,62 @@ def any_fusing() -> bool:
 
 
 def _emit(ir, env, node, inplace, scalars):
-    expr = node.op.lower
+    """The IR of a node's program; the SSA names of its outputs.  inplace:
+    its one call is the `<name>_` variant, computing into its first
+    operand."""
+    ins = [env[i] for i in node.inputs]
+    if node.detach:
+        ins = [a if a in scalars else ir.call("detach", [a]) for a in ins]
+    values = []
 
-    def call(name, args, kwargs):
-        return ir.call(name, args + [v for _, v in kwargs])
+    def ref(r):
+        return ins[r.k] if isinstance(r, Input) else values[r.k]
 
-    def operand(inp):
-        value = env[inp]
-        if node.detach and value not in scalars:
-            return ir.call("detach", [value])
-        return value
-    def trailing_dims(value, k):
-        sizes = ir.call("size", [value], type="int[]")
-        return ir.call("slice", [sizes, ir.constant(-k), ir.constant(None), ir.constant(1)],
-                       type="int[]")
-
-    args = [lower(a, node, operand, ir.constant, call, trailing_dims) for a in expr.args]
-    args += [lower(v, node, operand, ir.constant, call, trailing_dims)
-             for _, v in _kwargs(expr, node)]
-    value = ir.call(expr.name + "_" if inplace else expr.name, args)
-    if node.cast:
-        value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
-                               ir.constant(False), ir.constant(False), ir.constant(None)])
-    return value
+    for call in node.program.calls:
+        values.append(_emit_call(ir, call, ref, inplace))
+    return [ref(o) for o in node.program.outputs]
 
 
-# Keyword arguments whose None is the overload without them: div's
-# rounding_mode=None names div.Tensor_mode, which NNC does not fuse, where
-# div.Tensor (the same true division) fuses.
-_NONE_MEANS_ABSENT = frozenset({("div", "rounding_mode")})
+_SYM_SIZE = torch.ops.aten.sym_size.int
 
 
-def _kwargs(expr, node):
-    """A row's keyword arguments as the IR passes them (positionally, in
-    order), a trailing None that _NONE_MEANS_ABSENT names left out."""
-    kwargs = list(expr.kwargs)
-    while kwargs and (expr.name, kwargs[-1][0]) in _NONE_MEANS_ABSENT \
-            and isinstance(kwargs[-1][1], AttrValue) and kwargs[-1][1].value(node) is None:
-        kwargs.pop()
-    return kwargs
-
-
-def _emit_generic(ir, env, node, emitted):
-    """Output `node.output` of a generic node's aten program, emitted once
-    per distinct input tuple."""
-    key = (node.op.index, node.inputs)
-    if key not in emitted:
-        args = [env[i] for i in node.inputs]
-        if node.detach:
-            args = [ir.call("detach", [a]) for a in args]
-        values = dict(zip(node.op.placeholders, args))
-        for fx in node.op.gm.graph.nodes:
-            if fx.op != "call_function":
-                continue
-            if fx.target is operator.getitem:
-                source, k = fx.args
-                found = values[source]
-                values[fx] = (found[k] if isinstance(found, tuple)
-                              else ir.call("__getitem__", [found, ir.constant(k)]))
-            else:
-                values[fx] = _emit_aten(ir, fx, values)
-        emitted[key] = [values[o] for o in node.op.outputs]
-    return emitted[key][node.output]
-
-
-def _emit_aten(ir, fx, values):
-    """One aten call of an FX graph as IR: every schema argument spelled out
-    (the IR has no defaults), typed so that the right overload matches."""
-    if fx.target is torch.ops.aten.sym_size.int:
+def _emit_call(ir, call, ref, inplace):
+    """One aten call as IR.  A call that names its overload has every schema
+    argument spelled out (the IR has no defaults), typed so that the right
+    overload matches; one whose arguments choose it passes them as given."""
+    if call.overload is operator.getitem:
+        source, k = call.args
+        found = ref(source)
+        return (found[k] if isinstance(found, tuple)
+                else ir.call("__getitem__", [found, ir.constant(k)]))
+    if call.overload is _SYM_SIZE:
         # a size read when the graph runs (fastlazy.symbolic_sizes)
-        source, dim = fx.args
-        return ir.call("size", [values[source], ir.constant(dim)], type="int")
-    schema = fx.target._schema
+        source, dim = call.args
+        return ir.call("size", [ref(source), ir.constant(dim)], type="int")
+    if call.overload is None:
+        kwargs = list(call.kwargs)
+        # The IR passes keywords positionally and matches overloads by them:
+        # a trailing None the op defaults to anyway is left out, since it
+        # can name another overload (div's rounding_mode=None names
+        # div.Tensor_mode, which NNC does not fuse; div.Tensor is the same
+        # true division and fuses).
+        while kwargs and kwargs[-1][1] is None and kwargs[-1][0] in call.optional:
+            kwargs.pop()
+        args = [_ir_value(ir, a, None, ref) for a in (*call.args, *(v for _, v in kwargs))]
+        return ir.call(call.name + "_" if inplace else call.name, args)
+    schema = call.overload._schema
+    kwargs = dict(call.kwargs)
     args = []
     for i, arg in enumerate(schema.arguments):
-        if i < len(fx.args):
-            value = fx.args[i]
-        elif arg.name in fx.kwargs:
-            value = fx.kwargs[arg.name]
+        if i < len(call.args):
+            value = call.args[i]
+        elif arg.name in kwargs:
+            value = kwargs[arg.name]
         elif arg.has_default_value():
             value = arg.default_value
         else:
             raise TypeError(f"{schema.name}: no value for {arg.name}")
-        args.append(_ir_value(ir, value, arg, values))
+        args.append(_ir_value(ir, value, arg, ref))
     name = schema.name.split("::", 1)[1]
     returns = [_ir_type(r.type) for r in schema.returns]
     if len(returns) == 1:
@@ -376,21 +350,29 @@ def _unsupported(text):
     raise TypeError(f"no TorchScript lowering for a {text} result")
 
 
-def _ir_value(ir, value, arg, values):
-    if isinstance(value, torch.fx.Node):
-        return values[value]
+def _ir_value(ir, value, arg, ref):
+    """An argument as IR: typed by its schema argument `arg`, or (None) as
+    its Python value says."""
+    if isinstance(value, REFS):
+        return ref(value)
+    if isinstance(value, Sizes):
+        sizes = ir.call("size", [ref(value.of)], type="int[]")
+        return ir.call("slice", [sizes, ir.constant(-value.count), ir.constant(None),
+                                 ir.constant(1)], type="int[]")
+    if arg is None:
+        return ir.constant(value)
     kind = str(arg.type)
     if isinstance(value, (list, tuple)):
         if "Tensor" in kind:
-            items = [ir.constant(None) if v is None else values[v] for v in value]
+            items = [ir.constant(None) if v is None else ref(v) for v in value]
             return ir.list(items, "Tensor?[]" if "Optional[Tensor]" in kind else "Tensor[]")
         if "bool" in kind:
             return ir.list([ir.constant(bool(v)) for v in value], "bool[]")
         if "float" in kind:
             return ir.list([ir.constant(float(v)) for v in value], "float[]")
-        if any(isinstance(v, torch.fx.Node) for v in value):
+        if any(isinstance(v, REFS) for v in value):
             # sizes read when the graph runs, beside constant ones
-            return ir.list([values[v] if isinstance(v, torch.fx.Node) else ir.constant(v)
+            return ir.list([ref(v) if isinstance(v, REFS) else ir.constant(v)
                             for v in value], "int[]")
         return ir.constant(list(value))
     if type(value) is int and kind.startswith("List[int]") and arg.N:

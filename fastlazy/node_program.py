@@ -1,0 +1,270 @@
+"""What every backend lowers: each recorded node as a small program of aten
+calls over the node's inputs.
+
+A node comes from one of two sources: an op-table row (its lowering a
+`Call` expression read with the node's attr: absent operands, reduced dims,
+the choice parameter...) or a captured aten program (fastlazy.generic: an
+FX graph with several outputs, of which the node is one).  Both become a
+NodeProgram here, once per row, attr and dtype or once per captured
+program, so that a backend has one thing to lower: a sequence of AtenCalls
+whose arguments are templates -- Input(k) (the node's input k), Value(j)
+(call j's result), Sizes (an input's trailing sizes, read when the graph
+runs), lists of those, or constants -- and the outputs the node picks from.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from fastlazy import generic
+from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
+                            ATTR_SMALL_MASK, GENERIC_OP, Rule)
+from fastlazy.optable import OPS, SCALAR_ARGS, AttrValue, Call, Opt, TrailingDims
+
+_LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
+
+
+class _Ref:
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.k == self.k
+
+    def __hash__(self):
+        return hash((type(self), self.k))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.k})"
+
+
+class Input(_Ref):
+    """The node's input k."""
+    __slots__ = ()
+
+
+class Value(_Ref):
+    """The result of the program's call k."""
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The last `count` sizes of `of`, read when the graph runs (graphs are
+    shape-generic, so a size may not be a constant of the graph)."""
+    of: Input | Value
+    count: int
+
+
+REFS = (Input, Value)
+_FIRST_VALUE = (Value(0),)
+
+
+def holds_refs(template):
+    """Does the argument read a value when the graph runs (anything but a
+    constant)?"""
+    if isinstance(template, (Input, Value, Sizes)):
+        return True
+    if isinstance(template, (list, tuple)):
+        return any(holds_refs(t) for t in template)
+    return False
+
+
+class AtenCall:
+    """One call: `name` is the aten op's name; `overload` the exact aten
+    overload (an OpOverload, or operator.getitem of a call's several
+    results), or None where the arguments choose the overload, as torch's
+    argument parser and TorchScript's operator matching do; `fn` what runs
+    it in Python.  `optional`: keywords the call may leave out (their value
+    is the op's default).  `flat`: every argument is a reference or a
+    constant (none a list of values or an input's sizes)."""
+
+    __slots__ = ("name", "overload", "fn", "args", "kwargs", "optional", "flat")
+
+    def __init__(self, name, overload, args, kwargs=(), optional=frozenset()):
+        self.name = name
+        self.overload = overload
+        # an OpOverload's own builtin: its __call__ is one more Python frame
+        self.fn = builtin(name) if overload is None else getattr(overload, "_op", overload)
+        self.args = tuple(args)
+        self.kwargs = tuple(kwargs)
+        self.optional = optional
+        self.flat = all(isinstance(a, REFS) or not holds_refs(a)
+                        for a in (*self.args, *(v for _, v in self.kwargs)))
+
+    def __repr__(self):
+        return f"<aten call {self.name} {self.args} {self.kwargs}>"
+
+
+class NodeProgram:
+    """A node's computation.  `calls` run in order; `outputs` are the
+    program's results (a node takes one: Node.output).
+
+    `fresh`: every output is a new tensor that no other node's value
+    aliases, so a later op may compute into it; a program without that
+    (a captured one: its results may be views of its inputs or of each
+    other) is never written, and its nodes over the same inputs share one
+    run of it.
+
+    What a backend with its own type promotion needs (inductor, whose
+    Python-number operands are 0-dim tensor inputs): `promoting`, the
+    inputs that take part in the op's type promotion; `numbers`, the inputs
+    aten takes as Python numbers (alpha, eps...); `true_division`, the
+    operands are computed in the float result dtype; `scalars_in_float`:
+    a Python-number operand meets a float whatever the other's dtype
+    (other / x as reciprocal(x) * other)."""
+
+    __slots__ = ("name", "calls", "outputs", "fresh", "promoting", "numbers",
+                 "true_division", "scalars_in_float")
+
+    def __init__(self, name, calls, outputs, fresh, promoting=(), numbers=(),
+                 true_division=False, scalars_in_float=False):
+        self.name = name
+        self.calls = tuple(calls)
+        self.outputs = tuple(outputs)
+        self.fresh = fresh
+        self.promoting = promoting
+        self.numbers = numbers
+        self.true_division = true_division
+        self.scalars_in_float = scalars_in_float
+
+    def only_call(self, name=None):
+        """The program's one call (of `name`, if given) if it is its only
+        call, its result the output, and its arguments choose the overload
+        -- so that its `<name>_` variant, or another implementation of the
+        op, takes the same arguments; else None."""
+        if len(self.calls) != 1 or self.outputs != _FIRST_VALUE:
+            return None
+        call = self.calls[0]
+        if call.overload is not None or name is not None and call.name != name:
+            return None
+        return call
+
+    def __repr__(self):
+        return f"<node program {self.name}: {len(self.calls)} calls>"
+
+
+@functools.lru_cache(maxsize=None)
+def builtin(name):
+    """torch's own builtin for an aten name (torch.add, torch._C._nn.linear,
+    ...): never fastlazy's entry point, and much cheaper to call than an
+    aten OpOverloadPacket, which matches schemas on every call."""
+    for namespace in (torch._C._VariableFunctions, torch._C._nn):
+        fn = getattr(namespace, name, None)
+        if fn is not None:
+            return fn
+    return getattr(torch.ops.aten, name)
+
+
+# -- building them --------------------------------------------------------------
+
+# Re-entrant: a finalizer run by an allocation inside the lock may read a
+# LazyTensor, whose flush builds programs on this very thread.
+_lock = threading.RLock()
+_row_programs: dict = {}        # (opcode, attr, dtype) -> NodeProgram
+_captured_programs: dict = {}   # lowering index -> NodeProgram
+_MAX_ROW_PROGRAMS = 4096
+
+
+def of_record(opcode, attr, dtype):
+    """(the op or captured lowering, its NodeProgram, which of the
+    program's outputs the node is) of a recorded node."""
+    if opcode == GENERIC_OP:
+        lowering = generic.lowering(attr & _LOWERING_MASK)
+        program = _captured_programs.get(lowering.index)
+        if program is None:
+            with _lock:
+                program = _captured_programs.setdefault(lowering.index, _captured(lowering))
+        return lowering, program, attr >> ATTR_GENERIC_OUT_SHIFT & 255
+    op = OPS[opcode]
+    key = (opcode, attr, dtype)
+    program = _row_programs.get(key)
+    if program is None:
+        with _lock:
+            if len(_row_programs) >= _MAX_ROW_PROGRAMS:
+                _row_programs.clear()
+            program = _row_programs.setdefault(key, _row(op, attr, dtype))
+    return op, program, 0
+
+
+def _row(op, attr, dtype):
+    """A row's lowering expression read for one attr and result dtype."""
+    absent = [attr >> (ATTR_ABSENT_SHIFT + p) & 1 for p in range(len(op.params))]
+
+    def operand(position):
+        """The input index of operand `position`, or None if absent (absent
+        optional operands are not stored)."""
+        if absent[position]:
+            return None
+        return sum(1 for p in range(position) if not absent[p])
+
+    calls = []
+
+    def template(expr):
+        if isinstance(expr, int):
+            return Input(operand(expr))
+        if isinstance(expr, TrailingDims):
+            return Sizes(Input(operand(expr.index)), attr & 15)
+        if isinstance(expr, Opt):
+            k = operand(expr.index)
+            return expr.default if k is None else Input(k)
+        if isinstance(expr, AttrValue):
+            return expr.value(attr, dtype)
+        if isinstance(expr, Call):
+            args = [template(a) for a in expr.args]
+            kwargs = [(name, template(v)) for name, v in expr.kwargs]
+            # keywords at the op's default: an absent operand's, or None
+            optional = frozenset(name for (name, v), (_, t) in zip(expr.kwargs, kwargs)
+                                 if t is None or isinstance(v, Opt) and operand(v.index) is None)
+            calls.append(AtenCall(expr.name, None, args, kwargs, optional))
+            return Value(len(calls) - 1)
+        raise TypeError(f"bad lowering expression {expr!r}")
+
+    out = template(op.lower)
+    operands = op.params[: op.noperands or len(op.params)]
+    present = [(p, name) for p, name in enumerate(operands) if operand(p) is not None]
+    choice = attr >> ATTR_CHOICE_SHIFT & ATTR_SMALL_MASK
+    return NodeProgram(
+        op.name, calls, (out,), fresh=True,
+        promoting=tuple(operand(p) for p, name in present if name not in SCALAR_ARGS),
+        numbers=tuple(operand(p) for p, name in present if name in SCALAR_ARGS),
+        true_division=op.rule == Rule.R_TRUEDIV or op.rule == Rule.R_DIV and choice == 0,
+        scalars_in_float=op.rule == Rule.R_RTRUEDIV)
+
+
+def _captured(lowering):
+    """A captured aten program (an FX graph over the call's tensors)."""
+    refs = {fx: Input(k) for k, fx in enumerate(lowering.placeholders)}
+    calls = []
+
+    def template(a):
+        if isinstance(a, torch.fx.Node):
+            return refs[a]
+        if isinstance(a, (list, tuple)) and _holds_nodes(a):
+            # FX's immutable_list, which torch's argument parser refuses
+            return (list if isinstance(a, list) else tuple)(template(v) for v in a)
+        return a
+
+    for fx in lowering.gm.graph.nodes:
+        if fx.op != "call_function":
+            continue
+        target = fx.target
+        name = ("getitem" if target is operator.getitem
+                else target._schema.name.split("::", 1)[1] if hasattr(target, "_schema")
+                else getattr(target, "__name__", str(target)))
+        calls.append(AtenCall(name, target, [template(a) for a in fx.args],
+                              [(k, template(v)) for k, v in fx.kwargs.items()]))
+        refs[fx] = Value(len(calls) - 1)
+    return NodeProgram(lowering.name, calls, [refs[o] for o in lowering.outputs], fresh=False)
+
+
+def _holds_nodes(a):
+    return any(isinstance(v, torch.fx.Node) or isinstance(v, (list, tuple)) and _holds_nodes(v)
+               for v in a)
