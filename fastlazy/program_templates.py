@@ -14,10 +14,12 @@ every non-tensor argument's value -- but the sizes given to a view,
 reshape or expand --, each tensor's dtype, rank, device,
 requires_grad and whether it is a LazyTensor laid out contiguously, the
 grad mode and default dtype) is kept as a template.  A later signature
-with the same erased key runs the template on its fake tensors instead of
-tracing, and takes it only if the template computes exactly the results
-the fake run of the call itself gave: as many, each with the same shape,
-strides, storage offset, dtype, requires_grad and aliasing of the inputs.
+with the same erased key runs the template instead of tracing -- on meta
+tensors beside a meta run of the call itself where both run there
+(capture.py), else on the fake tensors of the call's fake run -- and
+takes it only if the template computes exactly the results the call gave:
+as many, each with the same shape, strides, storage offset, dtype,
+requires_grad and aliasing of the inputs.
 A program that baked a size in (a view to fixed sizes the symbolic-size
 pass left, a split size, a factory) fails that check -- or raises -- and
 the call is traced as before.  Programs that lift constants or draw
@@ -76,6 +78,21 @@ def erased_key(func, args, kwargs, tensors):
     return key
 
 
+def template(key):
+    """The template kept for erased signature `key`, or None."""
+    return None if key is None else _templates.get(key)
+
+
+def fits(outs, inputs, results):
+    """Did a template, run on `inputs`, compute `results` (the call's own
+    results on the same inputs)?  Counted as a reuse or a rejection."""
+    if _same_results(outs, inputs, results):
+        _stats["reused"] += 1
+        return True
+    _stats["rejected"] += 1
+    return False
+
+
 def lookup(key, mode, fakes, results):
     """The template for `key` if it computes `results` from `fakes` (the
     call's own fake run, in fake mode `mode`), else None."""
@@ -90,11 +107,7 @@ def lookup(key, mode, fakes, results):
     except Exception:     # noqa: BLE001 - a size baked in: trace this call
         _stats["rejected"] += 1
         return None
-    if not _same_results(outs, fakes, results):
-        _stats["rejected"] += 1
-        return None
-    _stats["reused"] += 1
-    return gm
+    return gm if fits(outs, fakes, results) else None
 
 
 def keep(key, gm, constants, draws):

@@ -89,3 +89,28 @@ def test_a_dim_argument_is_never_erased():
     lx = fastlazy.lazy(x)
     torch.testing.assert_close(lx.sum(1).to_eager(), x.sum(1))
     torch.testing.assert_close(lx.sum(2).to_eager(), x.sum(2))
+
+
+def test_a_templated_signature_is_judged_on_meta_tensors_not_fake_ones(monkeypatch):
+    """Once a template exists, a signature of other sizes is checked by a
+    meta run (no FakeTensorMode: 20-50x cheaper); one the meta run cannot
+    judge (no meta kernel) falls back to the fake run."""
+    from fastlazy import capture
+    fake_runs = []
+    real_fake_run = capture._fake_run
+    monkeypatch.setattr(capture, "_fake_run",
+                        lambda *a: fake_runs.append(a[0]) or real_fake_run(*a))
+    for channels in (3, 5, 7):
+        x = torch.randn(1, channels, 6, 6)
+        mean, var = torch.randn(channels), torch.rand(channels) + 0.5
+        got = F.batch_norm(fastlazy.lazy(x), mean, var, training=False).to_eager()
+        torch.testing.assert_close(got, F.batch_norm(x, mean, var, training=False))
+    assert len(fake_runs) == 1
+
+    def no_meta_kernel(*args, **kwargs):
+        raise NotImplementedError("no meta kernel")
+    monkeypatch.setattr(capture, "_meta_empty", no_meta_kernel)
+    x, mean, var = torch.randn(1, 9, 6, 6), torch.randn(9), torch.rand(9) + 0.5
+    got = F.batch_norm(fastlazy.lazy(x), mean, var, training=False).to_eager()
+    torch.testing.assert_close(got, F.batch_norm(x, mean, var, training=False))
+    assert len(fake_runs) == 2
