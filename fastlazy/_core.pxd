@@ -87,6 +87,9 @@ cpdef enum NodeFlag:
                           # may then compute it into that operand's storage
     NODE_DEAD = 8     # no LazyTensor holds it and no live node reads it: it
                       # can never be needed again (its inputs were let go)
+    NODE_WRITTEN = 16  # the user's call wrote its first operand in place
+                       # (x.mul_(2)): a graph that builds autograd history
+                       # runs it so, as eager did (backends.base.as_written)
 
 
 # Node.attr: the structural arguments of a node, packed.

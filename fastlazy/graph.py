@@ -31,6 +31,7 @@ class Node:
     requires_grad: bool
     output: int = 0      # which of the program's outputs
     keeps_shape: bool = False  # the result has its first operand's shape
+    written: bool = False  # the user's call wrote its first operand in place
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class GraphView:
                 r.index, op, program, r.inputs, r.attr, bool(r.flags & NodeFlag.NODE_CAST),
                 bool(r.flags & NodeFlag.NODE_DETACH), r.dtype, r.shape, r.uses,
                 r.index in outset, r.requires_grad, output,
-                bool(r.flags & NodeFlag.NODE_KEEPS_SHAPE)))
+                bool(r.flags & NodeFlag.NODE_KEEPS_SHAPE),
+                bool(r.flags & NodeFlag.NODE_WRITTEN)))
         # Without an output that needs autograd history the graph runs under
         # no_grad as a whole, so per-node detaching is moot.
         self.grad = any(n.requires_grad for n in self.nodes if n.is_output)

@@ -180,6 +180,69 @@ def test_autodiff_graphs(f, backend):
     same_as_eager(f)
 
 
+# -- a tensor autograd saved, written in place before backward ---------------
+# Eager raises at backward ("modified by an inplace operation"); the pending
+# graph must run the write as a write for autograd to see it.
+
+def fn_sigmoid_result_scaled_in_place(lz):
+    w = torch.ones(3, requires_grad=True)
+    z = (lz(torch.rand(3)) * w).sigmoid()      # sigmoid saves its result
+    z.mul_(2)
+    z.sum().backward()
+    return w.grad
+
+
+def fn_exp_result_shifted_in_place(lz):
+    w = torch.ones(3, requires_grad=True)
+    e = (lz(torch.rand(3)) * w).exp()
+    e.add_(1)
+    e.sum().backward()
+    return w.grad
+
+
+def fn_mul_operand_written_after_use(lz):
+    w = lz(torch.ones(3)).requires_grad_()
+    a = w * 2
+    b = a * a                                    # mul saves both operands
+    a.add_(1)
+    b.sum().backward()
+    return w.grad
+
+
+def fn_tanh_result_written_by_relu_(lz):
+    w = torch.rand(4, requires_grad=True)
+    t = (lz(torch.rand(4)) * w).tanh()
+    t.relu_()
+    t.sum().backward()
+    return w.grad
+
+
+# and writes eager allows in the same places: nothing saved what they write
+
+def fn_relu_after_linear_in_place(lz):
+    w = torch.rand(4, 4, requires_grad=True)
+    h = lz(torch.rand(2, 4)) @ w                 # mm saves its operands, not its result
+    h.relu_()
+    h.sum().backward()
+    return h, w.grad
+
+
+def fn_add_in_place_into_a_sum(lz):
+    w = torch.rand(3, requires_grad=True)
+    y = lz(torch.rand(3)) + w
+    y.mul_(3).add_(1)
+    y.sum().backward()
+    return y, w.grad
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "auto"], indirect=True)
+@cases(fn_sigmoid_result_scaled_in_place, fn_exp_result_shifted_in_place,
+       fn_mul_operand_written_after_use, fn_tanh_result_written_by_relu_,
+       fn_relu_after_linear_in_place, fn_add_in_place_into_a_sum)
+def test_in_place_writes_in_autograd_graphs(f, backend):
+    same_as_eager(f)
+
+
 # -- writes through attributes, under no_grad, to inference tensors -------
 
 def fn_data_add(lz):

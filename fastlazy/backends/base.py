@@ -55,6 +55,47 @@ class Backend:
 _FIRST_INPUT = (Input(0),)
 
 
+def as_written(view):
+    """Which nodes of a graph that builds autograd history run as the user
+    wrote them, computing into their first operand (the `<name>_` variant):
+    those whose call wrote in place (NODE_WRITTEN) into an intermediate that
+    no later node reads and no LazyTensor holds.  Autograd then sees the
+    write as eager's did: a saved tensor modified in place makes backward
+    raise eager's error, where a functional replay would give a gradient
+    eager never computes."""
+    if not view.grad or not any(node.written for node in view.nodes):
+        return frozenset()
+    by_index = {node.index: node for node in view.nodes}
+    last_read = _last_reads(view)
+    chosen = set()
+    for node in view.nodes:
+        if not node.written or node.cast:
+            continue
+        call = node.program.only_call()
+        if (call is None or call.name not in INPLACE_VARIANTS
+                or call.args[:1] != _FIRST_INPUT):
+            continue
+        kind, index = node.inputs[0]
+        if kind != "node":
+            continue
+        producer = by_index[index]
+        if (producer.program.fresh and not producer.is_output and node.keeps_shape
+                and producer.dtype == node.dtype and last_read[index] == node.index):
+            chosen.add(node.index)
+    return frozenset(chosen)
+
+
+def _last_reads(view):
+    """node index -> the index of the last node (in recording order, which
+    is every backend's run order) that reads it."""
+    last = {}
+    for node in view.nodes:
+        for kind, index in node.inputs:
+            if kind == "node":
+                last[index] = node.index
+    return last
+
+
 def run_key(node):
     """Nodes with one key share one run of their program.  A program whose
     outputs may alias its inputs or each other (a captured one) runs once

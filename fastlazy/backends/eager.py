@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from fastlazy import failures
-from fastlazy.backends.base import Backend, Input, Program, Sizes, Value, holds_refs, run_key
+from fastlazy.backends.base import (Backend, Input, Program, Sizes, Value, as_written, holds_refs,
+                                    run_key)
 
 
 class EagerBackend(Backend):
@@ -21,7 +22,8 @@ class EagerBackend(Backend):
         and the line that recorded it (fastlazy.failures; the view's sites
         are those of this recording, so such a program is not cached)."""
         keys = [("slot", s.index) for s in view.slots]
-        steps = [(("node", node.index), _closure(node),
+        written = as_written(view)
+        steps = [(("node", node.index), _closure(node, node.index in written),
                   node.dtype if node.cast else None) for node in view.nodes]
         outputs = [("node", i) for i in view.outputs]
         nodes, sites = view.nodes, view.segment_sites
@@ -43,11 +45,13 @@ class EagerBackend(Backend):
         return Program([s.position for s in view.slots], run, False, str(view))
 
 
-def _closure(node):
+def _closure(node, inplace=False):
     """env -> the node's value: its program's output `node.output`.  Nodes
-    that share a run (base.run_key) find its outputs in env."""
+    that share a run (base.run_key) find its outputs in env.  inplace: the
+    program's one call is the Tensor method `<name>_` (base.as_written)."""
     program, inputs, detach, k = node.program, node.inputs, node.detach, node.output
-    calls = [(call.fn, [_argument(a) for a in call.args],
+    calls = [(getattr(torch._C.TensorBase, call.name + "_") if inplace else call.fn,
+              [_argument(a) for a in call.args],
               [(name, _argument(a)) for name, a in call.kwargs]) for call in program.calls]
     outputs = [_argument(o) for o in program.outputs]
 

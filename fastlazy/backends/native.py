@@ -26,7 +26,7 @@ import torch
 
 from fastlazy import _steps
 from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, Value, builtin,
-                                    resolve, reusable, run_key)
+                                    as_written, resolve, reusable, run_key)
 
 
 _to = torch._C.TensorBase.to
@@ -111,6 +111,7 @@ def build(view) -> _steps.StepProgram:
     tensor.update(("node", n.index) for n in view.nodes)
     fused = kernel_steps(view)
     by_index = {n.index: n for n in view.nodes}
+    written = as_written(view)
     absorbed = {relu for relu, _, _ in fused.values() if relu is not None}
     steps, reads = [], []
     runs = {}              # base.run_key -> value indices of the program's outputs
@@ -136,7 +137,7 @@ def build(view) -> _steps.StepProgram:
         cast = (node.dtype if node.cast and program.fresh
                 and program.outputs[node.output].k == len(program.calls) - 1 else None)
         if key not in runs:
-            inplace = not view.grad and reusable(node, by_index)
+            inplace = node.index in written or not view.grad and reusable(node, by_index)
             runs[key] = _program_steps(node, where, value, add, inplace, tensor, cast)
         source = runs[key][node.output]
         if node.cast and cast is None:

@@ -23,7 +23,8 @@ import weakref
 
 import torch
 
-from fastlazy.backends.base import REFS, Backend, Input, Program, Sizes, reusable, run_key
+from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, as_written, reusable,
+                                    run_key)
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
 # tests/test_backends.py checks it against what the tracer emits.
@@ -133,11 +134,13 @@ class TorchScriptBackend(Backend):
         # writing into intermediates is safe only where autograd keeps none
         reuse = not view.grad and not fuses
         by_index = {n.index: n for n in view.nodes}
+        written = as_written(view)
         runs = {}             # base.run_key -> the emitted program's outputs
         for node in view.nodes:
             key = run_key(node)
             if key not in runs:
-                runs[key] = _emit(ir, env, node, reuse and reusable(node, by_index), scalars)
+                inplace = node.index in written or reuse and reusable(node, by_index)
+                runs[key] = _emit(ir, env, node, inplace, scalars)
             value = runs[key][node.output]
             if node.cast:
                 value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),

@@ -89,6 +89,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if out.dtype != self_t.meta.dtype:
             flags |= NODE_CAST
             out.dtype = self_t.meta.dtype
+        flags |= NODE_WRITTEN
         if self_t.family is not None:
             if _hooks.check_write(self_t, [<object>ops[i].obj for i in range(nops)
                                            if ops[i].kind == K_LAZY]):
