@@ -157,11 +157,9 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
     # 1. the call itself, on fake tensors (eager's checks, the results'
     # metadata), and 2. its aten program -- or both on meta tensors, where a
     # signature of other sizes left a template that computes these results
-    gm = None
     on_meta = _meta_run(erased, func, args, kwargs, tensors)
-    if on_meta is not None and on_meta[2] is not None:
-        fakes, out, gm = on_meta
-    else:
+    fakes, out, gm = on_meta or (None, None, None)
+    if gm is None:
         examples = [_example(t) for t in tensors]
         fakes, out, mode = _fake_run(func, args, kwargs, examples)
     leaves, spec = pytree.tree_flatten(out)

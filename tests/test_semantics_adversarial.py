@@ -184,20 +184,25 @@ def test_autodiff_graphs(f, backend):
 # Eager raises at backward ("modified by an inplace operation"); the pending
 # graph must run the write as a write for autograd to see it.
 
-def fn_sigmoid_result_scaled_in_place(lz):
-    w = torch.ones(3, requires_grad=True)
-    z = (lz(torch.rand(3)) * w).sigmoid()      # sigmoid saves its result
-    z.mul_(2)
-    z.sum().backward()
-    return w.grad
+def _result_written_in_place(name, activation, write):
+    """A program applying `activation` (which saves its result for
+    backward) to a grad-requiring product, then writing the result."""
+    def f(lz):
+        w = torch.rand(4, requires_grad=True)
+        y = activation(lz(torch.rand(4)) * w)
+        write(y)
+        y.sum().backward()
+        return w.grad
+    f.__name__ = name
+    return f
 
 
-def fn_exp_result_shifted_in_place(lz):
-    w = torch.ones(3, requires_grad=True)
-    e = (lz(torch.rand(3)) * w).exp()
-    e.add_(1)
-    e.sum().backward()
-    return w.grad
+fn_sigmoid_result_scaled_in_place = _result_written_in_place(
+    "fn_sigmoid_result_scaled_in_place", torch.sigmoid, lambda y: y.mul_(2))
+fn_exp_result_shifted_in_place = _result_written_in_place(
+    "fn_exp_result_shifted_in_place", torch.exp, lambda y: y.add_(1))
+fn_tanh_result_written_by_relu_ = _result_written_in_place(
+    "fn_tanh_result_written_by_relu_", torch.tanh, lambda y: y.relu_())
 
 
 def fn_mul_operand_written_after_use(lz):
@@ -206,14 +211,6 @@ def fn_mul_operand_written_after_use(lz):
     b = a * a                                    # mul saves both operands
     a.add_(1)
     b.sum().backward()
-    return w.grad
-
-
-def fn_tanh_result_written_by_relu_(lz):
-    w = torch.rand(4, requires_grad=True)
-    t = (lz(torch.rand(4)) * w).tanh()
-    t.relu_()
-    t.sum().backward()
     return w.grad
 
 

@@ -67,22 +67,10 @@ def as_written(view):
         return frozenset()
     by_index = {node.index: node for node in view.nodes}
     last_read = _last_reads(view)
-    chosen = set()
-    for node in view.nodes:
-        if not node.written or node.cast:
-            continue
-        call = node.program.only_call()
-        if (call is None or call.name not in INPLACE_VARIANTS
-                or call.args[:1] != _FIRST_INPUT):
-            continue
-        kind, index = node.inputs[0]
-        if kind != "node":
-            continue
-        producer = by_index[index]
-        if (producer.program.fresh and not producer.is_output and node.keeps_shape
-                and producer.dtype == node.dtype and last_read[index] == node.index):
-            chosen.add(node.index)
-    return frozenset(chosen)
+    return frozenset(
+        node.index for node in view.nodes
+        if node.written and _into_first_input(node, by_index) is not None
+        and last_read[node.inputs[0][1]] == node.index)
 
 
 def _last_reads(view):
@@ -119,19 +107,31 @@ def resolve(template, ref, sizes):
 
 def reusable(node, by_index):
     """May node compute into its first input's storage (the `<name>_`
-    variant of its one call)?  Only if that input is an intermediate read by
-    nobody else, of the result's shape and dtype."""
+    variant of its one call) where no autograd sees it?  Only if that input
+    is an intermediate read by nobody else, of the result's shape and
+    dtype."""
+    producer = _into_first_input(node, by_index)
+    return producer is not None and producer.uses == 1
+
+
+def _into_first_input(node, by_index):
+    """The node producing node's first input if node's one call has a
+    `<name>_` variant writing that input, and the input is an intermediate
+    no LazyTensor holds, of the result's shape and dtype; else None.  (Who
+    else reads it is each caller's own condition.)"""
     call = node.program.only_call()
     if (call is None or node.cast or call.name not in INPLACE_VARIANTS
             or call.args[:1] != _FIRST_INPUT):
-        return False
+        return None
     kind, index = node.inputs[0]
     if kind != "node":
-        return False
+        return None
     producer = by_index[index]
     # a program that is not fresh may return a view of one of its inputs.
     # keeps_shape, not the shapes at hand: the graph is reused for every
     # shape of this structure, and a broadcast elsewhere must not write
     # a larger result into the producer
-    return (producer.program.fresh and producer.uses == 1 and not producer.is_output
-            and node.keeps_shape and producer.dtype == node.dtype)
+    if (producer.program.fresh and not producer.is_output and node.keeps_shape
+            and producer.dtype == node.dtype):
+        return producer
+    return None
