@@ -247,6 +247,10 @@ cdef class Hooks:
     cdef public object check_leaf
     cdef public object check_write
     cdef public object after_mutation
+    # a node that builds autograd history reads an inference tensor:
+    # (op, attr, result dtype, [(operand, is inference)]) raises eager's
+    # error if the node would save it (fastlazy.inference_saves)
+    cdef public object check_saved_inference
     # the graph cache: compile_and_run(seg, key, outs) on a miss;
     # recover(seg, index, error) after a failed run; `programs` the cache
     # itself (key -> Program), read by the core on a hit

@@ -12,8 +12,9 @@ import atexit
 import functools
 import os
 
-from fastlazy import (_core, backends, capture, failures, generic, graph_cache, lazy_device,
-                      metrics, mutation, optable, recompiles, route, sites, tensor_methods, views)
+from fastlazy import (_core, backends, capture, failures, generic, graph_cache, inference_saves,
+                      lazy_device, metrics, mutation, optable, recompiles, route, sites,
+                      tensor_methods, views)
 
 _booted = False
 
@@ -27,6 +28,7 @@ def hooks() -> _core.Hooks:
         check_leaf=views.check_leaf,
         check_write=views.check_write,
         after_mutation=mutation.after_mutation,
+        check_saved_inference=inference_saves.check_saved,
         compile_and_run=graph_cache.compile_and_run,
         recover=graph_cache.recover,
         programs=graph_cache.programs,

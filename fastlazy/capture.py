@@ -431,6 +431,7 @@ def _trace(func, args, kwargs, examples, contiguous):
                 raise Unsafe(f"{target}: {reason}")
         if target is torch.ops.aten._local_scalar_dense.default:
             raise Unsafe("reads a tensor's value")
+    _differentiable_copies(gm)
     make_sizes_symbolic(gm)         # (before the nodes below, which have no metadata)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, flag in zip(placeholders, contiguous):
@@ -445,6 +446,32 @@ def _trace(func, args, kwargs, examples, contiguous):
     output.args = (tuple(leaves),)
     gm.recompile()
     return gm, constants, draws
+
+
+def _differentiable_copies(gm):
+    """Functionalization turns a write of a tensor's elements (`y[1] = v`,
+    `y.copy_(v)`) into aten.copy(y, v), which has no derivative: a program
+    that builds autograd history through it would fail at backward where
+    eager's copy_ succeeds.  The same values as v broadcast to y's shape and
+    cast to its dtype and device (what copy computes, contiguous as a copy
+    of a contiguous y is) come from expand and _to_copy, which have
+    derivatives."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy.default:
+            continue
+        into, source = node.args[0], node.args[1]
+        value, made = into.meta["val"], source.meta["val"]
+        with gm.graph.inserting_before(node):
+            spread = gm.graph.call_function(torch.ops.aten.expand.default,
+                                            (source, list(value.shape)))
+            spread.meta["val"] = made.expand(value.shape)
+            copied = gm.graph.call_function(
+                torch.ops.aten._to_copy.default, (spread,),
+                {"dtype": value.dtype, "device": value.device,
+                 "memory_format": torch.contiguous_format})
+            copied.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(copied)
+        gm.graph.erase_node(node)
 
 
 class Draw:

@@ -88,11 +88,14 @@ def lowering(index):
     return _lowerings[index]
 
 
-def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepared=None):
+def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepared=None,
+           written=False):
     """Record func(*args, **kwargs); the result with LazyTensors in place of
     tensors.  Raises Unsafe for a call it does not take.  `prepared`: the
     (key, tensors) the core built for this call (route.call), which also
-    lets this signature's later calls be recorded by the core alone."""
+    lets this signature's later calls be recorded by the core alone.
+    written: func is the functional form of a call that wrote its first
+    argument in place (mutation.record_inplace; backends.base.as_written)."""
     if prepared:
         key, tensors = prepared[0], prepared[1]
     else:
@@ -124,7 +127,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
     if sig.draws:
         # drawn now, in the call's order, as eager draws them
         inputs += tuple([_core.lazy(draw()) for draw in sig.draws])
-    new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach)
+    new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach,
+                                    written)
                if sig.recorded else ())
     if sig.spec is None:            # one result, recorded: the common case
         t = next(new)

@@ -232,10 +232,75 @@ def fn_add_in_place_into_a_sum(lz):
     return y, w.grad
 
 
+# writes that take the generic path (their functional form is recorded)
+fn_sigmoid_result_zeroed = _result_written_in_place(
+    "fn_sigmoid_result_zeroed", torch.sigmoid, lambda y: y.zero_())
+fn_exp_result_filled = _result_written_in_place(
+    "fn_exp_result_filled", torch.exp, lambda y: y.fill_(2.0))
+fn_tanh_result_item_set = _result_written_in_place(
+    "fn_tanh_result_item_set", torch.tanh, lambda y: y.__setitem__(1, 3.0))
+fn_exp_result_index_put = _result_written_in_place(
+    "fn_exp_result_index_put", torch.exp,
+    lambda y: y.index_put_((torch.tensor([0, 2]),), torch.tensor(1.0)))
+fn_sigmoid_result_masked_fill = _result_written_in_place(
+    "fn_sigmoid_result_masked_fill", torch.sigmoid,
+    lambda y: y.masked_fill_(torch.tensor([True, False, True, False]), 0.5))
+fn_exp_result_copied_over = _result_written_in_place(
+    "fn_exp_result_copied_over", torch.exp, lambda y: y.copy_(torch.ones(4)))
+
+
+def _sum_written_in_place(name, write):
+    """The same writes into a sum, which saves nothing: eager allows them,
+    and the gradient flows around the written elements."""
+    def f(lz):
+        w = torch.rand(4, requires_grad=True)
+        y = lz(torch.rand(4)) * 3 + w
+        write(y)
+        (y * torch.arange(4.0)).sum().backward()
+        return y, w.grad
+    f.__name__ = name
+    return f
+
+
+fn_sum_zeroed = _sum_written_in_place("fn_sum_zeroed", lambda y: y.zero_())
+fn_sum_item_set = _sum_written_in_place("fn_sum_item_set", lambda y: y.__setitem__(1, 3.0))
+fn_sum_slice_set_from_a_double = _sum_written_in_place(
+    "fn_sum_slice_set_from_a_double",
+    lambda y: y.__setitem__(slice(1, 3), torch.tensor(2.5, dtype=torch.float64)))
+fn_sum_masked_fill = _sum_written_in_place(
+    "fn_sum_masked_fill", lambda y: y.masked_fill_(torch.tensor([True, False, True, False]), 0))
+fn_sum_copied_over = _sum_written_in_place(
+    "fn_sum_copied_over", lambda y: y.copy_(torch.arange(4.0)))
+
+
+def fn_slice_set_from_a_grad_tensor(lz):
+    # the written values require grad: theirs flows back, summed over the
+    # broadcast (copy's derivative, kept by the recorded program)
+    v = torch.rand(1, requires_grad=True)
+    w = torch.rand(4, requires_grad=True)
+    y = lz(torch.rand(4)) * w
+    y[1:3] = v
+    (y * torch.arange(1.0, 5.0)).sum().backward()
+    return y, v.grad, w.grad
+
+
+def fn_copy_from_a_grad_tensor_of_another_dtype(lz):
+    v = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    y = lz(torch.zeros(2, 4))
+    y.copy_(v)
+    y.sum().backward()
+    return y, v.grad
+
+
 @pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "auto"], indirect=True)
 @cases(fn_sigmoid_result_scaled_in_place, fn_exp_result_shifted_in_place,
        fn_mul_operand_written_after_use, fn_tanh_result_written_by_relu_,
-       fn_relu_after_linear_in_place, fn_add_in_place_into_a_sum)
+       fn_relu_after_linear_in_place, fn_add_in_place_into_a_sum,
+       fn_sigmoid_result_zeroed, fn_exp_result_filled, fn_tanh_result_item_set,
+       fn_exp_result_index_put, fn_sigmoid_result_masked_fill, fn_exp_result_copied_over,
+       fn_sum_zeroed, fn_sum_item_set, fn_sum_slice_set_from_a_double, fn_sum_masked_fill,
+       fn_sum_copied_over, fn_slice_set_from_a_grad_tensor,
+       fn_copy_from_a_grad_tensor_of_another_dtype)
 def test_in_place_writes_in_autograd_graphs(f, backend):
     same_as_eager(f)
 
@@ -396,6 +461,70 @@ def fn_inference_decorator(lz):
         return t * 2
     y = f(lz(torch.ones(3)))
     return y.is_inference(), y
+
+
+# An op that builds autograd history and saves an inference tensor raises at
+# the call in eager (mul saves its operands, add does not).
+
+def _inference_operand(name, make, op):
+    def f(lz):
+        w = torch.rand(3, requires_grad=True)
+        x = make(lz)
+        return op(x, w)
+    f.__name__ = name
+    return f
+
+
+def _pending_inference(lz):
+    with torch.inference_mode():
+        return lz(torch.rand(3)) * 2
+
+
+def _eager_inference(lz):
+    with torch.inference_mode():
+        return torch.rand(3) * 2
+
+
+def _lazy_of_inference(lz):
+    with torch.inference_mode():
+        x = torch.rand(3) * 2
+    return lz(x)
+
+
+fn_pending_inference_times_weight = _inference_operand(
+    "fn_pending_inference_times_weight", _pending_inference, torch.mul)
+fn_pending_inference_plus_weight = _inference_operand(
+    "fn_pending_inference_plus_weight", _pending_inference, torch.add)
+fn_pending_inference_linear = _inference_operand(
+    "fn_pending_inference_linear", _pending_inference,
+    lambda x, w: torch.nn.functional.linear(x, w[None]))
+fn_lazy_of_inference_times_weight = _inference_operand(
+    "fn_lazy_of_inference_times_weight", _lazy_of_inference, torch.mul)
+fn_eager_inference_times_lazy_weight = _inference_operand(
+    "fn_eager_inference_times_lazy_weight", _eager_inference,
+    lambda x, w: x * fastlazy.lazy(w.detach()).requires_grad_())
+fn_pending_inference_times_no_grad = _inference_operand(
+    "fn_pending_inference_times_no_grad", _pending_inference, lambda x, w: x * w.detach())
+
+
+@cases(fn_pending_inference_times_weight, fn_pending_inference_plus_weight,
+       fn_pending_inference_linear, fn_lazy_of_inference_times_weight,
+       fn_eager_inference_times_lazy_weight, fn_pending_inference_times_no_grad)
+def test_inference_tensors_saved_for_backward(f):
+    same_as_eager(f)
+
+
+def test_saving_an_inference_tensor_raises_at_the_call():
+    w = torch.rand(3, requires_grad=True)
+    x = _pending_inference(fastlazy.lazy)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
+        x * w
+    # nothing was recorded, and the operands are intact
+    assert torch.equal(x.to_eager(), x.to_eager()) and x.is_inference()
+    assert (x + w).requires_grad
+    materialized = _lazy_of_inference(fastlazy.lazy)
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
+        materialized * w
 
 
 @cases(fn_data_add, fn_data_setitem, fn_data_of_view, fn_grad_zero, fn_grad_setitem_and_none,

@@ -3,7 +3,10 @@ helpers for lowering a node's NodeProgram (fastlazy.node_program)."""
 from __future__ import annotations
 
 # what a backend lowers (each node's NodeProgram), given to the backends from here
-from fastlazy.node_program import REFS, Input, Sizes, Value, builtin, holds_refs
+import torch
+
+from fastlazy.node_program import (REFS, AtenCall, Input, NodeProgram, Sizes, Value, builtin,
+                                   holds_refs)
 
 
 # aten ops whose `<name>_` variant computes the same thing into its first
@@ -57,9 +60,9 @@ _FIRST_INPUT = (Input(0),)
 
 def as_written(view):
     """Which nodes of a graph that builds autograd history run as the user
-    wrote them, computing into their first operand (the `<name>_` variant):
-    those whose call wrote in place (NODE_WRITTEN) into an intermediate that
-    no later node reads and no LazyTensor holds.  Autograd then sees the
+    wrote them, writing into their first operand: those whose call wrote
+    in place (NODE_WRITTEN) into an intermediate that no later node reads
+    and no LazyTensor holds (written_form says how).  Autograd then sees the
     write as eager's did: a saved tensor modified in place makes backward
     raise eager's error, where a functional replay would give a gradient
     eager never computes."""
@@ -69,8 +72,38 @@ def as_written(view):
     last_read = _last_reads(view)
     return frozenset(
         node.index for node in view.nodes
-        if node.written and _into_first_input(node, by_index) is not None
+        if node.written and _written_into(node, by_index) is not None
         and last_read[node.inputs[0][1]] == node.index)
+
+
+def written_form(node, written):
+    """(the program a backend lowers for node, whether its one call runs as
+    its `<name>_` variant).  A node of as_written's `written` set runs as
+    `<name>_` where its call has that variant, and otherwise as its program
+    followed by aten.copy_ of the result into its first input (which it
+    then returns): the write autograd sees either way."""
+    if node.index not in written:
+        return node.program, False
+    if _inplace_call(node) is not None:
+        return node.program, True
+    return _copied_back(node.program), False
+
+
+_copied_back_programs: dict = {}     # NodeProgram -> its copied-back form
+_MAX_COPIED_BACK = 4096
+
+
+def _copied_back(program):
+    made = _copied_back_programs.get(program)
+    if made is None:
+        if len(_copied_back_programs) >= _MAX_COPIED_BACK:
+            _copied_back_programs.clear()
+        copy = AtenCall("copy_", torch.ops.aten.copy_.default,
+                        (Input(0), program.outputs[0]))
+        made = NodeProgram(program.name + "_", (*program.calls, copy),
+                           (Value(len(program.calls)),), fresh=False)
+        made = _copied_back_programs.setdefault(program, made)
+    return made
 
 
 def _last_reads(view):
@@ -119,9 +152,26 @@ def _into_first_input(node, by_index):
     `<name>_` variant writing that input, and the input is an intermediate
     no LazyTensor holds, of the result's shape and dtype; else None.  (Who
     else reads it is each caller's own condition.)"""
+    if _inplace_call(node) is None:
+        return None
+    return _written_into(node, by_index)
+
+
+def _inplace_call(node):
+    """node's one call, if it has a `<name>_` variant computing into its
+    first argument; else None."""
     call = node.program.only_call()
     if (call is None or node.cast or call.name not in INPLACE_VARIANTS
             or call.args[:1] != _FIRST_INPUT):
+        return None
+    return call
+
+
+def _written_into(node, by_index):
+    """The node producing node's first input if that input is an
+    intermediate no LazyTensor holds, of the result's shape and dtype, which
+    node's one result could be written into; else None."""
+    if len(node.program.outputs) != 1:
         return None
     kind, index = node.inputs[0]
     if kind != "node":

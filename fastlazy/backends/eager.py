@@ -11,7 +11,7 @@ import torch
 
 from fastlazy import failures
 from fastlazy.backends.base import (Backend, Input, Program, Sizes, Value, as_written, holds_refs,
-                                    run_key)
+                                    run_key, written_form)
 
 
 class EagerBackend(Backend):
@@ -23,7 +23,7 @@ class EagerBackend(Backend):
         are those of this recording, so such a program is not cached)."""
         keys = [("slot", s.index) for s in view.slots]
         written = as_written(view)
-        steps = [(("node", node.index), _closure(node, node.index in written),
+        steps = [(("node", node.index), _closure(node, *written_form(node, written)),
                   node.dtype if node.cast else None) for node in view.nodes]
         outputs = [("node", i) for i in view.outputs]
         nodes, sites = view.nodes, view.segment_sites
@@ -45,11 +45,12 @@ class EagerBackend(Backend):
         return Program([s.position for s in view.slots], run, False, str(view))
 
 
-def _closure(node, inplace=False):
-    """env -> the node's value: its program's output `node.output`.  Nodes
-    that share a run (base.run_key) find its outputs in env.  inplace: the
-    program's one call is the Tensor method `<name>_` (base.as_written)."""
-    program, inputs, detach, k = node.program, node.inputs, node.detach, node.output
+def _closure(node, program, inplace=False):
+    """env -> the node's value: `program`'s output `node.output` (the node's
+    program, or base.written_form's).  Nodes that share a run (base.run_key)
+    find its outputs in env.  inplace: the program's one call is the Tensor
+    method `<name>_` (base.written_form)."""
+    inputs, detach, k = node.inputs, node.detach, node.output
     calls = [(getattr(torch._C.TensorBase, call.name + "_") if inplace else call.fn,
               [_argument(a) for a in call.args],
               [(name, _argument(a)) for name, a in call.kwargs]) for call in program.calls]

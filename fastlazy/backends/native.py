@@ -26,7 +26,7 @@ import torch
 
 from fastlazy import _steps
 from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, Value, builtin,
-                                    as_written, resolve, reusable, run_key)
+                                    as_written, resolve, reusable, run_key, written_form)
 
 
 _to = torch._C.TensorBase.to
@@ -132,13 +132,13 @@ def build(view) -> _steps.StepProgram:
             add(*_linear_step(node, out, relu is not None, keep, len(x_shape), where))
             continue
         key = run_key(node)
+        program, inplace = written_form(node, written)
         # a fresh program runs for this node alone: its last call may cast
-        program = node.program
         cast = (node.dtype if node.cast and program.fresh
                 and program.outputs[node.output].k == len(program.calls) - 1 else None)
         if key not in runs:
-            inplace = node.index in written or not view.grad and reusable(node, by_index)
-            runs[key] = _program_steps(node, where, value, add, inplace, tensor, cast)
+            inplace = inplace or not view.grad and reusable(node, by_index)
+            runs[key] = _program_steps(node, program, where, value, add, inplace, tensor, cast)
         source = runs[key][node.output]
         if node.cast and cast is None:
             out = value()
@@ -151,9 +151,9 @@ def build(view) -> _steps.StepProgram:
     return _steps.StepProgram(len(view.slots), count[0], steps, outputs)
 
 
-def _program_steps(node, where, value, add, inplace, tensor, cast):
-    """A node's program as steps: one torch call per aten call (as
-    TorchScript inlines it).  Returns the value indices of the program's
+def _program_steps(node, program, where, value, add, inplace, tensor, cast):
+    """A node's program (its own, or base.written_form's) as steps: one
+    torch call per aten call (as TorchScript inlines it).  Returns the value indices of the program's
     outputs.  inplace: the one call is the Tensor method `<name>_`, which
     computes into the first operand (an intermediate that dies here).
     cast: the dtype the last call's result is cast to, or None."""
@@ -171,13 +171,13 @@ def _program_steps(node, where, value, add, inplace, tensor, cast):
         # the value index a reference reads
         return ins[ref.k] if type(ref) is Input else values[ref.k]
 
-    calls = node.program.calls
+    calls = program.calls
     for j, call in enumerate(calls):
         out = value()
         fn = getattr(torch._C.TensorBase, call.name + "_") if inplace else call.fn
         add(*_call_step(call, fn, out, index, cast if j == len(calls) - 1 else None))
         values.append(out)
-    return [index(o) for o in node.program.outputs]
+    return [index(o) for o in program.outputs]
 
 
 def _call_step(call, fn, out, index, cast):

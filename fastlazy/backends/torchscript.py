@@ -24,7 +24,7 @@ import weakref
 import torch
 
 from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, as_written, reusable,
-                                    run_key)
+                                    run_key, written_form)
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
 # tests/test_backends.py checks it against what the tracer emits.
@@ -139,8 +139,9 @@ class TorchScriptBackend(Backend):
         for node in view.nodes:
             key = run_key(node)
             if key not in runs:
-                inplace = node.index in written or reuse and reusable(node, by_index)
-                runs[key] = _emit(ir, env, node, inplace, scalars)
+                program, inplace = written_form(node, written)
+                inplace = inplace or reuse and reusable(node, by_index)
+                runs[key] = _emit(ir, env, node, program, inplace, scalars)
             value = runs[key][node.output]
             if node.cast:
                 value = ir.call("to", [value, ir.constant(SCALAR_TYPE[node.dtype]),
@@ -277,10 +278,10 @@ def any_fusing() -> bool:
     return len(_fusing) > 0
 
 
-def _emit(ir, env, node, inplace, scalars):
-    """The IR of a node's program; the SSA names of its outputs.  inplace:
-    its one call is the `<name>_` variant, computing into its first
-    operand."""
+def _emit(ir, env, node, program, inplace, scalars):
+    """The IR of a node's program (its own, or base.written_form's); the
+    SSA names of its outputs.  inplace: its one call is the `<name>_`
+    variant, computing into its first operand."""
     ins = [env[i] for i in node.inputs]
     if node.detach:
         ins = [a if a in scalars else ir.call("detach", [a]) for a in ins]
@@ -289,9 +290,9 @@ def _emit(ir, env, node, inplace, scalars):
     def ref(r):
         return ins[r.k] if isinstance(r, Input) else values[r.k]
 
-    for call in node.program.calls:
+    for call in program.calls:
         values.append(_emit_call(ir, call, ref, inplace))
-    return [ref(o) for o in node.program.outputs]
+    return [ref(o) for o in program.outputs]
 
 
 _SYM_SIZE = torch.ops.aten.sym_size.int

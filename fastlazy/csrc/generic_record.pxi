@@ -45,10 +45,11 @@ def dtype_code_of(dtype):
     return -1 if d == DT_UNDEF or d == DT_COMPLEX32 else d
 
 
-def record_generic(int lowering, tuple inputs, list outs, bint detach):
+def record_generic(int lowering, tuple inputs, list outs, bint detach, bint written=False):
     """Append one node per entry of `outs` -- (output index, dtype, shape,
     requires_grad) -- each reading all of `inputs` (LazyTensors); return
-    their LazyTensors."""
+    their LazyTensors.  written: the call wrote its first input in place
+    (NODE_WRITTEN; the program is its functional form)."""
     cdef Operand ops[MAX_IN]
     cdef int n = len(inputs), i, j
     cdef Meta m
@@ -58,6 +59,7 @@ def record_generic(int lowering, tuple inputs, list outs, bint detach):
         if type(inputs[i]) is not LazyTensor:
             raise TypeError("generic inputs are LazyTensors")
         classify(&ops[i], <PyObject*>inputs[i])
+    cdef int flags = (NODE_DETACH if detach else 0) | (NODE_WRITTEN if written else 0)
     result = []
     for index, dtype, shape, requires_grad in outs:
         if len(shape) > MAX_NDIM or index > 255:
@@ -69,8 +71,7 @@ def record_generic(int lowering, tuple inputs, list outs, bint detach):
         m.device = ops[0].m.device if n else 0
         m.requires_grad = requires_grad
         result.append(record(GENERIC_OP, ops, n, &m,
-                             lowering | (<int>index << ATTR_GENERIC_OUT_SHIFT),
-                             NODE_DETACH if detach else 0, None))
+                             lowering | (<int>index << ATTR_GENERIC_OUT_SHIFT), flags, None))
     return result
 
 

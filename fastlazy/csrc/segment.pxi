@@ -564,6 +564,37 @@ cdef int8_t recorded_in_inference_mode(LazyTensor rebind) except -1:
     return 1 if rebind is None else is_inference(rebind)
 
 
+cdef bint reads_inference(Operand *ops, int nops) except -1:
+    """Is an operand an inference tensor?  (Asked only of a node that builds
+    autograd history, where eager may refuse to save one.)"""
+    cdef int i
+    for i in range(nops):
+        if ops[i].kind == K_LAZY:
+            if is_inference(<LazyTensor>ops[i].obj):
+                return True
+        elif ops[i].kind == K_TENSOR and (<object>ops[i].obj).is_inference():
+            return True
+    return False
+
+
+cdef int check_saved_inference(int op, Operand *ops, int nops, int attr, int dtype) except -1:
+    """Raise eager's error if the node would save an inference tensor for
+    backward (fastlazy.inference_saves): at the call, as eager raises it."""
+    cdef int i
+    operands = []
+    for i in range(nops):
+        if ops[i].kind == K_ABSENT:
+            attr |= 1 << (ATTR_ABSENT_SHIFT + i)
+        elif ops[i].kind == K_LAZY:
+            operands.append((<object>ops[i].obj, bool(is_inference(<LazyTensor>ops[i].obj))))
+        elif ops[i].kind == K_TENSOR:
+            operands.append((<object>ops[i].obj, bool((<object>ops[i].obj).is_inference())))
+        else:
+            operands.append((<object>ops[i].obj, False))
+    _hooks.check_saved_inference(op, attr, DTYPES[dtype], operands)
+    return 0
+
+
 cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
                        int flags, LazyTensor rebind):
     """Append one node; return its LazyTensor (a new one, or `rebind` for an
@@ -575,6 +606,8 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     cdef int attr0 = attr, flags0 = flags
     cdef LazyTensor t
     out.inference = recorded_in_inference_mode(rebind)
+    if out.requires_grad and reads_inference(ops, nops):
+        check_saved_inference(op, ops, nops, attr, out.dtype)
     # First what may run Python (see the top of this file): the handle's
     # allocation (the cyclic GC may run), and the values of operands pending
     # in another segment (another thread's, or one that failed).
