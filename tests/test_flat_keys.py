@@ -204,3 +204,26 @@ def test_getitem_is_a_hit_in_c(monkeypatch):
     y = x[1:, ::2]
     torch.testing.assert_close(y.to_eager(), torch.arange(12.0).reshape(3, 4)[1:, ::2])
     assert type(y.family) is views.Member and y.family.root is x
+
+
+@pytest.mark.parametrize("call", [
+    lambda a, b, e: torch.cat([a, b], dim=1),
+    lambda a, b, e: torch.cat((e, a), -1),           # an eager tensor in the list
+    lambda a, b, e: torch.stack([a, b]),
+    lambda a, b, e: torch.cat([a, b], dim=0, out=None),
+], ids=["cat-list", "cat-eager-in-tuple", "stack", "cat-keyword"])
+def test_tensors_inside_a_list_are_a_hit_in_c(call, monkeypatch):
+    # torch.cat's LazyTensors sit in a list, where the entry point does not
+    # look: __torch_function__ takes the call to the same signature hits
+    a, b = fastlazy.lazy(torch.rand(2, 3)), fastlazy.lazy(torch.rand(2, 3))
+    e = torch.rand(2, 3)
+    call(a, b, e)
+    call(a, b, e)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went up into Python")
+
+    monkeypatch.setattr(generic, "record", refuse)
+    y = call(a, b, e)
+    monkeypatch.undo()
+    torch.testing.assert_close(y.to_eager(), call(a.to_eager(), b.to_eager(), e))

@@ -453,11 +453,38 @@ cdef class LazyTensor:
             if fl_entry_op(entry) >= 0 and op_rule[fl_entry_op(entry)] != R_GENERIC:
                 return entry(*args, **kwargs)
             # a generic row: its LazyTensors may sit inside a list (torch.cat),
-            # where the entry does not look, so take the generic path here
+            # where the entry does not look, so take the generic path here --
+            # through the core's signature hits, as the entry would
+            if fl_entry_form(entry) != FORM_INPLACE:
+                return generic_call_of(entry, args, kwargs)
             func = entry.__wrapped__
         name = getattr(func, "__name__", None) or repr(func)
         return _hooks.record_call(func, name, args, kwargs,
                                   name.endswith("_") and not name.endswith("__"), False)
+
+
+cdef enum:
+    MAX_VECTOR = 32
+
+
+cdef object generic_call_of(object entry, tuple args, dict kwargs):
+    """call_generic of an entry's call given as a tuple and a dict (a
+    __torch_function__ call): the same argument vector the entry sees."""
+    cdef PyObject *vector[MAX_VECTOR]
+    cdef Py_ssize_t nargs = len(args), i = 0
+    if nargs + len(kwargs) > MAX_VECTOR:
+        func = entry.__wrapped__
+        return _hooks.record_call(func, entry.qualname, args, kwargs, False, False)
+    for i in range(nargs):
+        vector[i] = <PyObject*>args[i]          # borrowed: args and kwargs hold them
+    kwnames = None
+    if kwargs:
+        kwnames = tuple(kwargs)
+        i = nargs
+        for value in kwargs.values():
+            vector[i] = <PyObject*>value
+            i += 1
+    return call_generic(entry, vector, nargs, kwnames, FORM_CALL)
 
 
 # -- installers: LazyTensor's methods, operators and torch functions --
