@@ -121,15 +121,19 @@ class NodeProgram:
     a Python-number operand meets a float whatever the other's dtype
     (other / x as reciprocal(x) * other)."""
 
-    __slots__ = ("name", "calls", "outputs", "fresh", "promoting", "numbers",
+    __slots__ = ("name", "calls", "outputs", "fresh", "new_output", "promoting", "numbers",
                  "true_division", "scalars_in_float")
 
     def __init__(self, name, calls, outputs, fresh, promoting=(), numbers=(),
-                 true_division=False, scalars_in_float=False):
+                 true_division=False, scalars_in_float=False, new_output=None):
         self.name = name
         self.calls = tuple(calls)
         self.outputs = tuple(outputs)
         self.fresh = fresh
+        # its one output is a tensor of its own (no view of an input, and
+        # not an input): a fresh program's is; a captured one's if its
+        # aten op's schema returns no alias (backends.base.as_written)
+        self.new_output = fresh if new_output is None else new_output
         self.promoting = promoting
         self.numbers = numbers
         self.true_division = true_division
@@ -262,7 +266,26 @@ def _captured(lowering):
         calls.append(AtenCall(name, target, [template(a) for a in fx.args],
                               [(k, template(v)) for k, v in fx.kwargs.items()]))
         refs[fx] = Value(len(calls) - 1)
-    return NodeProgram(lowering.name, calls, [refs[o] for o in lowering.outputs], fresh=False)
+    outputs = lowering.outputs
+    return NodeProgram(lowering.name, calls, [refs[o] for o in outputs], fresh=False,
+                       new_output=len(outputs) == 1 and _returns_new(outputs[0]))
+
+
+def _returns_new(fx):
+    """Is fx's value a tensor its op made (its schema's return carries no
+    alias annotation), not an input or a view of one?"""
+    if not isinstance(fx, torch.fx.Node) or fx.op != "call_function":
+        return False
+    k = 0
+    if fx.target is operator.getitem:
+        fx, k = fx.args
+        if not isinstance(fx, torch.fx.Node) or fx.op != "call_function":
+            return False
+    schema = getattr(fx.target, "_schema", None)
+    if schema is None or k >= len(schema.returns):
+        return False
+    ret = schema.returns[k]
+    return ret.alias_info is None and str(ret.type) == "Tensor"
 
 
 def _holds_nodes(a):

@@ -249,6 +249,29 @@ fn_exp_result_copied_over = _result_written_in_place(
     "fn_exp_result_copied_over", torch.exp, lambda y: y.copy_(torch.ones(4)))
 
 
+# and into the result of a program captured through the generic path
+# (rsqrt and expm1 have no op-table row; both save their result)
+fn_rsqrt_result_zeroed = _result_written_in_place(
+    "fn_rsqrt_result_zeroed", torch.rsqrt, lambda y: y.zero_())
+fn_expm1_result_scaled_in_place = _result_written_in_place(
+    "fn_expm1_result_scaled_in_place", torch.expm1, lambda y: y.mul_(2))
+fn_cumsum_result_scaled_in_place = _result_written_in_place(   # cumsum saves nothing: legal
+    "fn_cumsum_result_scaled_in_place", lambda h: torch.cumsum(h, 0), lambda y: y.mul_(2))
+fn_gelu_result_filled = _result_written_in_place(    # gelu saves its input: legal
+    "fn_gelu_result_filled", torch.nn.functional.gelu, lambda y: y.fill_(1.0))
+
+
+def fn_one_of_two_equal_captured_results_zeroed(lz):
+    # the same captured program over the same input: one run, whose result
+    # is not written into (the other node reads it)
+    w = torch.rand(4, requires_grad=True)
+    h = lz(torch.rand(4)) * w
+    a, b = torch.expm1(h), torch.expm1(h)
+    a.zero_()
+    (b * torch.arange(4.0)).sum().backward()
+    return a, b, w.grad
+
+
 def _sum_written_in_place(name, write):
     """The same writes into a sum, which saves nothing: eager allows them,
     and the gradient flows around the written elements."""
@@ -300,7 +323,9 @@ def fn_copy_from_a_grad_tensor_of_another_dtype(lz):
        fn_exp_result_index_put, fn_sigmoid_result_masked_fill, fn_exp_result_copied_over,
        fn_sum_zeroed, fn_sum_item_set, fn_sum_slice_set_from_a_double, fn_sum_masked_fill,
        fn_sum_copied_over, fn_slice_set_from_a_grad_tensor,
-       fn_copy_from_a_grad_tensor_of_another_dtype)
+       fn_copy_from_a_grad_tensor_of_another_dtype, fn_rsqrt_result_zeroed,
+       fn_expm1_result_scaled_in_place, fn_cumsum_result_scaled_in_place,
+       fn_gelu_result_filled, fn_one_of_two_equal_captured_results_zeroed)
 def test_in_place_writes_in_autograd_graphs(f, backend):
     same_as_eager(f)
 

@@ -3,6 +3,8 @@ helpers for lowering a node's NodeProgram (fastlazy.node_program)."""
 from __future__ import annotations
 
 # what a backend lowers (each node's NodeProgram), given to the backends from here
+import collections
+
 import torch
 
 from fastlazy.node_program import (REFS, AtenCall, Input, NodeProgram, Sizes, Value, builtin,
@@ -70,10 +72,14 @@ def as_written(view):
         return frozenset()
     by_index = {node.index: node for node in view.nodes}
     last_read = _last_reads(view)
-    return frozenset(
-        node.index for node in view.nodes
-        if node.written and _written_into(node, by_index) is not None
-        and last_read[node.inputs[0][1]] == node.index)
+    runs = collections.Counter(run_key(node) for node in view.nodes)
+    written = []
+    for node in view.nodes:
+        producer = _written_into(node, by_index) if node.written else None
+        if (producer is not None and last_read[producer.index] == node.index
+                and runs[run_key(producer)] == 1):
+            written.append(node.index)
+    return frozenset(written)
 
 
 def written_form(node, written):
@@ -154,7 +160,7 @@ def _into_first_input(node, by_index):
     else reads it is each caller's own condition.)"""
     if _inplace_call(node) is None:
         return None
-    return _written_into(node, by_index)
+    return _fresh_into(node, by_index)
 
 
 def _inplace_call(node):
@@ -177,11 +183,19 @@ def _written_into(node, by_index):
     if kind != "node":
         return None
     producer = by_index[index]
-    # a program that is not fresh may return a view of one of its inputs.
-    # keeps_shape, not the shapes at hand: the graph is reused for every
-    # shape of this structure, and a broadcast elsewhere must not write
-    # a larger result into the producer
-    if (producer.program.fresh and not producer.is_output and node.keeps_shape
+    # a program may return a view of one of its inputs (new_output: it
+    # does not).  keeps_shape, not the shapes at hand: the graph is reused
+    # for every shape of this structure, and a broadcast elsewhere must
+    # not write a larger result into the producer
+    if (producer.program.new_output and not producer.is_output and node.keeps_shape
             and producer.dtype == node.dtype):
         return producer
     return None
+
+
+def _fresh_into(node, by_index):
+    """_written_into where the producer's program is fresh: its output is
+    its node's alone (a captured program's run is shared by the nodes of
+    the same program over the same inputs, base.run_key)."""
+    producer = _written_into(node, by_index)
+    return producer if producer is not None and producer.program.fresh else None
