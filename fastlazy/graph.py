@@ -35,6 +35,18 @@ class Node:
 
 
 @dataclass(frozen=True)
+class _Made:
+    """What made a node the view adds (no recorded call): its name."""
+    name: str
+
+
+_CLONE = _Made("clone")
+_CLONE_PROGRAM = NodeProgram(
+    "clone", [node_program.AtenCall("clone", None, [node_program.Input(0)])],
+    [node_program.Value(0)], fresh=True)
+
+
+@dataclass(frozen=True)
 class Slot:
     index: int           # in the segment
     position: int        # in the graph's parameter order (first use)
@@ -66,6 +78,44 @@ class GraphView:
         self.outputs = list(outputs)
         self.slots = [self._slot(seg, k, p) for p, k in enumerate(slot_order)]
         self.segment_sites = [seg.site(n.index) for n in self.nodes]
+        if self.grad and any(n.written for n in self.nodes):
+            self._clone_written_inputs()
+
+    def _clone_written_inputs(self):
+        """An in-place write through a LazyTensor made from an eager tensor
+        that earlier ops of this graph read (`y = w * x; x.add_(1)`): eager
+        writes the tensor those ops saved for backward, so backward raises.
+        The tensor a LazyTensor was made from is never written, so those
+        ops and the write read a clone of it made at their first read, which
+        the write may then write (backends.base.as_written): autograd sees
+        what eager's saw, and gradients flow through the clone."""
+        readers: dict = {}           # tensor slot -> the nodes reading it
+        for n in self.nodes:
+            for kind, index in n.inputs:
+                if kind == "slot":
+                    readers.setdefault(index, []).append(n)
+        tensors = {s.index: s.value for s in self.slots if s.kind == "tensor"}
+        for n in list(self.nodes):
+            kind, index = n.inputs[0] if n.inputs else (None, None)
+            if (not n.written or kind != "slot" or index not in tensors
+                    or readers[index][-1] is not n
+                    or all(r is n for r in readers[index])
+                    or not n.keeps_shape or tensors[index].dtype != n.dtype):
+                continue
+            self._insert_clone(index, readers[index], tensors[index])
+
+    def _insert_clone(self, slot, readers, value):
+        clone = Node(max(n.index for n in self.nodes) + 1, _CLONE, _CLONE_PROGRAM,
+                     (("slot", slot),), 0, False, False, value.dtype, tuple(value.shape),
+                     len(readers), False, value.requires_grad, keeps_shape=True)
+        reading = {id(n) for n in readers}
+        first = next(k for k, n in enumerate(self.nodes) if id(n) in reading)
+        self.nodes = [dataclasses.replace(n, inputs=tuple(
+                          ("node", clone.index) if ref == ("slot", slot) else ref
+                          for ref in n.inputs)) if id(n) in reading else n
+                      for n in self.nodes]
+        self.nodes.insert(first, clone)
+        self.segment_sites.insert(first, self.segment_sites[first])
 
     @staticmethod
     def _slot(seg, k, position):

@@ -272,6 +272,35 @@ def fn_one_of_two_equal_captured_results_zeroed(lz):
     return a, b, w.grad
 
 
+def _input_written_after_use(name, use, write):
+    """An op reads a LazyTensor made from an eager tensor, then the
+    LazyTensor is written in place: eager writes the tensor the op saved."""
+    def f(lz):
+        w = torch.rand(4, requires_grad=True)
+        x = lz(torch.rand(4))
+        y = use(w, x)
+        write(x)
+        (y * torch.arange(4.0)).sum().backward()
+        return y, x, w.grad
+    f.__name__ = name
+    return f
+
+
+fn_input_saved_by_mul_then_added_to = _input_written_after_use(
+    "fn_input_saved_by_mul_then_added_to", torch.mul, lambda x: x.add_(1))
+fn_input_saved_by_mul_then_zeroed = _input_written_after_use(
+    "fn_input_saved_by_mul_then_zeroed", torch.mul, lambda x: x.zero_())
+fn_input_saved_by_mul_then_item_set = _input_written_after_use(
+    "fn_input_saved_by_mul_then_item_set", torch.mul, lambda x: x.__setitem__(0, 5.0))
+fn_input_shifted_then_item_set = _input_written_after_use(     # div saves x + 1, not x
+    "fn_input_shifted_then_item_set", lambda w, x: w / (x + 1),
+    lambda x: x.__setitem__(0, 5.0))
+fn_input_read_by_add_then_added_to = _input_written_after_use(    # add saves nothing
+    "fn_input_read_by_add_then_added_to", torch.add, lambda x: x.add_(1))
+fn_input_read_twice_then_scaled = _input_written_after_use(
+    "fn_input_read_twice_then_scaled", lambda w, x: w * 2 + x * 3, lambda x: x.mul_(x))
+
+
 def _sum_written_in_place(name, write):
     """The same writes into a sum, which saves nothing: eager allows them,
     and the gradient flows around the written elements."""
@@ -325,7 +354,11 @@ def fn_copy_from_a_grad_tensor_of_another_dtype(lz):
        fn_sum_copied_over, fn_slice_set_from_a_grad_tensor,
        fn_copy_from_a_grad_tensor_of_another_dtype, fn_rsqrt_result_zeroed,
        fn_expm1_result_scaled_in_place, fn_cumsum_result_scaled_in_place,
-       fn_gelu_result_filled, fn_one_of_two_equal_captured_results_zeroed)
+       fn_gelu_result_filled, fn_one_of_two_equal_captured_results_zeroed,
+       fn_input_saved_by_mul_then_added_to, fn_input_saved_by_mul_then_zeroed,
+       fn_input_saved_by_mul_then_item_set, fn_input_shifted_then_item_set,
+       fn_input_read_by_add_then_added_to,
+       fn_input_read_twice_then_scaled)
 def test_in_place_writes_in_autograd_graphs(f, backend):
     same_as_eager(f)
 
