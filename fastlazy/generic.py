@@ -148,6 +148,15 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         # the call returns a tensor argument itself: so do its later calls,
         # from the core
         _core.publish_input(prepared, sig.kinds[0][1])
+    form = _tuple_form(sig) if prepared and len(sig.recorded) == 1 and not sig.draws else None
+    if form is not None:
+        # a tuple of one result and Nones: the core records it too
+        kind = sig.kinds[form[1]]
+        view = kind[0] == "view"
+        _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
+                              tuple(sig.constants or ()), kind[1] if view else -1,
+                              kind[2] if view else None, bool(kind[3]) if view else False,
+                              form)
     flat = []
     for kind in sig.kinds:
         if kind[0] == "input":
@@ -161,6 +170,19 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             views.attach(t, tensors[kind[1]], kind[2], kind[3])
         flat.append(t)
     return pytree.tree_unflatten(flat, sig.spec)
+
+
+def _tuple_form(sig):
+    """(length, position) if the signature returns a plain tuple of one
+    recorded result and Nones; else None."""
+    spec = sig.spec
+    if spec.type is not tuple or spec.num_children != len(sig.kinds) or not all(
+            spec.child(k).is_leaf() for k in range(spec.num_children)):
+        return None
+    made = [k for k, kind in enumerate(sig.kinds) if kind[0] != "none"]
+    if len(made) != 1 or sig.kinds[made[0]][0] not in ("new", "view"):
+        return None
+    return len(sig.kinds), made[0]
 
 
 def _sequence(args, kwargs):

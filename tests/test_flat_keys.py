@@ -227,3 +227,25 @@ def test_tensors_inside_a_list_are_a_hit_in_c(call, monkeypatch):
     y = call(a, b, e)
     monkeypatch.undo()
     torch.testing.assert_close(y.to_eager(), call(a.to_eager(), b.to_eager(), e))
+
+
+def test_a_torch_python_function_returning_a_tuple_with_none_is_a_hit_in_c(monkeypatch):
+    # F.multi_head_attention_forward reaches __torch_function__ (it is not
+    # an entry point) and returns (output, None) without weights
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.rand(1, 4, 8)
+    lx = fastlazy.lazy(x)
+    with torch.no_grad():
+        attention(lx, lx, lx, need_weights=False)
+        attention(lx, lx, lx, need_weights=False)
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("went up into Python")
+
+        monkeypatch.setattr(generic, "record", refuse)
+        out, weights = attention(lx, lx, lx, need_weights=False)
+        monkeypatch.undo()
+        expected, _ = attention(x, x, x, need_weights=False)
+    assert weights is None
+    torch.testing.assert_close(out.to_eager(), expected)

@@ -26,7 +26,8 @@ import torch
 
 from fastlazy import _steps
 from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, Value, builtin,
-                                    as_written, resolve, reusable, run_key, written_form)
+                                    as_written, holds_refs, resolve, reusable, run_key,
+                                    written_form)
 
 
 _to = torch._C.TensorBase.to
@@ -219,18 +220,31 @@ def _reads(call, index):
 
 
 def _closure(fn, args, kwargs, cast):
-    """values -> fn of the arguments (cast), Value(i) read as values[i]."""
+    """values -> fn of the arguments (cast), Value(i) read as values[i].
+    Each argument's reader is built here, once: a graph of a transformer
+    runs dozens of these per call (views of symbolic sizes, lists)."""
+    readers = [_reader(a) for a in args]
+    kwreaders = [(name, _reader(a)) for name, a in kwargs]
+
     def run(values):
-        def read(ref):
-            return values[ref.k]
-        result = fn(*[resolve(a, read, _trailing) for a in args],
-                    **{name: resolve(a, read, _trailing) for name, a in kwargs})
+        result = fn(*[r(values) for r in readers],
+                    **{name: r(values) for name, r in kwreaders})
         return result if cast is None else result.to(cast)
     return run
 
 
-def _trailing(value, count):
-    return list(value.shape[-count:])
+def _reader(template):
+    """values -> the argument `template` stands for."""
+    if isinstance(template, Value):
+        k = template.k
+        return lambda values: values[k]
+    if isinstance(template, Sizes):
+        of, count = _reader(template.of), template.count
+        return lambda values: list(of(values).shape[-count:])
+    if isinstance(template, (list, tuple)) and holds_refs(template):
+        items, kind = [_reader(t) for t in template], type(template)
+        return lambda values: kind([r(values) for r in items])
+    return lambda values: template
 
 
 def _linear_step(node, out, relu, keep, x_rank, where):

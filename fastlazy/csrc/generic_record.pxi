@@ -102,6 +102,8 @@ cdef class GenericHit:
     cdef int64_t view_size[MAX_NDIM]
     cdef int64_t view_stride[MAX_NDIM]
     cdef int64_t view_offset
+    cdef int tuple_len          # > 0: the call returns a tuple of that length,
+    cdef int tuple_at           # the result at tuple_at and None elsewhere
     # under a flat key (FastKey): the key itself, to tell hash collisions apart
     cdef FastKey key
     cdef GenericHit next        # another signature of the same hash
@@ -118,11 +120,17 @@ memset(_hit_cache, 0, sizeof(_hit_cache))
 
 
 def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple constants,
-                    int view_of, where, bint detached_view):
+                    int view_of, where, bint detached_view, tuple tuple_form=None):
     """Record later calls of the signature the core described as `prepared`
-    (the key, tensors and flat key it handed to fastlazy.generic) in C."""
+    (the key, tensors and flat key it handed to fastlazy.generic) in C.
+    tuple_form: (length, position) of a call that returns a tuple holding
+    its one result and Nones (F.multi_head_attention_forward's (out, None))."""
     cdef GenericHit hit = GenericHit.__new__(GenericHit)
     hit.returns_input = -1
+    if tuple_form is not None:
+        hit.tuple_len, hit.tuple_at = tuple_form
+        if not 0 <= hit.tuple_at < hit.tuple_len:
+            raise ValueError("generic call out of range")
     index, dtype, shape, requires_grad = outs[0]
     if len(outs) != 1 or len(shape) > MAX_NDIM or index > 255 or not (
             0 <= lowering < (1 << ATTR_GENERIC_OUT_SHIFT)):
@@ -175,6 +183,7 @@ cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
         h.attr, h.flags, h.constants = hit.attr, hit.flags, hit.constants
         h.view_of, h.detached_view, h.view_ndim = hit.view_of, hit.detached_view, hit.view_ndim
         h.returns_input = hit.returns_input
+        h.tuple_len, h.tuple_at = hit.tuple_len, hit.tuple_at
         memcpy(h.view_size, hit.view_size, sizeof(hit.view_size))
         memcpy(h.view_stride, hit.view_stride, sizeof(hit.view_stride))
         h.view_offset = hit.view_offset
@@ -220,14 +229,24 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
         attach_view(out, base, hit.view_ndim, hit.view_size, hit.view_stride,
                     hit.view_offset, hit.detached_view)
     counters[C_GENERIC] += 1
+    if hit.tuple_len:
+        result = PyTuple_New(hit.tuple_len)
+        for k in range(hit.tuple_len):
+            item = out if k == hit.tuple_at else None
+            Py_INCREF(item)
+            PyTuple_SET_ITEM(result, k, item)
+        return result
     return out
 
 
-cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast):
-    """The result of recording func(*pos, **kw) from a published signature;
-    on a miss, (key, tensors, fast) for the generic path to go on with -- or
-    () if the arguments have no signature here (the generic path describes
-    them itself and decides).  `fast`: the call's flat key, or None."""
+cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast,
+                        bint *missed):
+    """The result of recording func(*pos, **kw) from a published signature
+    (a result may itself be a tuple); on a miss (*missed set), (key,
+    tensors, fast) for the generic path to go on with -- or () if the
+    arguments have no signature here (the generic path describes them
+    itself and decides).  `fast`: the call's flat key, or None."""
+    missed[0] = True
     if fl_autocast:
         return ()          # the key holds the autocast state: Python builds it
     cdef list tensors = []
@@ -248,6 +267,7 @@ cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast
         if fast is not None:
             add_fast_hit(<FastKey>fast, hit)
         counters[C_GENERIC] += 1
+        missed[0] = False
         return tensors[hit.returns_input]
     cdef Operand ops[MAX_IN]
     cdef list held = []         # the LazyTensors made here, alive until recorded
@@ -263,6 +283,7 @@ cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast
     if fast is not None:
         # the flat key missed this signature (published from another call)
         add_fast_hit(<FastKey>fast, hit)
+    missed[0] = False
     return out
 
 

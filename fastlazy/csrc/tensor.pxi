@@ -55,8 +55,9 @@ cdef object getitem(LazyTensor self, object idx):
         if fast is not None and type(fast) is not FastKey:
             return fast
     pos = (self, idx)
-    found = generic_hit(func, pos, {}, False, fast)
-    if type(found) is not tuple:
+    cdef bint missed
+    found = generic_hit(func, pos, {}, False, fast, &missed)
+    if not missed:
         return found
     return _hooks.record_call(func, "Tensor.__getitem__", pos, {}, False, False, found)
 
@@ -438,6 +439,7 @@ cdef class LazyTensor:
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cdef bint missed
         query = _metadata_queries.get(func)
         if query is not None and len(args) == 1 and not kwargs and type(args[0]) is LazyTensor:
             return query(args[0])
@@ -459,8 +461,14 @@ cdef class LazyTensor:
                 return generic_call_of(entry, args, kwargs)
             func = entry.__wrapped__
         name = getattr(func, "__name__", None) or repr(func)
-        return _hooks.record_call(func, name, args, kwargs,
-                                  name.endswith("_") and not name.endswith("__"), False)
+        if name.endswith("_") and not name.endswith("__"):
+            return _hooks.record_call(func, name, args, kwargs, True, False)
+        # a Python function of torch's (F.multi_head_attention_forward): a
+        # signature recorded before is recorded again by the core
+        found = generic_hit(func, args, kwargs, False, None, &missed)
+        if not missed:
+            return found
+        return _hooks.record_call(func, name, args, kwargs, False, False, found or None)
 
 
 cdef enum:
