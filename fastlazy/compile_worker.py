@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import os
 import queue
 import threading
@@ -53,14 +54,35 @@ def idle(timeout: float | None = None) -> bool:
     and benchmarks); False if `timeout` passed first."""
     done = submit(lambda: None)
     # the caller blocks meanwhile: nothing to leave the core and GIL for
-    _core.set_throttle(0, 0)
-    try:
-        done.result(timeout)
-    except concurrent.futures.TimeoutError:
-        return False
-    finally:
-        _core.set_throttle(RUN_US, SLEEP_US)
+    with unthrottled():
+        try:
+            done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return False
     return True
+
+
+_waiting = 0                    # threads inside unthrottled()
+_waiting_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def unthrottled():
+    """The compile thread runs at full speed while a thread waits for it
+    inside this block: for the compiles to finish, or for a lock the
+    compile thread holds (fx_threads' trace lock), which it would otherwise
+    hold through its sleeps."""
+    global _waiting
+    with _waiting_lock:
+        _waiting += 1
+        _core.set_throttle(0, 0)
+    try:
+        yield
+    finally:
+        with _waiting_lock:
+            _waiting -= 1
+            if not _waiting and not _closing:
+                _core.set_throttle(RUN_US, SLEEP_US)
 
 
 def closing() -> bool:

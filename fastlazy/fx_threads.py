@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import threading
 
+from fastlazy import compile_worker
+
 _installed = None
 _trace_lock = threading.RLock()
 
@@ -48,8 +50,18 @@ def install() -> bool:
 
     @functools.wraps(trace)
     def one_trace_at_a_time(self, *args, **kwargs):
-        with _trace_lock:
+        if not _trace_lock.acquire(blocking=False):
+            if compile_worker.on_compile_thread():
+                _trace_lock.acquire()
+            else:
+                # the compile thread traces: it runs unthrottled until it
+                # lets go, so this thread's wait is not stretched by its sleeps
+                with compile_worker.unthrottled():
+                    _trace_lock.acquire()
+        try:
             return trace(self, *args, **kwargs)
+        finally:
+            _trace_lock.release()
 
     patcher.patch, patcher.patch_method = patch_here, patch_method_here
     symbolic_trace.Tracer.trace = one_trace_at_a_time

@@ -460,3 +460,32 @@ def test_a_parameter_written_during_probation_still_ends_it(auto, monkeypatch):
             torch.testing.assert_close(_lazy_run(net, x), net(x))
     assert only_tier()["tier"] != "probation"
     assert not only_tier()["tier"].startswith("hot (compiled, parameters frozen")
+
+
+def test_a_thread_waiting_for_the_compile_threads_trace_lifts_its_throttle():
+    # the compile thread holds the one-trace-at-a-time lock (fx_threads):
+    # a user's first call that must trace waits for it, and meanwhile the
+    # compile thread runs unthrottled, not through its sleeps
+    from fastlazy import compile_worker, fx_threads
+    assert fx_threads.install()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_trace_lock():
+        with fx_threads._trace_lock:
+            holding.set()
+            release.wait(10)
+    done = compile_worker.submit(hold_the_trace_lock)
+    assert holding.wait(10)
+    traced = []
+    user = threading.Thread(target=lambda: traced.append(
+        torch.fx.symbolic_trace(lambda x: x + 1)))
+    user.start()
+    deadline = time.monotonic() + 10
+    while compile_worker._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    waiting = compile_worker._waiting
+    release.set()
+    done.result(10)
+    user.join(10)
+    assert waiting == 1 and traced
+    assert compile_worker._waiting == 0
