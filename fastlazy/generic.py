@@ -176,8 +176,12 @@ def _tuple_form(sig):
     """(length, position) if the signature returns a plain tuple of one
     recorded result and Nones; else None."""
     spec = sig.spec
+    # TreeSpec.child(k) where this torch has it (children_specs, before it,
+    # warns on torch 2.13)
+    children = ([spec.child(k) for k in range(spec.num_children)]
+                if hasattr(spec, "child") else spec.children_specs)
     if spec.type is not tuple or spec.num_children != len(sig.kinds) or not all(
-            spec.child(k).is_leaf() for k in range(spec.num_children)):
+            child.is_leaf() for child in children):
         return None
     made = [k for k, kind in enumerate(sig.kinds) if kind[0] != "none"]
     if len(made) != 1 or sig.kinds[made[0]][0] not in ("new", "view"):
