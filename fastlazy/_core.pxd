@@ -292,8 +292,8 @@ cdef LazyTensor wrap_value(object value)
 cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kwnames)
 
 # csrc/generic_record.pxi
-cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast,
-                        bint *missed)
+cdef object record_by_signature(object func, object name, tuple pos, dict kw, bint ruled,
+                                object fast)
 cpdef tuple signature_key(object func, tuple args, dict kwargs, list tensors, bint ruled,
                           object autocast)
 # csrc/flush.pxi

@@ -137,11 +137,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             views.attach(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
         if prepared and len(sig.recorded) == 1 and not sig.draws:
             # the core records this signature's later calls itself
-            _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
-                                  tuple(sig.constants or ()),
-                                  sig.kinds[0][1] if view else -1,
-                                  sig.kinds[0][2] if view else None,
-                                  bool(sig.kinds[0][3]) if view else False)
+            _publish(prepared, sig, sig.kinds[0])
         return t
     if (prepared and not sig.recorded and not sig.draws and len(sig.kinds) == 1
             and sig.kinds[0][0] == "input" and sig.spec.is_leaf()):
@@ -151,12 +147,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
     form = _tuple_form(sig) if prepared and len(sig.recorded) == 1 and not sig.draws else None
     if form is not None:
         # a tuple of one result and Nones: the core records it too
-        kind = sig.kinds[form[1]]
-        view = kind[0] == "view"
-        _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
-                              tuple(sig.constants or ()), kind[1] if view else -1,
-                              kind[2] if view else None, bool(kind[3]) if view else False,
-                              form)
+        _publish(prepared, sig, sig.kinds[form[1]], form)
     flat = []
     for kind in sig.kinds:
         if kind[0] == "input":
@@ -170,6 +161,15 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             views.attach(t, tensors[kind[1]], kind[2], kind[3])
         flat.append(t)
     return pytree.tree_unflatten(flat, sig.spec)
+
+
+def _publish(prepared, sig, kind, form=None):
+    """Hand the signature's one recorded result (`kind`: new, or a view and
+    its place) to the core, which records its later calls itself."""
+    view = kind[0] == "view"
+    _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
+                          tuple(sig.constants or ()), kind[1] if view else -1,
+                          kind[2] if view else None, bool(kind[3]) if view else False, form)
 
 
 def _tuple_form(sig):

@@ -48,21 +48,21 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
         raise Unsafe("writes through a view an eager fallback made")
     if _leaf_under_no_grad(target):
         raise Unsafe("writes a leaf under no_grad")
-    # the values written, not a view's new place: as_written may replay it
-    # as a write into the tensor's storage
-    written = name.rpartition(".")[2] not in _RESHAPING
+    # a reshaping call changes a view's place, not the values: only a call
+    # that writes values may be replayed as a write (backends.base.as_written)
+    reshaping = name.rpartition(".")[2] in _RESHAPING
     if flag is None:
         value = generic.record(_functional(func), args, kwargs, name, track_views=False,
-                               ruled=ruled, written=written)
+                               ruled=ruled, written=not reshaping)
     else:
         if flag == "inplace":
             kwargs = dict(kwargs, inplace=False)
         else:
             args = args[:flag] + (False,) + args[flag + 1:]
         value = generic.record(func, args, kwargs, name, track_views=False, ruled=ruled,
-                               written=written)
+                               written=not reshaping)
     _core.adopt(target, value)
-    if type(target.family) is Member and name.rpartition(".")[2] in _RESHAPING:
+    if type(target.family) is Member and reshaping:
         # x[:].squeeze_(0): the values stay, the view's place changes
         _reshape_view(target, func, args[1:], kwargs)
     elif target.family is not None:

@@ -131,6 +131,23 @@ def run_key(node):
     return node.index if node.program.fresh else (node.program, node.inputs)
 
 
+def argument_reader(template):
+    """(a node's inputs, its program's values so far) -> the argument
+    `template` stands for: built once per call of a program, so running it
+    walks no templates."""
+    if isinstance(template, Input):
+        return lambda ins, values, k=template.k: ins[k]
+    if isinstance(template, Value):
+        return lambda ins, values, k=template.k: values[k]
+    if isinstance(template, Sizes):
+        of, count = argument_reader(template.of), template.count
+        return lambda ins, values: list(of(ins, values).shape[-count:])
+    if isinstance(template, (list, tuple)) and holds_refs(template):
+        items, kind = [argument_reader(t) for t in template], type(template)
+        return lambda ins, values: kind([a(ins, values) for a in items])
+    return lambda ins, values: template
+
+
 def resolve(template, ref, sizes):
     """A call argument in a backend's own terms: ref(Input | Value) for a
     value, sizes(value, count) for an input's trailing sizes; constants as
@@ -160,7 +177,10 @@ def _into_first_input(node, by_index):
     else reads it is each caller's own condition.)"""
     if _inplace_call(node) is None:
         return None
-    return _fresh_into(node, by_index)
+    # the producer's output must be its node's alone: a captured program's
+    # run is shared by the nodes of that program over the same inputs (run_key)
+    producer = _written_into(node, by_index)
+    return producer if producer is not None and producer.program.fresh else None
 
 
 def _inplace_call(node):
@@ -191,11 +211,3 @@ def _written_into(node, by_index):
             and producer.dtype == node.dtype):
         return producer
     return None
-
-
-def _fresh_into(node, by_index):
-    """_written_into where the producer's program is fresh: its output is
-    its node's alone (a captured program's run is shared by the nodes of
-    the same program over the same inputs, base.run_key)."""
-    producer = _written_into(node, by_index)
-    return producer if producer is not None and producer.program.fresh else None

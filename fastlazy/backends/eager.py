@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from fastlazy import failures
-from fastlazy.backends.base import (Backend, Input, Program, Sizes, Value, as_written, holds_refs,
-                                    run_key, written_form)
+from fastlazy.backends.base import (Backend, Program, argument_reader, as_written, run_key,
+                                    written_form)
 
 
 class EagerBackend(Backend):
@@ -52,9 +52,9 @@ def _closure(node, program, inplace=False):
     method `<name>_` (base.written_form)."""
     inputs, detach, k = node.inputs, node.detach, node.output
     calls = [(getattr(torch._C.TensorBase, call.name + "_") if inplace else call.fn,
-              [_argument(a) for a in call.args],
-              [(name, _argument(a)) for name, a in call.kwargs]) for call in program.calls]
-    outputs = [_argument(o) for o in program.outputs]
+              [argument_reader(a) for a in call.args],
+              [(name, argument_reader(a)) for name, a in call.kwargs]) for call in program.calls]
+    outputs = [argument_reader(o) for o in program.outputs]
 
     def run(env):
         ins = [env[i] for i in inputs]
@@ -78,17 +78,3 @@ def _closure(node, program, inplace=False):
         return outs[k]
     return shared
 
-
-def _argument(template):
-    """(the node's inputs, its program's values so far) -> the argument."""
-    if isinstance(template, Input):
-        return lambda ins, values, k=template.k: ins[k]
-    if isinstance(template, Value):
-        return lambda ins, values, k=template.k: values[k]
-    if isinstance(template, Sizes):
-        of, count = _argument(template.of), template.count
-        return lambda ins, values: list(of(ins, values).shape[-count:])
-    if isinstance(template, (list, tuple)) and holds_refs(template):
-        items, kind = [_argument(t) for t in template], type(template)
-        return lambda ins, values: kind([a(ins, values) for a in items])
-    return lambda ins, values: template

@@ -25,9 +25,9 @@ import math
 import torch
 
 from fastlazy import _steps
-from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, Value, builtin,
-                                    as_written, holds_refs, resolve, reusable, run_key,
-                                    written_form)
+from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, Value,
+                                    argument_reader, as_written, builtin, resolve, reusable,
+                                    run_key, written_form)
 
 
 _to = torch._C.TensorBase.to
@@ -154,10 +154,11 @@ def build(view) -> _steps.StepProgram:
 
 def _program_steps(node, program, where, value, add, inplace, tensor, cast):
     """A node's program (its own, or base.written_form's) as steps: one
-    torch call per aten call (as TorchScript inlines it).  Returns the value indices of the program's
-    outputs.  inplace: the one call is the Tensor method `<name>_`, which
-    computes into the first operand (an intermediate that dies here).
-    cast: the dtype the last call's result is cast to, or None."""
+    torch call per aten call (as TorchScript inlines it).  Returns the value
+    indices of the program's outputs.  inplace: the one call is the Tensor
+    method `<name>_`, which computes into the first operand (an intermediate
+    that dies here).  cast: the dtype the last call's result is cast to, or
+    None."""
     ins = []
     for inp in node.inputs:
         source = where[inp]
@@ -220,31 +221,16 @@ def _reads(call, index):
 
 
 def _closure(fn, args, kwargs, cast):
-    """values -> fn of the arguments (cast), Value(i) read as values[i].
-    Each argument's reader is built here, once: a graph of a transformer
-    runs dozens of these per call (views of symbolic sizes, lists)."""
-    readers = [_reader(a) for a in args]
-    kwreaders = [(name, _reader(a)) for name, a in kwargs]
+    """values -> fn of the arguments (cast), Value(i) read as values[i]
+    (the templates hold no Input: _call_step made them values)."""
+    readers = [argument_reader(a) for a in args]
+    kwreaders = [(name, argument_reader(a)) for name, a in kwargs]
 
     def run(values):
-        result = fn(*[r(values) for r in readers],
-                    **{name: r(values) for name, r in kwreaders})
+        result = fn(*[r(None, values) for r in readers],
+                    **{name: r(None, values) for name, r in kwreaders})
         return result if cast is None else result.to(cast)
     return run
-
-
-def _reader(template):
-    """values -> the argument `template` stands for."""
-    if isinstance(template, Value):
-        k = template.k
-        return lambda values: values[k]
-    if isinstance(template, Sizes):
-        of, count = _reader(template.of), template.count
-        return lambda values: list(of(values).shape[-count:])
-    if isinstance(template, (list, tuple)) and holds_refs(template):
-        items, kind = [_reader(t) for t in template], type(template)
-        return lambda values: kind([r(values) for r in items])
-    return lambda values: template
 
 
 def _linear_step(node, out, relu, keep, x_rank, where):

@@ -173,7 +173,6 @@ cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object
                          int form, bint ruled=False):
     func = <object>fl_entry_orig(entry)
     fast = None
-    cdef bint missed
     if form != FORM_INPLACE:
         # a signature the generic path has seen and recorded before: its
         # node is appended here (generic_record.pxi), without Python --
@@ -183,10 +182,7 @@ cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object
             if fast is not None and type(fast) is not FastKey:
                 return fast
         pos, kw = split_arguments(args, nargs, kwnames)
-        found = generic_hit(func, pos, kw, ruled, fast, &missed)
-        if not missed:
-            return found
-        return _hooks.record_call(func, entry.qualname, pos, kw, False, ruled, found)
+        return record_by_signature(func, entry.qualname, pos, kw, ruled, fast)
     pos, kw = split_arguments(args, nargs, kwnames)
     return _hooks.record_call(func, entry.qualname, pos, kw, True, ruled)
 

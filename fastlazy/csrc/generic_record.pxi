@@ -239,52 +239,53 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
     return out
 
 
-cdef object generic_hit(object func, tuple pos, dict kw, bint ruled, object fast,
-                        bint *missed):
-    """The result of recording func(*pos, **kw) from a published signature
-    (a result may itself be a tuple); on a miss (*missed set), (key,
-    tensors, fast) for the generic path to go on with -- or () if the
-    arguments have no signature here (the generic path describes them
-    itself and decides).  `fast`: the call's flat key, or None."""
-    missed[0] = True
+cdef object record_by_signature(object func, object name, tuple pos, dict kw, bint ruled,
+                                object fast):
+    """func(*pos, **kw) recorded from its published signature; on a miss,
+    handed to the generic path (Hooks.record_call) with the key and tensors
+    built here and `fast`, the call's flat key (or None) -- or with () if
+    the arguments have no signature here (the generic path describes them
+    itself and decides)."""
     if fl_autocast:
-        return ()          # the key holds the autocast state: Python builds it
+        # the key holds the autocast state: Python builds it
+        return _hooks.record_call(func, name, pos, kw, False, ruled, ())
     cdef list tensors = []
     try:
         key = signature_key(func, pos, kw, tensors, ruled, None)
     except Exception:
-        return ()
+        return _hooks.record_call(func, name, pos, kw, False, ruled, ())
     found = _generic_hits.get(key)
-    if found is None:
-        return key, tensors, fast
-    cdef GenericHit hit = <GenericHit>found
+    cdef GenericHit hit
     cdef Py_ssize_t n = len(tensors), k
-    if n > MAX_IN:
-        return key, tensors, fast
-    if hit.returns_input >= 0:
-        if hit.returns_input >= n:
-            return key, tensors, fast
-        if fast is not None:
-            add_fast_hit(<FastKey>fast, hit)
-        counters[C_GENERIC] += 1
-        missed[0] = False
-        return tensors[hit.returns_input]
+    out = None
+    if found is not None and n <= MAX_IN:
+        hit = <GenericHit>found
+        if hit.returns_input >= 0:
+            if hit.returns_input < n:
+                out = tensors[hit.returns_input]
+                counters[C_GENERIC] += 1
+        else:
+            out = record_published(hit, tensors)
+        if out is not None:
+            if fast is not None:
+                # the flat key missed this signature (published from another call)
+                add_fast_hit(<FastKey>fast, hit)
+            return out
+    return _hooks.record_call(func, name, pos, kw, False, ruled, (key, tensors, fast))
+
+
+cdef object record_published(GenericHit hit, list tensors):
+    """record_hit of the call's tensors (eager ones wrapped), or None."""
     cdef Operand ops[MAX_IN]
+    cdef Py_ssize_t k
     cdef list held = []         # the LazyTensors made here, alive until recorded
-    for k in range(n):
+    for k in range(len(tensors)):
         v = tensors[k]
         if type(v) is not LazyTensor:
             v = wrap_value(v)
             held.append(v)
         classify(&ops[k], <PyObject*>v)
-    out = record_hit(hit, ops, n)
-    if out is None:
-        return key, tensors, fast
-    if fast is not None:
-        # the flat key missed this signature (published from another call)
-        add_fast_hit(<FastKey>fast, hit)
-    missed[0] = False
-    return out
+    return record_hit(hit, ops, len(tensors))
 
 
 # -- flat keys: the signature of a call from its argument vector --

@@ -564,15 +564,18 @@ cdef int8_t recorded_in_inference_mode(LazyTensor rebind) except -1:
     return 1 if rebind is None else is_inference(rebind)
 
 
+cdef bint operand_is_inference(Operand *o) except -1:
+    if o.kind == K_LAZY:
+        return is_inference(<LazyTensor>o.obj)
+    return o.kind == K_TENSOR and (<object>o.obj).is_inference()
+
+
 cdef bint reads_inference(Operand *ops, int nops) except -1:
     """Is an operand an inference tensor?  (Asked only of a node that builds
     autograd history, where eager may refuse to save one.)"""
     cdef int i
     for i in range(nops):
-        if ops[i].kind == K_LAZY:
-            if is_inference(<LazyTensor>ops[i].obj):
-                return True
-        elif ops[i].kind == K_TENSOR and (<object>ops[i].obj).is_inference():
+        if operand_is_inference(&ops[i]):
             return True
     return False
 
@@ -585,12 +588,8 @@ cdef int check_saved_inference(int op, Operand *ops, int nops, int attr, int dty
     for i in range(nops):
         if ops[i].kind == K_ABSENT:
             attr |= 1 << (ATTR_ABSENT_SHIFT + i)
-        elif ops[i].kind == K_LAZY:
-            operands.append((<object>ops[i].obj, bool(is_inference(<LazyTensor>ops[i].obj))))
-        elif ops[i].kind == K_TENSOR:
-            operands.append((<object>ops[i].obj, bool((<object>ops[i].obj).is_inference())))
         else:
-            operands.append((<object>ops[i].obj, False))
+            operands.append((<object>ops[i].obj, operand_is_inference(&ops[i])))
     _hooks.check_saved_inference(op, attr, DTYPES[dtype], operands)
     return 0
 

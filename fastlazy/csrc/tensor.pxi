@@ -54,12 +54,7 @@ cdef object getitem(LazyTensor self, object idx):
         fast = fast_generic_hit(func, argv, 2, None, False)
         if fast is not None and type(fast) is not FastKey:
             return fast
-    pos = (self, idx)
-    cdef bint missed
-    found = generic_hit(func, pos, {}, False, fast, &missed)
-    if not missed:
-        return found
-    return _hooks.record_call(func, "Tensor.__getitem__", pos, {}, False, False, found)
+    return record_by_signature(func, "Tensor.__getitem__", (self, idx), {}, False, fast)
 
 
 cdef inline void set_value(LazyTensor t, object value) noexcept:
@@ -439,7 +434,6 @@ cdef class LazyTensor:
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        cdef bint missed
         query = _metadata_queries.get(func)
         if query is not None and len(args) == 1 and not kwargs and type(args[0]) is LazyTensor:
             return query(args[0])
@@ -465,10 +459,7 @@ cdef class LazyTensor:
             return _hooks.record_call(func, name, args, kwargs, True, False)
         # a Python function of torch's (F.multi_head_attention_forward): a
         # signature recorded before is recorded again by the core
-        found = generic_hit(func, args, kwargs, False, None, &missed)
-        if not missed:
-            return found
-        return _hooks.record_call(func, name, args, kwargs, False, False, found or None)
+        return record_by_signature(func, name, args, kwargs, False, None)
 
 
 cdef enum:
