@@ -176,15 +176,19 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
 
     # 2. the aten program: a signature of other sizes' (program_templates)
     # where it computes these very results, else traced
-    if on_meta is None:          # (a template the meta run rejected is not tried again)
+    if gm is None:
+        # (also where the meta run rejected the template: an op's meta
+        # kernel may lay out its result unlike the device's own -- sdpa on
+        # meta takes the math path, whose output strides differ from the
+        # CPU flash kernel's -- and the fake run is the judge then)
         gm = program_templates.lookup(erased, mode, fakes, results)
-    if gm is not None:
+    templated = gm is not None
+    if templated:
         constants, draws = [], []
     else:
         gm, constants, draws = _trace(func, args, kwargs, examples,
                                       [type(t) is LazyTensor and views.geometry(t) is None
                                        for t in tensors])
-        program_templates.keep(erased, gm, constants, draws)
     if len(tensors) + len(constants) + len(draws) > MAX_INPUTS:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments, constants and random draws")
     outputs = list(gm.graph.nodes)[-1].args[0]
@@ -230,7 +234,13 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
     if single and sig.kinds[0][0] != "input":
         sig.spec = None
-    _run_small(func, args, kwargs, tensors, results, ruled)
+    # A template's own signature passed its trial run (it is kept only
+    # then), and a signature that takes it differs in sizes alone, which the
+    # fake or meta run checked: no second trial.
+    if not templated or ruled:
+        _run_small(func, args, kwargs, tensors, results, ruled)
+    if not templated:
+        program_templates.keep(erased, gm, constants, draws)
     sig.detach = (not torch.is_grad_enabled()
                   and any(t.requires_grad for t in tensors))
     sig.lowering = None       # generic.py interns the program
@@ -247,20 +257,23 @@ def _meta_run(erased, func, args, kwargs, tensors):
     batch_norm 0.8 ms against 15-50 ms, a conv2d 25 us against 1.2 ms), and
     as good a judge where a template exists, since the op's program already
     passed the fake run at other sizes."""
-    gm = program_templates.template(erased)
-    if gm is None or len({t.device for t in tensors}) > 1:
+    if not program_templates.templates(erased) or len({t.device for t in tensors}) > 1 \
+            or not program_templates.meta_judges(erased):
         return None
     try:
         metas = [_example(t, _meta_empty) for t in tensors]
         ma, mk = _substitute((args, kwargs), iter(metas))
         out = func(*ma, **mk)
-        outs = gm(*metas)
     except Exception:     # noqa: BLE001 - no meta kernel, or eager would raise
         return None
     results = [v for v in pytree.tree_leaves(out) if v is not None]
     if not all(isinstance(v, torch.Tensor) and v.is_meta for v in results):
         return None
-    return metas, out, (gm if program_templates.fits(outs, metas, results) else None)
+    gm, disagreed = program_templates.first_fit(erased, lambda gm: gm(*metas), metas,
+                                                results, final=False)
+    if disagreed and gm is None:
+        program_templates.meta_rejected(erased)
+    return metas, out, gm
 
 
 def _meta_empty(shape, dtype, device, requires_grad=False):

@@ -22,7 +22,12 @@ as many, each with the same shape, strides, storage offset, dtype,
 requires_grad and aliasing of the inputs.
 A program that baked a size in (a view to fixed sizes the symbolic-size
 pass left, a split size, a factory) fails that check -- or raises -- and
-the call is traced as before.  Programs that lift constants or draw
+the call is traced as before.  A meta run's rejection is not final: an
+op's meta kernel may lay its result out unlike the device's kernel (sdpa
+takes the math path on meta), so the fake run judges again, and that
+signature's meta runs stop.  A template is kept only from a signature that
+passed its trial run (capture._run_small), so signatures that take one
+skip theirs.  Programs that lift constants or draw
 random numbers are never templates (a constant may depend on the shapes).
 """
 from __future__ import annotations
@@ -36,6 +41,7 @@ from fastlazy import _core, views
 from fastlazy._core import LazyTensor
 
 MAX_TEMPLATES = 4096
+MAX_PER_KEY = 4
 
 # Functions whose int arguments are the result's shape and nothing else
 # (x.view(batch, seq, heads, -1)): for them the sizes are erased too, since
@@ -47,6 +53,7 @@ _SHAPE_ARGUMENTS = frozenset((torch.Tensor.view, torch.Tensor.reshape, torch.res
 
 _lock = threading.Lock()
 _templates: dict = {}
+_meta_rejected: set = set()
 _stats = {"reused": 0, "rejected": 0}
 
 
@@ -67,6 +74,9 @@ def erased_key(func, args, kwargs, tensors):
                           leaf.requires_grad, lazy and views.geometry(leaf) is None))
         elif type(leaf) is float:
             parts.append((float, leaf.hex()))      # -0.0 and nan are values of their own
+        elif type(leaf) is slice:
+            # (x[:, 0]: slices are unhashable before Python 3.12)
+            parts.append((slice, leaf.start, leaf.stop, leaf.step))
         else:
             parts.append((type(leaf), leaf))
     key = (func, structure, tuple(parts), len(tensors),
@@ -78,51 +88,74 @@ def erased_key(func, args, kwargs, tensors):
     return key
 
 
-def template(key):
-    """The template kept for erased signature `key`, or None."""
-    return None if key is None else _templates.get(key)
+def templates(key) -> tuple:
+    """The templates kept for erased signature `key`, newest first."""
+    return () if key is None else _templates.get(key, ())
 
 
-def fits(outs, inputs, results):
-    """Did a template, run on `inputs`, compute `results` (the call's own
-    results on the same inputs)?  Counted as a reuse or a rejection."""
-    if _same_results(outs, inputs, results):
-        _stats["reused"] += 1
-        return True
-    _stats["rejected"] += 1
-    return False
+def first_fit(key, run, inputs, results, final=True):
+    """(the first of `key`'s templates that computes `results` -- the call's
+    own results on `inputs` -- when `run(gm)` runs it on those inputs, else
+    None; whether a template ran and computed other results).  A template
+    that raises does not fit (a size baked in).  Counted as a reuse, or as
+    a rejection where the verdict is `final` (a meta run's is not: the fake
+    run judges again)."""
+    disagreed = False
+    for gm in templates(key):
+        try:
+            outs = run(gm)
+        except Exception:     # noqa: BLE001 - a size baked in
+            continue
+        if _same_results(outs, inputs, results):
+            _stats["reused"] += 1
+            return gm, disagreed
+        disagreed = True
+    _stats["rejected"] += bool(final and templates(key))
+    return None, disagreed
 
 
 def lookup(key, mode, fakes, results):
-    """The template for `key` if it computes `results` from `fakes` (the
+    """The template for `key` that computes `results` from `fakes` (the
     call's own fake run, in fake mode `mode`), else None."""
-    if key is None:
-        return None
-    gm = _templates.get(key)
-    if gm is None:
-        return None
-    try:
+
+    def run(gm):
         with mode:
-            outs = gm(*fakes)
-    except Exception:     # noqa: BLE001 - a size baked in: trace this call
-        _stats["rejected"] += 1
-        return None
-    return gm if fits(outs, fakes, results) else None
+            return gm(*fakes)
+    return first_fit(key, run, fakes, results)[0]
+
+
+def meta_judges(key) -> bool:
+    """May a meta run judge a template for erased signature `key`?  Not
+    once it has rejected one there: the op's meta kernel then lays its
+    result out unlike the device's (capture.py runs the fake run alone)."""
+    return key not in _meta_rejected
+
+
+def meta_rejected(key):
+    with _lock:
+        if len(_meta_rejected) >= MAX_TEMPLATES:
+            _meta_rejected.clear()
+        _meta_rejected.add(key)
 
 
 def keep(key, gm, constants, draws):
-    """Make a freshly traced program its erased signature's template."""
+    """Make a freshly traced program a template of its erased signature,
+    tried first from now on: it was traced because none of the key's
+    templates fit (a size-1 dim makes a transposed input contiguous, and
+    its trace takes the view path where larger sizes take a copy), and the
+    sizes that come next are likelier to be like this one."""
     if key is None or constants or draws:
         return
     with _lock:
         if len(_templates) >= MAX_TEMPLATES:
             _templates.clear()
-        _templates.setdefault(key, gm)
+        _templates[key] = (gm, *_templates.get(key, ()))[:MAX_PER_KEY]
 
 
 def forget():
     with _lock:
         _templates.clear()
+        _meta_rejected.clear()
 
 
 def stats() -> dict:

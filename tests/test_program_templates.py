@@ -114,3 +114,78 @@ def test_a_templated_signature_is_judged_on_meta_tensors_not_fake_ones(monkeypat
     got = F.batch_norm(fastlazy.lazy(x), mean, var, training=False).to_eager()
     torch.testing.assert_close(got, F.batch_norm(x, mean, var, training=False))
     assert len(fake_runs) == 2
+
+
+def _count_traces(monkeypatch):
+    from fastlazy import capture
+    traced = []
+    real_trace = capture._trace
+    monkeypatch.setattr(capture, "_trace",
+                        lambda func, *a: traced.append(func) or real_trace(func, *a))
+    return traced
+
+
+def test_an_index_with_slices_takes_a_template(monkeypatch):
+    """x[:, 0] at a new size: the slice is part of the erased key (slices are
+    unhashable before Python 3.12, which once left such calls with no key)."""
+    traced = _count_traces(monkeypatch)
+    before = program_templates.stats()
+    for seq in (4, 6, 9):
+        x = torch.randn(2, seq, 5)
+        lx = fastlazy.lazy(x) * 1          # an intermediate, not an eager tensor's view
+        torch.testing.assert_close(lx[:, 0].to_eager(), x[:, 0])
+        torch.testing.assert_close(lx[:, 1:3].to_eager(), x[:, 1:3])
+    assert len(traced) == 2                # one per index expression
+    assert _delta(before, "reused") == 4
+
+
+def test_attention_whose_meta_kernel_lays_out_unlike_the_cpus_takes_its_template(monkeypatch):
+    """sdpa of transposed (batch, seq, heads, dim) tensors: on meta tensors it
+    takes the math path, whose output strides differ from the CPU kernel's
+    and the template's.  The fake run then judges the template (and accepts
+    it), and the meta run is not tried again for that signature."""
+    from fastlazy import capture
+    traced = _count_traces(monkeypatch)
+    meta_runs = []
+    real_meta_run = capture._meta_run
+
+    def meta_run(key, func, *args):
+        meta_runs.append((func, real_meta_run(key, func, *args)))
+        return meta_runs[-1][1]
+    monkeypatch.setattr(capture, "_meta_run", meta_run)
+    for seq in (8, 16, 24):
+        qkv = [torch.randn(1, seq, 4, 8) for _ in range(3)]
+        got = F.scaled_dot_product_attention(
+            *(fastlazy.lazy(t).transpose(1, 2) for t in qkv), scale=0.3)
+        want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in qkv), scale=0.3)
+        torch.testing.assert_close(got.to_eager(), want)
+    assert traced.count(F.scaled_dot_product_attention) == 1
+    sdpa = [r for func, r in meta_runs if func is F.scaled_dot_product_attention]
+    assert sdpa[0] is None                                 # seq 8: no template yet
+    assert sdpa[1] is not None and sdpa[1][2] is None      # seq 16: rejected on meta
+    assert sdpa[2] is None                                 # seq 24: no meta run
+
+
+def test_a_signature_whose_trial_run_raises_leaves_no_template():
+    """var of an integer tensor passes on fake tensors, and eager raises: the
+    trial run judges it at every size, since no template is kept from a
+    signature that failed its trial run."""
+    for n in (4, 6):
+        x = torch.arange(n * 3).reshape(3, n)
+        with pytest.raises(RuntimeError) as eager:
+            torch.var(x, dim=1)
+        with pytest.raises(type(eager.value)):
+            torch.var(fastlazy.lazy(x), dim=1)
+
+
+def test_a_size_one_trace_does_not_stand_in_for_the_other_sizes(monkeypatch):
+    """x.t().reshape(-1) of an (n, 4) intermediate: at n = 1 the transposed
+    tensor is contiguous and the trace takes the view path; from n = 2 it
+    copies.  Both programs stay templates, so n = 3, 4, 5 take n = 2's, and
+    n = 1 again takes its own."""
+    traced = _count_traces(monkeypatch)
+    for n in (1, 2, 3, 4, 1, 5):
+        x = torch.randn(n, 4)
+        got = (fastlazy.lazy(x) * 1).t().reshape(-1)
+        torch.testing.assert_close(got.to_eager(), x.t().reshape(-1))
+    assert traced.count(torch.Tensor.reshape) == 2
