@@ -3,9 +3,10 @@
 A call with no C rule is recorded as a small aten program if that program is
 pure.  generic.py caches the verdict per signature; the first call of each
 is analysed here: run on fake tensors, to check the call (eager would raise:
-then eager runs it and raises) and read its results' metadata; through
-make_fx, to capture the program; and -- when the inputs are small -- once for
-real, because fake kernels skip some of the real kernels' checks.  The
+then eager runs it and raises), read its results' metadata and record the
+aten calls it makes, which are its program (aten_recorder.py; make_fx
+traces the calls those cannot express); and -- when the inputs are small --
+once for real, because fake kernels skip some of the real kernels' checks.  The
 program is taken only if it is pure -- no op mutates an input, none is
 random, no output shape depends on data -- and every result is a tensor (or
 None); anything else raises Unsafe, whose message is the reason the call
@@ -23,6 +24,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fastlazy import _core, program_templates, views
+from fastlazy.aten_recorder import Recorder
 from fastlazy.symbolic_sizes import make_sizes_symbolic
 from fastlazy._core import LazyTensor
 
@@ -161,7 +163,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
     fakes, out, gm = on_meta or (None, None, None)
     if gm is None:
         examples = [_example(t) for t in tensors]
-        fakes, out, mode = _fake_run(func, args, kwargs, examples)
+        fakes, out, mode, recorder = _fake_run(func, args, kwargs, examples)
     leaves, spec = pytree.tree_flatten(out)
     results = [v for v in leaves if v is not None]     # (attn_output, None)
     if not results or not all(isinstance(v, torch.Tensor) for v in results):
@@ -186,9 +188,14 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
     if templated:
         constants, draws = [], []
     else:
-        gm, constants, draws = _trace(func, args, kwargs, examples,
-                                      [type(t) is LazyTensor and views.geometry(t) is None
-                                       for t in tensors])
+        contiguous = [type(t) is LazyTensor and views.geometry(t) is None for t in tensors]
+        # the aten calls the fake run made, where they are the program (not
+        # for a call functionalized: its writes become copies in make_fx's trace)
+        recorded = None if getattr(func, "functionalize", False) else recorder.program(results)
+        if recorded is not None:
+            gm, constants, draws = _checked(recorded, contiguous), (), ()
+        else:
+            gm, constants, draws = _trace(func, args, kwargs, examples, contiguous)
     if len(tensors) + len(constants) + len(draws) > MAX_INPUTS:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments, constants and random draws")
     outputs = list(gm.graph.nodes)[-1].args[0]
@@ -282,7 +289,7 @@ def _meta_empty(shape, dtype, device, requires_grad=False):
 
 def _fake_run(func, args, kwargs, examples):
     """(the fake tensors standing for `examples`, func's result on them, the
-    fake mode)."""
+    fake mode, the Recorder of the aten calls it made)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     try:
         # (fake_tensor logs a traceback for a call its kernel rejects; the
@@ -290,7 +297,9 @@ def _fake_run(func, args, kwargs, examples):
         with _quiet(_FAKE_LOG), FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fakes = [mode.from_tensor(e) for e in examples]
             fa, fk = _substitute((args, kwargs), iter(fakes))
-            return fakes, func(*fa, **fk), mode
+            with Recorder(fakes) as recorder:
+                out = func(*fa, **fk)
+            return fakes, out, mode, recorder
     except Exception as exc:     # eager raises too, or the op has no fake kernel
         raise Unsafe(_why(exc)) from None
 
@@ -426,6 +435,13 @@ def _trace(func, args, kwargs, examples, contiguous):
         raise Unsafe(f"not traceable to aten ({type(exc).__name__})") from None
     constants = _lift_constants(gm)
     draws = _lift_draws(gm)
+    return _checked(gm, contiguous), constants, draws
+
+
+def _checked(gm, contiguous):
+    """gm, a call's aten program (traced or recorded), once it has passed
+    the purity checks (else Unsafe), with sizes read from its inputs and its
+    outputs a flat tuple; `contiguous` as for _trace."""
     inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
@@ -458,7 +474,7 @@ def _trace(func, args, kwargs, examples, contiguous):
         raise Unsafe("returns something other than tensors")
     output.args = (tuple(leaves),)
     gm.recompile()
-    return gm, constants, draws
+    return gm
 
 
 def _differentiable_copies(gm):

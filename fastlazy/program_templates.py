@@ -3,7 +3,8 @@ tensors' sizes.
 
 A generic call's signature includes its tensors' shapes, and its first
 call is analysed (capture.py): a run on fake tensors (eager's checks, the
-results' metadata), then a make_fx trace to its aten program, ~10-20 ms.
+results' metadata, the aten program), 1-5 ms, and a make_fx trace where
+the fake run's calls are no program.
 A model meets many signatures that trace to the same program -- conv2d
 with other channel counts, the same block at a new batch size or sequence
 length -- and tracing each again is most of a first call's time and of a

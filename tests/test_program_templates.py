@@ -117,11 +117,12 @@ def test_a_templated_signature_is_judged_on_meta_tensors_not_fake_ones(monkeypat
 
 
 def _count_traces(monkeypatch):
-    from fastlazy import capture
+    """The functions whose calls got a new program (recorded or traced)
+    rather than a template, in order."""
     traced = []
-    real_trace = capture._trace
-    monkeypatch.setattr(capture, "_trace",
-                        lambda func, *a: traced.append(func) or real_trace(func, *a))
+    real_keep = program_templates.keep
+    monkeypatch.setattr(program_templates, "keep",
+                        lambda key, *a: traced.append(key[0]) or real_keep(key, *a))
     return traced
 
 

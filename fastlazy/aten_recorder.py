@@ -1,0 +1,121 @@
+"""A call's aten program, read off its fake run.
+
+capture.py runs each new call signature once on fake tensors (eager's
+checks, the results' metadata) and needs the call's aten program too.
+make_fx gets it by running the call a second time through its proxy
+tracer: 4-12 ms per signature, most of it fixed cost (the tracer, a fake
+mode of its own, the GraphModule it builds), and most of a model's first
+call.  The fake run already makes every aten call the program is made of,
+in order: a Recorder, a dispatch mode entered above the fake mode, writes
+them into an fx graph as they happen.
+
+It gives up on what a plain list of calls on the inputs cannot express --
+a tensor that is neither an input nor an earlier call's result (a constant
+the call made from Python values), a random op (make_fx lifts its draws),
+an op that writes an argument, an output that is not a tensor or a flat
+sequence of them, a call that is not an aten operator -- and capture.py
+then traces the call with make_fx, which handles those.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class Recorder(TorchDispatchMode):
+    """Enter it inside a FakeTensorMode, with the fake tensors that stand for
+    the call's tensor arguments (in order: the program's placeholders); then
+    program(results) is the aten program of what ran, or None."""
+
+    def __init__(self, inputs):
+        super().__init__()
+        self.graph = torch.fx.Graph()
+        self._nodes = {}            # id(fake tensor) -> the node that makes it
+        self._alive = []            # (the tensors behind those ids stay alive)
+        self.failed = None          # why the calls are no program, or None
+        for i, t in enumerate(inputs):
+            node = self.graph.placeholder(f"arg{i}")
+            node.meta["val"] = t
+            self._bind(t, node)
+
+    def _bind(self, t, node):
+        self._nodes[id(t)] = node
+        self._alive.append(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.failed is None:
+            self.failed = self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func, args, kwargs, out):
+        if not isinstance(func, torch._ops.OpOverload):
+            return f"calls {func}"
+        if torch.Tag.nondeterministic_seeded in func.tags and not _no_dropout(func, args, kwargs):
+            return "a random op"
+        if func._schema.is_mutable:
+            return "writes an argument"
+        if not any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(out)):
+            # a query of metadata (prim.device, sym_size): the value went
+            # back to the Python that asked, as it does in make_fx's trace;
+            # one that reads data would have raised in the fake run
+            if torch.Tag.data_dependent_output in func.tags:
+                return "reads data"
+            return None
+        outside = []
+
+        def node_of(x):
+            if isinstance(x, torch.Tensor):
+                node = self._nodes.get(id(x))
+                if node is None:
+                    outside.append(x)
+                return node
+            return x
+        a, k = pytree.tree_map(node_of, (tuple(args), dict(kwargs)))
+        if outside:
+            return "reads a tensor made outside the program"
+        node = self.graph.call_function(func, a, k)
+        node.meta["val"] = out
+        if isinstance(out, torch.Tensor):
+            self._bind(out, node)
+        elif isinstance(out, (tuple, list)):
+            for i, v in enumerate(out):
+                if isinstance(v, torch.Tensor):
+                    item = self.graph.call_function(operator.getitem, (node, i))
+                    item.meta["val"] = v
+                    self._bind(v, item)
+                elif v is not None and not isinstance(v, (int, float, bool)):
+                    return "returns a nested sequence"
+        elif out is not None and not isinstance(out, (int, float, bool)):
+            return f"returns a {type(out).__name__}"
+        return None
+
+    def program(self, results):
+        """The GraphModule computing `results` (the call's result tensors,
+        None leaves left out) from the inputs, or None where the calls
+        recorded are no such program."""
+        if self.failed is not None:
+            return None
+        outputs = []
+        for r in results:
+            node = self._nodes.get(id(r))
+            if node is None:
+                return None
+            outputs.append(node)
+        self.graph.output(tuple(outputs))
+        return torch.fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def _no_dropout(func, args, kwargs):
+    """An attention kernel tagged random for its dropout, called with none
+    (capture.py's purity check lets it through too)."""
+    for k, arg in enumerate(func._schema.arguments):
+        if arg.name == "dropout_p":
+            value = args[k] if k < len(args) else kwargs.get("dropout_p", arg.default_value)
+            return value == 0
+    return False
