@@ -22,7 +22,7 @@ cpdef enum:
     MAX_OPS = 512
     GENERIC_OP = 511
     # Parameters of one op-table row.
-    MAX_PARAMS = 5
+    MAX_PARAMS = 8
     # dtype codes (csrc/dtypes.pxi): 0 bool ... 12 complex128
     NDTYPES = 13
 
@@ -57,8 +57,9 @@ cpdef enum Rule:
     R_RTRUEDIV = 15     # other / self, as eager computes it: self.reciprocal() * other
     R_LAYER_NORM = 16   # normalized_shape is structure, read by the rule
     R_DROPOUT = 17      # the input itself when not training (eager returns it)
-    R_GENERIC = 18      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 19
+    R_BATCH_NORM = 18   # inference only: the running statistics are read, not written
+    R_GENERIC = 19      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 20
 
 
 # Op flags (an op-table row's `flags`).
@@ -67,6 +68,10 @@ cpdef enum OpFlag:
     OPF_TENSORS_ONLY = 2   # every operand must be a tensor (maximum)
     OPF_INT_TO_INT64 = 8   # reductions: integral inputs accumulate in int64
     OPF_EMPTY_ERROR = 16   # reductions: eager raises on an empty reduction
+    # calls the C rule does not take are the generic path's as a generic
+    # row's are (no trial run): the rule covers a corner of a generic op
+    # (batch_norm in inference), not an op whose other calls are corners
+    OPF_RULE_IN_GENERIC = 32
 
 
 # dtype categories; a row's `cats` is a mask of them.

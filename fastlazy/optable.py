@@ -28,7 +28,7 @@ NULLABLE = frozenset({"min", "max", "weight", "bias"})
 
 # Parameters that are structure, read by their rule rather than recorded as
 # operands (they sit between operands in the signature).
-RAW = frozenset({"normalized_shape"})
+RAW = frozenset({"normalized_shape", "training", "momentum"})
 
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
@@ -201,6 +201,9 @@ def _rows():
              cats=INT | FLOAT, nn_functions=("relu",))
     yield Op("silu", Rule.R_UNARY, c("silu", 0), ("input", "inplace"), noperands=1, cats=FLOAT,
              nn_functions=("silu",))
+    for name in ("hardswish", "hardsigmoid"):        # (mobile networks' activations)
+        yield Op(name, Rule.R_UNARY, c(name, 0), ("input", "inplace"), noperands=1,
+                 cats=FLOAT, nn_functions=(name,))
     yield Op("leaky_relu", Rule.R_UNARY, c("leaky_relu", 0, Opt(1, 0.01)),
              ("input", "negative_slope", "inplace"), noperands=2, cats=FLOAT,
              nn_functions=("leaky_relu",))
@@ -243,6 +246,14 @@ def _rows():
              c("layer_norm", 0, TrailingDims(0), Opt(2), Opt(3), Opt(4, 1e-5), Const(True)),
              ("input", "normalized_shape", "weight", "bias", "eps"), nrequired=2,
              cats=FLOAT, nn_functions=("layer_norm",))
+    # inference (training=False); F.batch_norm's statistics come before
+    # weight and bias, aten's after
+    yield Op("batch_norm", Rule.R_BATCH_NORM,
+             c("batch_norm", 0, Opt(3), Opt(4), 1, 2, Const(False), Const(0.0), Opt(7, 1e-5),
+               Const(True)),
+             ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
+              "eps"), nrequired=3, cats=FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
+             nn_functions=("batch_norm",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),
@@ -291,7 +302,7 @@ GENERIC_OPS = {
     # torch.nn.functional, where nn modules call it
     "conv1d": (False, False, True), "conv2d": (False, False, True),
     "max_pool2d": (False, False, True), "avg_pool2d": (False, False, True),
-    "adaptive_avg_pool2d": (False, False, True), "batch_norm": (False, False, True),
+    "adaptive_avg_pool2d": (False, False, True),
     "group_norm": (False, False, True), "embedding": (False, False, True),
     "cross_entropy": (False, False, True), "mse_loss": (False, False, True),
     "nll_loss": (False, False, True), "scaled_dot_product_attention": (False, False, True),
@@ -359,6 +370,7 @@ def markdown() -> str:
                   Rule.R_MATMUL: "matrix product", Rule.R_LINEAR: "linear",
                   Rule.R_RTRUEDIV: "reflected true division", Rule.R_LAYER_NORM: "layer norm",
                   Rule.R_DROPOUT: "identity in eval; eager in training",
+                  Rule.R_BATCH_NORM: "batch norm (inference)",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:

@@ -58,6 +58,7 @@ PARAM_KINDS = {
     "inplace": "flag", "keepdim": "flag",
     "dim": "dim", "dtype": "dtype", "_stacklevel": "stacklevel",
     "normalized_shape": "shape", "eps": "number", "p": "number", "training": "flag",
+    "running_mean": "operand", "running_var": "operand", "momentum": "number",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR)
@@ -590,9 +591,6 @@ GENERIC_ARGS = {
     "max_pool2d": [((IMG, 2), {}), ((IMG, 3, 2, 1), {}), ((IMG, 2), {"return_indices": True})],
     "avg_pool2d": [((IMG, 2), {}), ((IMG, 3), {"stride": 1, "padding": 1})],
     "adaptive_avg_pool2d": [((IMG, 1), {}), ((IMG, (2, 3)), {})],
-    "batch_norm": [((IMG, T((3,), F32), T((3,), F32)), {}),
-                   ((IMG, T((3,), F32), T((3,), F32), T((3,), F32), T((3,), F32)),
-                    {"eps": 1e-3})],
     "group_norm": [((IMG, 3), {}), ((IMG, 1, T((3,), F32), T((3,), F32)), {}), ((IMG, 2), {})],
     "embedding": [((T((2, 3), I64, index=10), T((10, 4), F32)), {}),
                   ((T((5,), I64, index=10), T((10, 4), F32)), {"padding_idx": 0}),
@@ -618,6 +616,33 @@ GENERIC_ARGS = {
 }
 
 
+def batch_norm_cases(row, form):
+    """input, running_mean, running_var, weight, bias, training, momentum, eps
+    (its C rule takes inference; training and the rest go generic)."""
+    c = T((3,), F32)
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (T((2, 3, 4), d), T((3,), d), T((3,), d)))
+    for shape in ((2, 3), (2, 3, 4), (2, 3, 4, 4), (1, 3, 2, 2, 2), (0, 3), (3,), ()):
+        yield Case(row, form, "shapes", (T(shape, F32), c, c))
+    for mean, var in ((T((4,), F32), c), (c, T((3,), F64)), (None, None), (c, None)):
+        yield Case(row, form, "params", (IMG, mean, var))
+    for weight in (c, None, T((4,), F32), T((3,), F64), 2.0):
+        for bias in (c, None):
+            yield Case(row, form, "params", (IMG, c, c, weight, bias))
+    # (training=True writes the running statistics, which eager's run and
+    # fastlazy's here share: tests/test_batch_norm_rule.py checks it)
+    for training in (False, 0, None):
+        yield Case(row, form, "params", (IMG, c, c, c, c, training))
+    for momentum in (0.1, 0, None, "x"):
+        yield Case(row, form, "params", (IMG, c, c), {"momentum": momentum})
+    for eps in (1e-5, 0.1, 1, True, None, "x"):
+        yield Case(row, form, "params", (IMG, c, c, c, c, False, 0.1, eps))
+    yield Case(row, form, "keywords", (IMG, c, c), {"weight": c, "bias": c, "eps": 1e-3})
+    yield Case(row, form, "keywords", (IMG,), {"running_mean": c, "running_var": c})
+    yield Case(row, form, "special", (T((2, 3, 4), F32, special=True), c, c))
+    yield Case(row, form, "pending", (IMG, c, c, c), pending=True)
+
+
 def generic_cases(row, form):
     for args, kwargs in GENERIC_ARGS[row.name[len("generic_"):]]:
         if not form.takes_kwargs and kwargs:
@@ -634,6 +659,8 @@ def family(row):
         return "dropout"
     if row.rule == Rule.R_LAYER_NORM:
         return "layer_norm"
+    if row.rule == Rule.R_BATCH_NORM:
+        return "batch_norm"
     if row.rule in MATMUL_RULES:
         return "matmul"
     if row.rule == Rule.R_REDUCE:
@@ -651,7 +678,8 @@ def family(row):
 
 GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_cases,
               "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
-              "layer_norm": layer_norm_cases, "dropout": dropout_cases,
+              "layer_norm": layer_norm_cases, "batch_norm": batch_norm_cases,
+              "dropout": dropout_cases,
               "generic": generic_cases}
 
 
@@ -894,6 +922,8 @@ def _basic_call(row):
         return Case(row, form, "basic", (T((3, 4), F32), 1))
     if fam == "layer_norm":
         return Case(row, form, "basic", (T((3, 4), F32), (4,), T((4,), F32), T((4,), F32)))
+    if fam == "batch_norm":
+        return Case(row, form, "basic", (IMG,) + (T((3,), F32),) * 4)
     if fam == "dropout":    # in eval it is its (pending) input: nothing runs eagerly
         return Case(row, form, "basic", (T((3, 4), F32), 0.5, False), pending=True)
     return Case(row, form, "basic", (T((3, 4), F32),))
@@ -1015,6 +1045,9 @@ def _scalar_program(row, device="cpu"):
         return (3, 4), lambda x, s: form(x * s, 0.1, False)
     if fam == "layer_norm":            # eps is the row's own Python number
         return (3, 4), lambda x, s: form(x, (4,), None, None, abs(s) * 1e-3)
+    if fam == "batch_norm":            # so is batch_norm's
+        stats = [torch.rand(4).to(device) + 0.5 for _ in range(2)]
+        return (3, 4), lambda x, s: form(x, *stats, None, None, False, 0.1, abs(s) * 1e-3)
     if fam == "matmul":
         shapes = [shape for shape in MATMUL_SHAPES[row.rule][0] if shape is not None]
         others = [torch.rand(shape).to(device) for shape in shapes[1:]]

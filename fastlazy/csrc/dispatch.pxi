@@ -77,7 +77,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             # x[0] or x.view(-1)): writing through it must reach its base
             return run_eager(entry, args, nargs, kwnames, form, "in-place through a view")
     if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
-        return call_generic(entry, args, nargs, kwnames, form, True)
+        return call_generic(entry, args, nargs, kwnames, form,
+                            not op_flags[op] & OPF_RULE_IN_GENERIC)
     if not out.requires_grad:
         for i in range(nops):
             if is_tensor(&ops[i]) and ops[i].m.requires_grad:
@@ -166,7 +167,8 @@ cdef object not_taken(object entry, PyObject **args, Py_ssize_t nargs, object kw
     an eager self or a fallback's view have run)."""
     if form == FORM_INPLACE:
         return run_eager(entry, args, nargs, kwnames, form, reason)
-    return call_generic(entry, args, nargs, kwnames, form, True)
+    return call_generic(entry, args, nargs, kwnames, form,
+                        not op_flags[fl_entry_op(entry)] & OPF_RULE_IN_GENERIC)
 
 
 cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,

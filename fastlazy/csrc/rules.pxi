@@ -137,6 +137,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return softmax_rule(op, ops, p, out, attr)
     if rule == R_LAYER_NORM:
         return layer_norm_rule(op, ops, p, out, attr)
+    if rule == R_BATCH_NORM:
+        return batch_norm_rule(op, ops, p, out)
     if R_MM <= rule <= R_LINEAR:
         return matmul_rule(op, rule, ops, out)
     if rule == R_RTRUEDIV:
@@ -407,6 +409,39 @@ cdef int layer_norm_rule(int op, Operand *ops, PyObject **p, Meta *out, int *att
     memcpy(out, m, sizeof(Meta))
     out.requires_grad = rg and grad_enabled()
     attr[0] |= k
+    return RULE_OK
+
+
+cdef int batch_norm_rule(int op, Operand *ops, PyObject **p, Meta *out) except -1:
+    # params: input, running_mean, running_var, weight, bias, training,
+    # momentum, eps.  Inference only (training=False, what nn.BatchNorm's
+    # eval mode passes): the running statistics are read, never written, and
+    # momentum is unused -- but still of a type eager takes.  Anything else
+    # (training, mixed dtypes, statistics of other sizes) the generic path
+    # takes as a generic row's call (the row's OPF_RULE_IN_GENERIC).
+    cdef Meta *m = ops[0].m
+    cdef int i
+    if p[5] != NULL and <object>p[5] is not False:
+        return RULE_EAGER
+    if p[6] != NULL and type(<object>p[6]) is not float and type(<object>p[6]) is not int:
+        return RULE_EAGER
+    if m.ndim < 2 or not cat_ok(op, m.dtype) or ops[1].kind == K_ABSENT \
+            or ops[2].kind == K_ABSENT:
+        return RULE_EAGER
+    cdef bint rg = m.requires_grad
+    for i in range(1, 5):
+        if ops[i].kind == K_ABSENT:
+            continue                  # (weight, bias)
+        if (not is_tensor(&ops[i]) or ops[i].m.dtype != m.dtype or ops[i].m.device != m.device
+                or ops[i].m.ndim != 1 or ops[i].m.shape[0] != m.shape[1]):
+            return RULE_EAGER
+        if i <= 2 and ops[i].m.requires_grad:
+            return RULE_EAGER         # (statistics that require grad: eager judges)
+        rg = rg or ops[i].m.requires_grad
+    if ops[7].kind != K_ABSENT and (ops[7].kind != K_SCALAR or ops[7].scalar != SC_FLOAT):
+        return RULE_EAGER             # eps is a float in aten's schema
+    memcpy(out, m, sizeof(Meta))
+    out.requires_grad = rg and grad_enabled()
     return RULE_OK
 
 

@@ -1,0 +1,129 @@
+"""F.batch_norm in inference (nn.BatchNorm's eval mode) is recorded by a C
+rule; in training, and wherever the rule does not apply, it takes the
+generic path as before.  Either way: eager's values, dtypes and errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy import metrics
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    yield
+    fastlazy.mark_step()
+
+
+def _generic_calls():
+    return metrics.counters()["generic_calls"]
+
+
+def _stats(channels, dtype=torch.float32):
+    g = torch.Generator().manual_seed(channels)
+    return [torch.randn(channels, generator=g, dtype=dtype),
+            torch.rand(channels, generator=g, dtype=dtype) + 0.5,
+            torch.randn(channels, generator=g, dtype=dtype),
+            torch.randn(channels, generator=g, dtype=dtype)]
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 5), (2, 3, 4, 4), (1, 3, 2, 2, 2)])
+@pytest.mark.parametrize("call", [
+    lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv),
+    lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, w, b),
+    lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-3),
+    lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, weight=w, eps=1e-4, momentum=0.0),
+    lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, bias=b, training=False),
+], ids=["stats", "affine", "positional", "keywords", "bias-only"])
+def test_inference_is_recorded_by_the_c_rule(shape, call):
+    x = torch.randn(*shape)
+    stats = _stats(shape[1])
+    lx = fastlazy.lazy(x) * 1
+    before = _generic_calls()
+    got = call(lx, *stats)
+    assert _generic_calls() == before
+    assert got.shape == x.shape and got.dtype == x.dtype
+    torch.testing.assert_close(got.to_eager(), call(x * 1, *stats), rtol=0, atol=0)
+
+
+def test_a_batchnorm_module_in_eval_mode():
+    m = torch.nn.BatchNorm2d(4).eval()
+    m.running_mean.normal_()
+    m.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 4, 3, 3)
+    before = _generic_calls()
+    got = m(fastlazy.lazy(x) * 1)
+    assert _generic_calls() == before
+    torch.testing.assert_close(got.to_eager(), m(x), rtol=0, atol=0)
+
+
+def test_gradients_to_the_input_and_the_affine_parameters():
+    x = torch.randn(2, 3, 4)
+    rm, rv, w, b = _stats(3)
+    want = [t.clone().requires_grad_() for t in (x, w, b)]
+    got = [fastlazy.lazy(x).requires_grad_(), w.clone().requires_grad_(),
+           b.clone().requires_grad_()]
+    F.batch_norm(want[0], rm, rv, want[1], want[2]).pow(2).sum().backward()
+    F.batch_norm(got[0], rm, rv, got[1], got[2]).pow(2).sum().backward()
+    for g, e in zip(got, want):
+        grad = g.grad.to_eager() if isinstance(g.grad, fastlazy.LazyTensor) else g.grad
+        torch.testing.assert_close(grad, e.grad)
+
+
+@pytest.mark.parametrize("numel_per_channel", [8, 40_000], ids=["small", "large"])
+def test_training_without_statistics_is_recorded_by_the_generic_path(numel_per_channel):
+    """(BatchNorm with track_running_stats=False.)  The calls the rule does
+    not take are the generic path's as a generic row's: no trial run, so an
+    input too large for one is recorded too, not run eagerly."""
+    x = torch.randn(2, 16, numel_per_channel)
+    before = metrics.counters()["fallbacks"]
+    got = F.batch_norm(fastlazy.lazy(x), None, None, training=True)
+    torch.testing.assert_close(got.to_eager(), F.batch_norm(x, None, None, training=True))
+    assert metrics.counters()["fallbacks"] == before
+
+
+@pytest.mark.parametrize("numel_per_channel", [8, 40_000], ids=["small", "large"])
+def test_a_module_in_training_is_recorded_by_the_generic_path(numel_per_channel):
+    """Training writes the running statistics; the rule leaves such calls to
+    the generic path as a generic row's calls, with no trial run -- so an
+    input too large for one is recorded too, not run eagerly."""
+    x = torch.randn(2, 16, numel_per_channel)
+    want_module, got_module = torch.nn.BatchNorm1d(16), torch.nn.BatchNorm1d(16)
+    want = want_module(x)
+    before = metrics.counters()["fallbacks"]
+    got = got_module(fastlazy.lazy(x))
+    torch.testing.assert_close(got.to_eager(), want)
+    assert metrics.counters()["fallbacks"] == before
+    for g, w in zip(got_module.buffers(), want_module.buffers()):
+        torch.testing.assert_close(g.to_eager() if isinstance(g, fastlazy.LazyTensor) else g, w)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, rm, rv: F.batch_norm(x, torch.randn(5), rv),          # stats of other sizes
+    lambda x, rm, rv: F.batch_norm(x, rm, rv, momentum="fast"),     # a type eager refuses
+    lambda x, rm, rv: F.batch_norm(x[0, 0], rm, rv),                 # 1-D input
+    lambda x, rm, rv: F.batch_norm(x.long(), rm, rv),               # integers
+    lambda x, rm, rv: F.batch_norm(x, None, None),                  # no statistics in eval
+], ids=["sizes", "momentum-type", "1-d", "int", "no-stats"])
+def test_calls_eager_rejects_raise_eagers_error_at_the_call(call):
+    x = torch.randn(2, 3, 4)
+    rm, rv = _stats(3)[:2]
+    with pytest.raises(Exception) as eager:
+        call(x, rm, rv)
+    with pytest.raises(type(eager.value)):
+        call(fastlazy.lazy(x) * 1, rm, rv)
+
+
+def test_mixed_dtypes_take_the_generic_path_with_eagers_values():
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    rm, rv, w, b = _stats(3)
+    try:
+        want = F.batch_norm(x, rm, rv, w, b)
+    except RuntimeError as exc:
+        with pytest.raises(type(exc)):
+            F.batch_norm(fastlazy.lazy(x) * 1, rm, rv, w, b).to_eager()
+        return
+    before = _generic_calls()
+    got = F.batch_norm(fastlazy.lazy(x) * 1, rm, rv, w, b)
+    assert _generic_calls() == before + 1
+    torch.testing.assert_close(got.to_eager(), want)
