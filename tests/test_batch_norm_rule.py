@@ -127,3 +127,20 @@ def test_mixed_dtypes_take_the_generic_path_with_eagers_values():
     got = F.batch_norm(fastlazy.lazy(x) * 1, rm, rv, w, b)
     assert _generic_calls() == before + 1
     torch.testing.assert_close(got.to_eager(), want)
+
+
+def test_inference_compiles_on_inductor_with_eps_a_graph_input():
+    """eps is a graph input (a new value never recompiles); inductor gets
+    batch_norm's arithmetic with it, not a .item() it cannot trace."""
+    was = fastlazy.backend()
+    fastlazy.set_backend("inductor")
+    try:
+        x = torch.randn(2, 3, 4, 4)
+        rm, rv, w, b = _stats(3)
+        before = metrics.counters()["compile_failures"]
+        for eps in (1e-3, 1e-1):
+            got = F.batch_norm(fastlazy.lazy(x) * 1, rm, rv, w, b, False, 0.1, eps)
+            torch.testing.assert_close(got.to_eager(), F.batch_norm(x, rm, rv, w, b, False, 0.1, eps))
+        assert metrics.counters()["compile_failures"] == before
+    finally:
+        fastlazy.set_backend(was)

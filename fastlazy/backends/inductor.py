@@ -405,12 +405,31 @@ def _layer_norm(graph, args, kwargs):
     return graph.call_function(_layer_norm_of, tuple(args[:5]))
 
 
+def _batch_norm_of(x, weight, bias, mean, var, training, momentum, eps, cudnn_enabled):
+    """Inference batch_norm with eps a 0-dim tensor: as aten computes it,
+    (x - mean) * rsqrt(var + eps) * weight + bias over dim 1."""
+    per_channel = [-1] + [1] * (x.dim() - 2)
+    y = (x - mean.view(per_channel)) * builtin("rsqrt")(var + eps).view(per_channel)
+    if weight is not None:
+        y = y * weight.view(per_channel)
+    if bias is not None:
+        y = y + bias.view(per_channel)
+    return y
+
+
+def _batch_norm(graph, args, kwargs):
+    if not isinstance(args[7], torch.fx.Node):
+        return graph.call_function(_function("batch_norm"), tuple(args))
+    return graph.call_function(_batch_norm_of, tuple(args))
+
+
 _DECOMPOSE = {
     "add": (("alpha",), _add_alpha),
     "sub": (("alpha",), _sub_alpha),
     "rsub": (("alpha",), _rsub_alpha),
     "leaky_relu": (("*",), _leaky_relu),
     "layer_norm": (("*",), _layer_norm),
+    "batch_norm": (("*",), _batch_norm),
 }
 
 
