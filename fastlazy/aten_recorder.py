@@ -56,7 +56,7 @@ class Recorder(TorchDispatchMode):
     def _record(self, func, args, kwargs, out):
         if not isinstance(func, torch._ops.OpOverload):
             return f"calls {func}"
-        if torch.Tag.nondeterministic_seeded in func.tags and not _no_dropout(func, args, kwargs):
+        if torch.Tag.nondeterministic_seeded in func.tags and not no_dropout(func, args, kwargs):
             return "a random op"
         if func._schema.is_mutable:
             return "writes an argument"
@@ -111,9 +111,10 @@ class Recorder(TorchDispatchMode):
         return torch.fx.GraphModule(torch.nn.Module(), self.graph)
 
 
-def _no_dropout(func, args, kwargs):
-    """An attention kernel tagged random for its dropout, called with none
-    (capture.py's purity check lets it through too)."""
+def no_dropout(func, args, kwargs):
+    """Is this call of an op tagged random for its dropout (an attention
+    kernel) made with none?  Then it is pure: recorded here, and let
+    through capture.py's purity check."""
     for k, arg in enumerate(func._schema.arguments):
         if arg.name == "dropout_p":
             value = args[k] if k < len(args) else kwargs.get("dropout_p", arg.default_value)

@@ -24,7 +24,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from fastlazy import _core, program_templates, views
-from fastlazy.aten_recorder import Recorder
+from fastlazy.aten_recorder import Recorder, no_dropout
 from fastlazy.symbolic_sizes import make_sizes_symbolic
 from fastlazy._core import LazyTensor
 
@@ -375,7 +375,7 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled):
 
 
 # Exceptions to _REFUSED_TAGS: an attention kernel tagged random for its
-# dropout, called with none (_no_dropout); an in-place view op on the
+# dropout, called with none (no_dropout); an in-place view op on the
 # program's own intermediate (quantile's squeeze_), as pure as seen from
 # outside as any other write to an intermediate; and ops tagged
 # data-dependent for one kind of argument only (a boolean mask index), whose
@@ -403,16 +403,6 @@ def _writes_an_input(node, inputs):
             if any(isinstance(i, torch.Tensor) and torch._C._is_alias_of(fake, i)
                    for i in inputs):
                 return True
-    return False
-
-
-def _no_dropout(node):
-    """An attention kernel tagged random for its dropout, called with none."""
-    for k, arg in enumerate(node.target._schema.arguments):
-        if arg.name == "dropout_p":
-            value = (node.args[k] if k < len(node.args)
-                     else node.kwargs.get("dropout_p", arg.default_value))
-            return value == 0
     return False
 
 
@@ -454,7 +444,8 @@ def _checked(gm, contiguous):
         if target in _UPDATES_RUNNING_STATS and node.args[5] and node.args[3] is not None:
             raise Unsafe("updates batch-norm running statistics in place (eager buffers)")
         for tag, reason in _REFUSED_TAGS.items():
-            if tag in target.tags and not (tag is _SEEDED and _no_dropout(node)) \
+            if tag in target.tags \
+                    and not (tag is _SEEDED and no_dropout(target, node.args, node.kwargs)) \
                     and not (tag is _DYNAMIC_SHAPE and target in _SHAPE_FROM_FAKE) \
                     and not (tag is _INPLACE_VIEW and not _writes_an_input(node, inputs)):
                 raise Unsafe(f"{target}: {reason}")
@@ -562,7 +553,7 @@ def _lift_draws(gm):
     for node in list(gm.graph.nodes):
         target = node.target
         if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
-                or _SEEDED not in target.tags or _no_dropout(node)):
+                or _SEEDED not in target.tags or no_dropout(target, node.args, node.kwargs)):
             continue
         carrier = _fill_carrier(node, order)
         if carrier is None and target not in _METADATA_ONLY:
