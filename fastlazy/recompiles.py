@@ -76,11 +76,11 @@ def _type_difference(old, new):
     return "new input types", ""
 
 
-def _nearest(nodes):
-    """The compiled skeleton sharing the longest prefix with `nodes`, and the
-    length of that prefix."""
+def _nearest(nodes, seen):
+    """The skeleton in `seen` sharing the longest prefix with `nodes`, and
+    the length of that prefix."""
     best, best_len = None, -1
-    for (_backend, (other, _)), _types in _seen.items():
+    for _backend, (other, _) in seen:
         n = 0
         for a, b in zip(nodes, other):
             if a != b:
@@ -96,15 +96,19 @@ def explain(view, backend, with_shapes, flush_site=None):
     skel = (backend, skeleton(view))
     types = input_types(view, with_shapes)
     with _lock:
-        if not _seen:
+        # A snapshot taken in one C call: a signal handler or finalizer run
+        # between bytecodes below may flush and add to _seen (the lock is
+        # re-entrant), and iterating the live dict would then raise.
+        seen = list(_seen)
+        if not seen:
             reason, detail, site = "first graph", "", None
         elif skel in _seen:
             reason, detail = _type_difference(_seen[skel][-1], types)
             site = None
-        elif any(other[1] == skel[1] for other in _seen):
+        elif any(other[1] == skel[1] for other in seen):
             reason, detail, site = "new backend", backend, None
         else:
-            nearest, k = _nearest(skel[1][0])
+            nearest, k = _nearest(skel[1][0], seen)
             reason = "new graph structure"
             if k < len(view.nodes):
                 node = view.nodes[k]

@@ -1,4 +1,5 @@
 """Every cache miss says why."""
+import sys
 import warnings
 
 import pytest
@@ -78,3 +79,28 @@ def test_warn_when_a_site_keeps_compiling(monkeypatch):
             (a.to(dtype) * 2).to_eager()   # the same line, a new dtype each time
     found = [w for w in caught if issubclass(w.category, recompiles.RecompileWarning)]
     assert len(found) == 1 and "has caused 3 compiles" in str(found[0].message)
+
+
+def test_a_flush_run_inside_the_explanation_of_another():
+    # A signal handler or finalizer runs Python between any two bytecodes of
+    # explain() -- here while it compares skeletons -- and may flush a graph
+    # of its own, which adds a skeleton to those being compared.
+    a = fastlazy.lazy(torch.rand(4))
+    (a * 2).exp().to_eager()
+    inner = []
+
+    def tracer(frame, event, arg):
+        # inside the loop over the skeletons (its counter is bound)
+        if (event == "line" and frame.f_code.co_name == "_nearest" and "n" in frame.f_locals
+                and not inner):
+            inner.append((fastlazy.lazy(torch.ones(3)) - 5).sin().to_eager())
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        out = (a * 2).tanh().to_eager()          # a new structure: _nearest runs
+    finally:
+        sys.settrace(None)
+    assert torch.equal(out, (a.to_eager() * 2).tanh())
+    assert torch.equal(inner[0], (torch.ones(3) - 5).sin())
+    assert [r for r, _, _ in list(recompiles.log)[-2:]] == ["new graph structure"] * 2
