@@ -32,7 +32,8 @@ fusion_listing = None
 _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_failed",
                 "tier_promotions", "tier_fast_runs_while_compiling",
                 "tier_frozen_compiles_failed", "tier_frozen_misses",
-                "tier_cpp_wrapper_failures")
+                "tier_cpp_wrapper_failures", "tier_compiles_in_child",
+                "tier_child_compile_fallbacks")
 
 
 def count_fallback(name: str, reason: str = "") -> None:
@@ -91,7 +92,9 @@ def counters() -> dict:
         d["deep_graphs"] = _events["deep_graphs"]
         # the tiered engine (fastlazy.tiering): background compiles queued,
         # done and failed, graphs promoted to the compiled tier, and runs
-        # on the fast tier while a compile of their graph was under way
+        # on the fast tier while a compile of their graph was under way;
+        # compiles made by the compile process, and those that fell back
+        # to the compile thread (fastlazy.compile_process)
         for name in _TIER_EVENTS:
             d[name] = _events[name]
     d["kernel_layers"] = _steps.kernel_calls()

@@ -23,7 +23,7 @@ import time
 import torch
 import torch.fx
 
-from fastlazy import compile_worker, fx_threads, metrics
+from fastlazy import compile_process, compile_worker, fx_threads, metrics
 from fastlazy.backends.base import Backend, Input, Program, builtin, resolve, run_key
 
 # Inductor's compile is not thread-safe (its caches and dynamo's global
@@ -178,7 +178,15 @@ class _ShapeDispatch:
 
     def _compile_now(self, args, dynamic):
         start = time.perf_counter()
-        if self.frozen:
+        compiled = None
+        # (a frozen graph cannot go: inductor cannot save a program whose
+        # parameters it folded)
+        if not dynamic and not self.frozen and compile_worker.on_compile_thread() \
+                and compile_process.takes(args):
+            compiled = self._compile_in_child(args)
+        if compiled is not None:
+            pass
+        elif self.frozen:
             from torch._inductor import compile as inductor_compile, config
             # freezing applies to inference graphs: compiled without grad
             with config.patch(freezing=True), torch.no_grad():
@@ -195,6 +203,19 @@ class _ShapeDispatch:
             compiled = inductor_compile(self.gm, list(args))
         metrics.add_compile_time(time.perf_counter() - start)
         return compiled
+
+    def _compile_in_child(self, args):
+        """The compile process's program (fastlazy.compile_process), or
+        None where the job did not make it through and this thread must
+        compile."""
+        try:
+            return compile_process.compile(self.gm, args)
+        except compile_process.Unavailable as exc:
+            if compile_worker.closing():
+                raise RuntimeError("fastlazy is exiting: compile dropped") from exc
+            metrics.count_event("tier_child_compile_fallbacks")
+            compile_process.last_error = str(exc)
+            return None
 
 
 def _cpp_wrapper_pays(args):
@@ -431,6 +452,15 @@ _DECOMPOSE = {
     "layer_norm": (("*",), _layer_norm),
     "batch_norm": (("*",), _batch_norm),
 }
+
+
+def __getattr__(name):
+    """`aten_<name>`: the FX target _function(<name>) -- so that a graph's
+    targets are importable by name (pickled for the compile process, keyed
+    by inductor's caches)."""
+    if name.startswith("aten_"):
+        return _function(name[len("aten_"):])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.lru_cache(maxsize=None)

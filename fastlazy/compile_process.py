@@ -1,0 +1,321 @@
+"""Inductor compiles in a separate process, so that no compiler's Python
+shares the user's GIL.
+
+A background compile on a thread of the user's process competes for the GIL
+with the user's thread: W4's BERT ran its calls at 1.30-1.39 ms while its
+graph compiled beside it, against 0.90 ms with no compile (cold process, 2
+cores, the thread throttled by compile_worker).  Here the compile thread
+only sends the FX graph and its inputs' metadata to one long-lived child
+process and waits for the answer without the GIL; the child compiles with
+inductor's standalone_compile and saves the artifact (its kernels land in
+inductor's cache directory, shared with the parent), and the parent loads
+it (a few milliseconds once the child has compiled it).
+
+The child inherits the environment and receives the parent's inductor
+config with every job, so patches the caller made (cpp_wrapper) apply
+there.  Anything that stops a job from making it through the child (no
+child, a graph it cannot pickle or save, a crash) raises `Unavailable`, and
+the caller compiles on its own thread as before.  CPU graphs only (a CUDA
+compile would need the child to hold a second CUDA context), and not those
+compiled with their parameters frozen: inductor cannot save a program whose
+parameters it folded into constants.
+
+`FASTLAZY_COMPILE_PROCESS=0` turns it off.
+
+The child is `python -m fastlazy.compile_process`: a loop that reads a job
+from stdin and writes the answer to stdout, each a length-prefixed pickle.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import io
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+
+import torch
+import torch.fx
+from torch.fx.node import map_aggregate, map_arg
+
+from fastlazy import metrics
+
+_HEADER = struct.Struct("<Q")
+
+
+class Unavailable(Exception):
+    """The job did not make it through the compile process."""
+
+
+def enabled() -> bool:
+    return os.environ.get("FASTLAZY_COMPILE_PROCESS", "1") != "0"
+
+
+def takes(args) -> bool:
+    """Whether a compile for `args` may go to the compile process."""
+    return enabled() and all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+
+
+# -- the parent's side -------------------------------------------------------------
+
+_lock = threading.Lock()
+_child: subprocess.Popen | None = None
+_broken = False             # the child could not start or died: no new one
+last_error = ""             # why the last job compiled on the caller's thread
+
+
+def compile(gm, args):
+    """The inductor-compiled callable of `gm` for inputs like `args`
+    (static shapes), compiled in the compile process with the inductor
+    config in force here."""
+    from torch._inductor import CompiledArtifact, config
+
+    job = {"graph": _pickled(gm), "inputs": [_describe(a) for a in args],
+           "config": config.save_config()}
+    with _lock:
+        answer = _ask(job)
+    if "error" in answer:
+        raise Unavailable(answer["error"])
+    path = answer["path"]
+    try:
+        compiled = CompiledArtifact.load(path=path, format="binary")
+    except Exception as exc:      # noqa: BLE001 - the caller compiles here instead
+        raise Unavailable(f"loading the compiled artifact failed: {exc}") from exc
+    finally:
+        _remove(path)
+    metrics.count_event("tier_compiles_in_child")
+    return compiled
+
+
+def _pickled(gm) -> bytes:
+    """gm's nodes and buffers.  (Not the GraphModule itself: unpickling
+    one traces its code again symbolically, and fastlazy's helpers that
+    read sizes cannot run on fx Proxies.)"""
+    nodes = [(n.op, n.name, n.target, map_arg(n.args, _name_of), map_arg(n.kwargs, _name_of))
+             for n in gm.graph.nodes]
+    buffers = {name: t.detach() for name, t in gm.named_buffers()}
+    data = io.BytesIO()
+    try:
+        _GraphPickler(data).dump((nodes, buffers))
+    except Exception as exc:      # noqa: BLE001 - a target that is not importable
+        raise Unavailable(f"the graph cannot be pickled: {exc}") from exc
+    return data.getvalue()
+
+
+class _NodeName:
+    """A node's name standing for the node in a pickled graph's arguments."""
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _name_of(node):
+    return _NodeName(node.name)
+
+
+class _GraphPickler(pickle.Pickler):
+    """Pickles aten operators by name (pybind objects do not pickle)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch._ops.OpOverload):
+            return _aten_overload, (obj.namespace, obj._opname, obj._overloadname)
+        if isinstance(obj, torch._ops.OpOverloadPacket):
+            namespace, name = obj._qualified_op_name.split("::")
+            return _aten_packet, (namespace, name)
+        return NotImplemented
+
+
+def _aten_packet(namespace, name):
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+def _aten_overload(namespace, name, overload):
+    return getattr(_aten_packet(namespace, name), overload)
+
+
+def _graph_module(pickled: bytes) -> torch.fx.GraphModule:
+    """The GraphModule _pickled(gm) describes."""
+    nodes, buffers = pickle.loads(pickled)
+    root = torch.nn.Module()
+    for name, t in buffers.items():
+        root.register_buffer(name, t)
+    graph = torch.fx.Graph()
+    env = {}
+
+    def node_of(a):
+        return env[a.name] if isinstance(a, _NodeName) else a
+
+    for op, name, target, args, kwargs in nodes:
+        args, kwargs = map_aggregate(args, node_of), map_aggregate(kwargs, node_of)
+        if op == "output":
+            graph.output(args[0])
+            continue
+        env[name] = graph.create_node(op, target, args, kwargs, name)
+    return torch.fx.GraphModule(root, graph)
+
+
+def _describe(value):
+    """What the child needs of an input: a tensor's metadata (it compiles
+    with fresh memory of those sizes, strides and dtype), or the value."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.requires_grad)
+    return ("value", value)
+
+
+def _ask(job):
+    child = _ensure_child()
+    try:
+        _send(child.stdin, job)
+        return _receive(child.stdout)
+    except (OSError, EOFError, pickle.PickleError, struct.error) as exc:
+        _discard_child()
+        raise Unavailable(f"the compile process stopped: {exc}") from exc
+
+
+def _ensure_child() -> subprocess.Popen:
+    global _child, _broken
+    if _child is not None and _child.poll() is None:
+        return _child
+    if _broken:
+        raise Unavailable("the compile process stopped or could not start earlier: "
+                          "compiles stay on the compile thread")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    try:
+        # started from the compile thread, the child inherits its lowered
+        # priority (Linux niceness is per thread), and so do the C++
+        # compilers inductor starts
+        _child = subprocess.Popen([sys.executable, "-m", "fastlazy.compile_process"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, env=env)
+    except OSError as exc:
+        _broken = True
+        raise Unavailable(f"the compile process could not be started: {exc}") from exc
+    return _child
+
+
+def _discard_child():
+    global _child, _broken
+    child, _child = _child, None
+    _broken = True
+    if child is not None:
+        _stop(child)
+
+
+def _stop(child):
+    try:
+        child.stdin.close()
+        child.wait(timeout=1)
+    except Exception:             # noqa: BLE001 - a child that will not end is killed
+        child.kill()
+
+
+@atexit.register
+def _close():
+    """At exit the child is killed, whatever it is compiling: nobody will
+    run what it makes."""
+    child = _child
+    if child is not None and child.poll() is None:
+        child.kill()
+
+
+def _send(stream, obj):
+    data = pickle.dumps(obj)
+    stream.write(_HEADER.pack(len(data)))
+    stream.write(data)
+    stream.flush()
+
+
+def _receive(stream):
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError("no answer")
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("a cut answer")
+    return pickle.loads(data)
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+# -- the child's side --------------------------------------------------------------
+
+def _compile_job(job):
+    from torch._inductor import config
+
+    config.load_config(job["config"])
+    gm = _graph_module(job["graph"])
+    _mark_cacheable(gm)
+    examples = [_example(*described) for described in job["inputs"]]
+    artifact = torch._inductor.standalone_compile(
+        gm, examples, dynamic_shapes="from_example_inputs", aot=True)
+    handle, path = tempfile.mkstemp(prefix="fastlazy-compiled-", suffix=".bin")
+    os.close(handle)
+    artifact.save(path=path, format="binary")
+    return {"path": path}
+
+
+def _mark_cacheable(gm):
+    """Declare fastlazy's FX targets in `gm` (aten wrappers and helpers)
+    safe for inductor's caches, through which standalone_compile saves its
+    program; each keyed by its module's source, so that a changed helper
+    is a new key."""
+    from torch._inductor import config
+    marked = config.unsafe_marked_cacheable_functions
+    for node in gm.graph.nodes:
+        module = getattr(node.target, "__module__", None) or ""
+        if node.op == "call_function" and module.startswith("fastlazy."):
+            marked.setdefault(f"{module}.{node.target.__name__}", _source_key(module))
+
+
+@functools.lru_cache(maxsize=None)
+def _source_key(module: str) -> str:
+    with open(sys.modules[module].__file__, "rb") as source:
+        return hashlib.sha256(source.read()).hexdigest()[:16]
+
+
+def _example(kind, *described):
+    if kind != "tensor":
+        return described[0]
+    shape, stride, dtype, requires_grad = described
+    return torch.empty_strided(shape, stride, dtype=dtype).zero_().requires_grad_(requires_grad)
+
+
+def _serve():
+    # the protocol owns the real stdout; anything printed goes to stderr
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    jobs = sys.stdin.buffer
+    torch.set_num_threads(1)
+    while True:
+        try:
+            job = _receive(jobs)
+        except EOFError:
+            return
+        try:
+            answer = _compile_job(job)
+        except Exception as exc:      # noqa: BLE001 - reported to the parent
+            answer = {"error": f"{type(exc).__name__}: {exc}"[:1000] + "\n" +
+                      traceback.format_exc()[-2000:]}
+        _send(answers, answer)
+
+
+if __name__ == "__main__":
+    # the package's module, not this __main__ copy: the jobs' pickles name
+    # its classes
+    from fastlazy import compile_process
+    compile_process._serve()

@@ -1,0 +1,131 @@
+"""Background compiles of CPU graphs run in a child process (no compiler
+shares the user's GIL); a job that cannot go there is compiled on the
+compile thread as before, and every value stays eager's."""
+import operator
+
+import pytest
+import torch
+
+import fastlazy
+from fastlazy import compile_process, graph_cache, tiering
+from fastlazy.backends import inductor
+
+from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
+
+
+@pytest.fixture
+def auto(monkeypatch):
+    """The tiered engine, graphs hot after one run, short probes."""
+    before = fastlazy.backend()
+    fastlazy.mark_step()
+    fastlazy.set_backend("auto")
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    graph_cache.clear()
+    fastlazy.metrics.reset()
+    yield
+    assert tiering.wait(300)
+    fastlazy.mark_step()
+    fastlazy.set_backend(before)
+
+
+def graph(a, b, k):
+    return ((a * b + k).sigmoid() * 3 - a).sum(1)
+
+
+def other_graph(a, b, k):
+    return (a - b * k).tanh().sum(0)
+
+
+def run_until_settled(a, b, f=graph):
+    """f's runs until its background compile is done and its probe over,
+    every value checked against eager's."""
+    for k in (0.5, 1.5):
+        torch.testing.assert_close(f(fastlazy.lazy(a), fastlazy.lazy(b), k).to_eager(), f(a, b, k))
+    assert tiering.wait(300)
+    for k in range(tiering.probe_calls() + 2):
+        torch.testing.assert_close(f(fastlazy.lazy(a), fastlazy.lazy(b), k / 3).to_eager(),
+                                   f(a, b, k / 3))
+
+
+def counted(name):
+    return fastlazy.metrics.counters()[name]
+
+
+def test_a_graph_travels_to_the_child_with_every_kind_of_target():
+    g = torch.fx.Graph()
+    x, n = g.placeholder("x"), g.placeholder("n")
+    weight = g.get_attr("weight")
+    added = g.call_function(torch.ops.aten.add.Tensor, (x, weight))             # an overload
+    scaled = g.call_function(torch.ops.aten.mul, (added, n))                   # a packet
+    shifted = g.call_function(inductor._function("sub"), (scaled, 1))           # fastlazy's
+    sizes = g.call_function(inductor._trailing_dims, (shifted, 1))              # a helper
+    width = g.call_function(operator.getitem, (sizes, 0))                       # a builtin
+    cast = g.call_function(torch.ops.aten._to_copy.default, (shifted,),
+                           {"dtype": torch.float64, "memory_format": torch.contiguous_format})
+    part = g.call_function(operator.getitem, (cast, (slice(None), slice(0, 2))))
+    g.output((part, width))
+    root = torch.nn.Module()
+    root.register_buffer("weight", torch.arange(4.0))
+    gm = torch.fx.GraphModule(root, g)
+
+    again = compile_process._graph_module(compile_process._pickled(gm))
+    x, n = torch.randn(3, 4), torch.tensor(2.5)
+    got, want = again(x, n), gm(x, n)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert got[1] == want[1] == 4 and got[0].dtype == torch.float64
+
+
+def test_a_background_compile_runs_in_the_child(auto):
+    run_until_settled(torch.randn(8, 16), torch.randn(8, 16))
+    assert counted("tier_compiles_in_child") == 1, compile_process.last_error
+    assert counted("tier_child_compile_fallbacks") == 0
+    assert graph_cache.tiers()[0]["tier"] in ("hot", "fast (compiled was slower)")
+
+
+def test_a_job_the_child_fails_is_compiled_on_the_thread(auto, monkeypatch):
+    monkeypatch.setattr(compile_process, "_ask", lambda job: {"error": "ValueError: no"})
+    run_until_settled(torch.randn(8, 16), torch.randn(8, 16))
+    assert counted("tier_compiles_in_child") == 0
+    assert counted("tier_child_compile_fallbacks") == 1
+    assert "ValueError: no" in compile_process.last_error
+    assert counted("tier_compiles_done") == 1 and counted("tier_compiles_failed") == 0
+
+
+def test_a_child_that_dies_mid_job_is_not_used_again(auto, monkeypatch):
+    monkeypatch.setattr(compile_process, "_child", None)
+    monkeypatch.setattr(compile_process, "_broken", False)
+
+    def cut(stream):
+        raise EOFError("no answer")
+    monkeypatch.setattr(compile_process, "_receive", cut)
+    run_until_settled(torch.randn(8, 16), torch.randn(8, 16))
+    assert compile_process._broken and compile_process._child is None
+    assert counted("tier_child_compile_fallbacks") == 1
+    # the next graph does not try
+    run_until_settled(torch.randn(4, 5), torch.randn(4, 5), other_graph)
+    assert counted("tier_child_compile_fallbacks") == 2
+    assert "stopped" in compile_process.last_error
+
+
+def test_the_child_can_be_turned_off(auto, monkeypatch):
+    monkeypatch.setenv("FASTLAZY_COMPILE_PROCESS", "0")
+    run_until_settled(torch.randn(8, 16), torch.randn(8, 16))
+    assert counted("tier_compiles_in_child") == counted("tier_child_compile_fallbacks") == 0
+    assert counted("tier_compiles_done") == 1
+
+
+def test_a_graph_reading_parameters_keeps_its_frozen_candidate(auto):
+    # the plain candidate comes from the child; the frozen one cannot (its
+    # folded parameters do not save) and is compiled on the thread
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        want = torch.relu(layer(x))
+        for _ in range(2 + tiering.probe_calls() * 3):
+            got = torch.relu(layer(fastlazy.lazy(x))).to_eager()
+            torch.testing.assert_close(got, want)
+            tiering.wait(300)
+    assert counted("tier_compiles_in_child") == 1, compile_process.last_error
+    assert counted("tier_frozen_compiles_failed") == 0
+    assert counted("tier_child_compile_fallbacks") == 0
