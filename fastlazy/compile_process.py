@@ -70,13 +70,13 @@ _broken = False             # the child could not start or died: no new one
 last_error = ""             # why the last job compiled on the caller's thread
 
 
-def compile(gm, args):
-    """The inductor-compiled callable of `gm` for inputs like `args`
-    (static shapes), compiled in the compile process with the inductor
-    config in force here."""
+def compile(graph, args):
+    """The inductor-compiled callable of the FX `graph` for inputs like
+    `args` (static shapes), compiled in the compile process with the
+    inductor config in force here."""
     from torch._inductor import CompiledArtifact, config
 
-    job = {"graph": _pickled(gm), "inputs": [_describe(a) for a in args],
+    job = {"graph": _pickled(graph), "inputs": [_describe(a) for a in args],
            "config": config.save_config()}
     with _lock:
         answer = _ask(job)
@@ -93,13 +93,13 @@ def compile(gm, args):
     return compiled
 
 
-def _pickled(gm) -> bytes:
-    """gm's nodes and buffers.  (Not the GraphModule itself: unpickling
-    one traces its code again symbolically, and fastlazy's helpers that
-    read sizes cannot run on fx Proxies.)"""
+def _pickled(graph, buffers=None) -> bytes:
+    """An FX graph's nodes, and the tensors its get_attr nodes read.  (Not
+    a GraphModule: unpickling one traces its code again symbolically, and
+    fastlazy's helpers that read sizes cannot run on fx Proxies.)"""
     nodes = [(n.op, n.name, n.target, map_arg(n.args, _name_of), map_arg(n.kwargs, _name_of))
-             for n in gm.graph.nodes]
-    buffers = {name: t.detach() for name, t in gm.named_buffers()}
+             for n in graph.nodes]
+    buffers = {name: t.detach() for name, t in (buffers or {}).items()}
     data = io.BytesIO()
     try:
         _GraphPickler(data).dump((nodes, buffers))
@@ -216,6 +216,10 @@ def _stop(child):
         child.wait(timeout=1)
     except Exception:             # noqa: BLE001 - a child that will not end is killed
         child.kill()
+    try:
+        child.stdout.close()
+    except OSError:
+        pass
 
 
 @atexit.register
@@ -223,8 +227,19 @@ def _close():
     """At exit the child is killed, whatever it is compiling: nobody will
     run what it makes."""
     child = _child
-    if child is not None and child.poll() is None:
+    if child is None:
+        return
+    if child.poll() is None:
         child.kill()
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (child.stdin, child.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 def _send(stream, obj):

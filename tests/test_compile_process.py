@@ -69,7 +69,7 @@ def test_a_graph_travels_to_the_child_with_every_kind_of_target():
     root.register_buffer("weight", torch.arange(4.0))
     gm = torch.fx.GraphModule(root, g)
 
-    again = compile_process._graph_module(compile_process._pickled(gm))
+    again = compile_process._graph_module(compile_process._pickled(g, dict(gm.named_buffers())))
     x, n = torch.randn(3, 4), torch.tensor(2.5)
     got, want = again(x, n), gm(x, n)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)

@@ -33,8 +33,13 @@ class Program:
         self.slots = tuple(slots)
         self.call = call
         self.single = single
-        self.source = source       # IR or code text, for fastlazy.debug
+        self._source = source      # IR or code text (or a callable making it)
         self._first_call = first_call
+
+    @property
+    def source(self) -> str:
+        """The program's IR or code text, for fastlazy.debug."""
+        return self._source() if callable(self._source) else self._source
 
     def run(self, inputs):
         first, self._first_call = self._first_call, None

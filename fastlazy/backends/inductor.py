@@ -56,9 +56,9 @@ class InductorBackend(Backend):
         under way on the background thread; without one, compiles happen
         at the call that needs them.  on_replay(): called per replayed run
         (default: counted as a fallback)."""
-        gm, kinds = _build_fx(view)
-        dispatch = _ShapeDispatch(gm, kinds, self, replay, on_replay)
-        return Program([s.position for s in view.slots], dispatch, False, gm.code)
+        graph, kinds = _build_fx(view)
+        dispatch = _ShapeDispatch(graph, kinds, self, replay, on_replay)
+        return Program([s.position for s in view.slots], dispatch, False, lambda: dispatch.gm.code)
 
     def compile_frozen(self, view, frozen) -> Program:
         """The graph with the tensors in `frozen` (slot position -> tensor)
@@ -67,9 +67,10 @@ class InductorBackend(Backend):
         slots are the other positions; static shapes only.  The caller
         must check on every call that the same tensors, unchanged, are
         the graph's inputs at those positions (tiering does)."""
-        gm, kinds = _build_fx(view)
+        graph, kinds = _build_fx(view)
+        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
         kinds = _freeze(gm, view, frozen, kinds)
-        dispatch = _ShapeDispatch(gm, kinds, self, None, None, frozen=True)
+        dispatch = _ShapeDispatch(gm.graph, kinds, self, None, None, frozen=True, gm=gm)
         return Program([s.position for s in view.slots if s.position not in frozen],
                        dispatch, False, gm.code)
 
@@ -84,8 +85,9 @@ class InductorBackend(Backend):
 class _ShapeDispatch:
     """Compiled versions of one graph structure, by input shapes."""
 
-    def __init__(self, gm, kinds, backend, replay, on_replay, frozen=False):
-        self.gm = gm
+    def __init__(self, graph, kinds, backend, replay, on_replay, frozen=False, gm=None):
+        self.graph = graph
+        self._gm = gm             # made when a compile on this process needs it
         self.frozen = frozen      # gm holds constants: inductor's freezing, static shapes
         self.kinds = kinds        # per input: None (a tensor) or a scalar kind
         self.backend = backend
@@ -94,6 +96,14 @@ class _ShapeDispatch:
         self.by_shape = {}        # shapes -> compiled callable or pending Future
         self.dynamic = None       # the dynamic-shape version (or its Future)
         self.failed = False       # a background compile failed: replay from now on
+
+    @property
+    def gm(self):
+        """The graph as a GraphModule (its code generated: ~half the cost
+        of building the graph, which a compile in the child never needs)."""
+        if self._gm is None:
+            self._gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        return self._gm
 
     def _args(self, inputs):
         return [v if kind is None else _scalar_tensor(kind, v)
@@ -209,7 +219,7 @@ class _ShapeDispatch:
         None where the job did not make it through and this thread must
         compile."""
         try:
-            return compile_process.compile(self.gm, args)
+            return compile_process.compile(self.graph, args)
         except compile_process.Unavailable as exc:
             if compile_worker.closing():
                 raise RuntimeError("fastlazy is exiting: compile dropped") from exc
@@ -283,7 +293,7 @@ def _example(node_or_slot):
 
 
 def _build_fx(view):
-    """The FX graph of a view, and per input: None (a tensor) or the kind of
+    """The FX graph (a torch.fx.Graph) of a view, and per input: None (a tensor) or the kind of
     the Python scalar that travels as a 0-dim tensor."""
     graph = torch.fx.Graph()
     env = {}
@@ -316,7 +326,7 @@ def _build_fx(view):
         env[("node", node.index)] = value
         meta[("node", node.index)] = (node.dtype, len(node.shape), None)
     graph.output(tuple(env[("node", i)] for i in view.outputs))
-    return torch.fx.GraphModule(torch.nn.Module(), graph), kinds
+    return graph, kinds
 
 
 def _lower(graph, node, env, meta, cast):
