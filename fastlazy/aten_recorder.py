@@ -96,9 +96,10 @@ class Recorder(TorchDispatchMode):
         return None
 
     def program(self, results):
-        """The GraphModule computing `results` (the call's result tensors,
+        """The FX graph computing `results` (the call's result tensors,
         None leaves left out) from the inputs, or None where the calls
-        recorded are no such program."""
+        recorded are no such program.  (A Graph: capture checks and edits
+        it before its one GraphModule, and code, is made.)"""
         if self.failed is not None:
             return None
         outputs = []
@@ -108,7 +109,7 @@ class Recorder(TorchDispatchMode):
                 return None
             outputs.append(node)
         self.graph.output(tuple(outputs))
-        return torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        return self.graph
 
 
 def no_dropout(func, args, kwargs):

@@ -428,12 +428,14 @@ def _trace(func, args, kwargs, examples, contiguous):
     return _checked(gm, contiguous), constants, draws
 
 
-def _checked(gm, contiguous):
-    """gm, a call's aten program (traced or recorded), once it has passed
-    the purity checks (else Unsafe), with sizes read from its inputs and its
-    outputs a flat tuple; `contiguous` as for _trace."""
-    inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    for node in gm.graph.nodes:
+def _checked(program, contiguous):
+    """A call's aten program (a GraphModule traced, or a Graph recorded) as
+    a GraphModule, once it has passed the purity checks (else Unsafe), with
+    sizes read from its inputs and its outputs a flat tuple; `contiguous`
+    as for _trace."""
+    graph = program if isinstance(program, torch.fx.Graph) else program.graph
+    inputs = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
+    for node in graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
             continue
         target = node.target
@@ -451,24 +453,26 @@ def _checked(gm, contiguous):
                 raise Unsafe(f"{target}: {reason}")
         if target is torch.ops.aten._local_scalar_dense.default:
             raise Unsafe("reads a tensor's value")
-    _differentiable_copies(gm)
-    make_sizes_symbolic(gm)         # (before the nodes below, which have no metadata)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    _differentiable_copies(graph)
+    make_sizes_symbolic(graph)         # (before the nodes below, which have no metadata)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for node, flag in zip(placeholders, contiguous):
         if flag and node.users:
-            with gm.graph.inserting_after(placeholders[-1]):
-                made = gm.graph.call_function(torch.ops.aten.contiguous.default, (node,))
+            with graph.inserting_after(placeholders[-1]):
+                made = graph.call_function(torch.ops.aten.contiguous.default, (node,))
             node.replace_all_uses_with(made, delete_user_cb=lambda user: user is not made)
-    output = list(gm.graph.nodes)[-1]
+    output = list(graph.nodes)[-1]
     leaves = [v for v in pytree.tree_leaves(output.args[0]) if v is not None]
     if not all(isinstance(v, torch.fx.Node) for v in leaves):
         raise Unsafe("returns something other than tensors")
     output.args = (tuple(leaves),)
-    gm.recompile()
-    return gm
+    if isinstance(program, torch.fx.Graph):
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+    program.recompile()
+    return program
 
 
-def _differentiable_copies(gm):
+def _differentiable_copies(graph):
     """Functionalization turns a write of a tensor's elements (`y[1] = v`,
     `y.copy_(v)`) into aten.copy(y, v), which has no derivative: a program
     that builds autograd history through it would fail at backward where
@@ -476,22 +480,22 @@ def _differentiable_copies(gm):
     cast to its dtype and device (what copy computes, contiguous as a copy
     of a contiguous y is) come from expand and _to_copy, which have
     derivatives."""
-    for node in list(gm.graph.nodes):
+    for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not torch.ops.aten.copy.default:
             continue
         into, source = node.args[0], node.args[1]
         value, made = into.meta["val"], source.meta["val"]
-        with gm.graph.inserting_before(node):
-            spread = gm.graph.call_function(torch.ops.aten.expand.default,
+        with graph.inserting_before(node):
+            spread = graph.call_function(torch.ops.aten.expand.default,
                                             (source, list(value.shape)))
             spread.meta["val"] = made.expand(value.shape)
-            copied = gm.graph.call_function(
+            copied = graph.call_function(
                 torch.ops.aten._to_copy.default, (spread,),
                 {"dtype": value.dtype, "device": value.device,
                  "memory_format": torch.contiguous_format})
             copied.meta["val"] = node.meta["val"]
         node.replace_all_uses_with(copied)
-        gm.graph.erase_node(node)
+        graph.erase_node(node)
 
 
 class Draw:

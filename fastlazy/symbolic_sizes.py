@@ -35,11 +35,11 @@ _ALIGN = {
 }
 
 
-def make_sizes_symbolic(gm: torch.fx.GraphModule) -> bool:
-    """Rewrite gm's size arguments in place; True if any changed.  The
-    caller recompiles gm's code (capture.py does once, after every pass)."""
+def make_sizes_symbolic(graph: torch.fx.Graph) -> bool:
+    """Rewrite the graph's size arguments in place; True if any changed.
+    The caller makes its code (capture.py does once, after every pass)."""
     changed = False
-    for node in list(gm.graph.nodes):
+    for node in list(graph.nodes):
         align = _ALIGN.get(node.target) if node.op == "call_function" else None
         if align is None or len(node.args) < 2:
             continue
@@ -56,11 +56,11 @@ def make_sizes_symbolic(gm: torch.fx.GraphModule) -> bool:
             # (batch * seq, hidden) unflattens the leading dim)
             offset = len(shape) - len(sizes)
         new, free = [], []
-        with gm.graph.inserting_before(node):
+        with graph.inserting_before(node):
             for i, n in enumerate(sizes):
                 dim = i + offset
                 if 0 <= dim < len(shape) and shape[dim] == n and n >= 0:
-                    new.append(gm.graph.call_function(aten.sym_size.int, (source, dim)))
+                    new.append(graph.call_function(aten.sym_size.int, (source, dim)))
                 else:
                     new.append(n)
                     if n >= 0:
