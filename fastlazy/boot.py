@@ -12,9 +12,10 @@ import atexit
 import functools
 import os
 
-from fastlazy import (_core, backends, capture, failures, generic, graph_cache, inference_saves,
-                      lazy_device, metrics, mutation, optable, recompiles, route, sites,
-                      tensor_methods, views)
+from fastlazy import (_core, backends, capture, compile_process, compile_worker, failures,
+                      fx_threads, generic, graph_cache, inference_saves, lazy_device, metrics,
+                      mutation, optable, recompiles, route, sites, tensor_methods, views)
+from fastlazy.backends import inductor
 
 _booted = False
 
@@ -51,8 +52,19 @@ def boot() -> None:
     metrics.fusion_listing = graph_cache.fusion
     graph_cache.set_backend(backends.default_name())
     lazy_device.install()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork)
     _configure_from_environment()
     _booted = True
+
+
+def _after_fork():
+    """In a forked child only the forking thread exists: the compile thread,
+    the parent's compile process and every lock they held stay behind."""
+    compile_worker.forget_after_fork()
+    compile_process.forget_after_fork()
+    inductor.new_lock_after_fork()
+    fx_threads.new_lock_after_fork()
 
 
 def _configure_from_environment():

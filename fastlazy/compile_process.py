@@ -222,6 +222,14 @@ def _stop(child):
         pass
 
 
+def forget_after_fork():
+    """In a forked child: the parent's compile process and its pipes are
+    the parent's (two writers would interleave their jobs); this process
+    starts its own when it needs one."""
+    global _child, _broken, _lock
+    _child, _broken, _lock = None, False, threading.Lock()
+
+
 @atexit.register
 def _close():
     """At exit the child is killed, whatever it is compiling: nobody will

@@ -41,6 +41,15 @@ _start_lock = threading.Lock()
 _closing = False
 
 
+def forget_after_fork():
+    """In a forked child the compile thread is gone (fork copies only the
+    forking thread), and the queue and locks may be in its mid-use state:
+    new ones, and a new thread at the next submit."""
+    global _queue, _thread, _start_lock, _waiting_lock, _waiting
+    _queue, _thread = queue.SimpleQueue(), None
+    _start_lock, _waiting_lock, _waiting = threading.Lock(), threading.Lock(), 0
+
+
 def submit(fn, *args) -> concurrent.futures.Future:
     """Run fn(*args) on the compile thread; its Future."""
     future = concurrent.futures.Future()

@@ -24,6 +24,13 @@ _installed = None
 _trace_lock = threading.RLock()
 
 
+def new_lock_after_fork():
+    """A fresh lock in a forked child (fastlazy's boot registers this): one
+    the compile thread held at the fork would stay held for good there."""
+    global _trace_lock
+    _trace_lock = threading.RLock()
+
+
 def install() -> bool:
     """Idempotent; True if tracing is now thread-safe."""
     global _installed

@@ -2,6 +2,10 @@
 shares the user's GIL); a job that cannot go there is compiled on the
 compile thread as before, and every value stays eager's."""
 import operator
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -11,6 +15,8 @@ from fastlazy import compile_process, graph_cache, tiering
 from fastlazy.backends import inductor
 
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -129,3 +135,51 @@ def test_a_graph_reading_parameters_keeps_its_frozen_candidate(auto):
     assert counted("tier_compiles_in_child") == 1, compile_process.last_error
     assert counted("tier_frozen_compiles_failed") == 0
     assert counted("tier_child_compile_fallbacks") == 0
+
+
+FORKED = textwrap.dedent("""
+    import os, sys, traceback, torch, fastlazy
+    from fastlazy import compile_process, tiering
+    fastlazy.enable(backend="auto")
+    tiering.ENGINE.hot_after = 1
+    a = torch.randn(8, 16)
+
+    def settle(f):
+        for k in (0.5, 1.5):
+            f(fastlazy.lazy(a), k).to_eager()
+        assert tiering.wait(300)
+        for k in range(tiering.probe_calls() + 2):
+            torch.testing.assert_close(f(fastlazy.lazy(a), k / 3).to_eager(), f(a, k / 3))
+
+    def in_child():
+        return fastlazy.metrics.counters()["tier_compiles_in_child"]
+
+    settle(lambda a, k: ((a * k + 1).sigmoid() - a).sum())
+    parents = compile_process._child.pid
+    before = in_child()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            settle(lambda a, k: (a - k).tanh().sum(0))
+            ok = compile_process._child.pid != parents and in_child() == before + 1
+            os._exit(0 if ok else 3)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+    settle(lambda a, k: (a * a + k).cos().sum(1))      # the parent's pipe is its own still
+    assert in_child() == before + 1, fastlazy.metrics.counters()
+    assert fastlazy.metrics.counters()["tier_child_compile_fallbacks"] == 0
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_compiles_in_a_child_of_its_own():
+    # fork copies only the forking thread: the compile thread, the parent's
+    # compile process and its pipes, and any lock they held stay behind
+    done = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")

@@ -31,6 +31,14 @@ from fastlazy.backends.base import Backend, Input, Program, builtin, resolve, ru
 # run during a compile may read a LazyTensor whose graph needs one.
 _compile_lock = threading.RLock()
 
+
+def new_lock_after_fork():
+    """A fresh lock in a forked child (fastlazy's boot registers this): one
+    the compile thread held at the fork would stay held for good there."""
+    global _compile_lock
+    _compile_lock = threading.RLock()
+
+
 _SCALAR_DTYPES = {"bool": torch.bool, "int": torch.int64, "float": torch.float64,
                   "complex": torch.complex128}
 
