@@ -73,7 +73,19 @@ last_error = ""             # why the last job compiled on the caller's thread
 def compile(graph, args):
     """The inductor-compiled callable of the FX `graph` for inputs like
     `args` (static shapes), compiled in the compile process with the
-    inductor config in force here."""
+    inductor config in force here.  Unavailable (its reason kept in
+    `last_error`) where the job did not make it through."""
+    global last_error
+    try:
+        compiled = _compile_in_child(graph, args)
+    except Unavailable as exc:
+        last_error = str(exc)
+        raise
+    metrics.count_event("tier_compiles_in_child")
+    return compiled
+
+
+def _compile_in_child(graph, args):
     from torch._inductor import CompiledArtifact, config
 
     job = {"graph": _pickled(graph), "inputs": [_describe(a) for a in args],
@@ -84,13 +96,11 @@ def compile(graph, args):
         raise Unavailable(answer["error"])
     path = answer["path"]
     try:
-        compiled = CompiledArtifact.load(path=path, format="binary")
+        return CompiledArtifact.load(path=path, format="binary")
     except Exception as exc:      # noqa: BLE001 - the caller compiles here instead
         raise Unavailable(f"loading the compiled artifact failed: {exc}") from exc
     finally:
         _remove(path)
-    metrics.count_event("tier_compiles_in_child")
-    return compiled
 
 
 def _pickled(graph, buffers=None) -> bytes:
@@ -207,19 +217,25 @@ def _discard_child():
     child, _child = _child, None
     _broken = True
     if child is not None:
-        _stop(child)
+        _stop(child, kill=False)
 
 
-def _stop(child):
+def _stop(child, kill):
+    """End the child, at once (kill) or by closing its stdin (it ends at
+    EOF; killed if it has not within a second), and close its pipes."""
+    if kill and child.poll() is None:
+        child.kill()
     try:
-        child.stdin.close()
+        if not kill:
+            child.stdin.close()
         child.wait(timeout=1)
     except Exception:             # noqa: BLE001 - a child that will not end is killed
         child.kill()
-    try:
-        child.stdout.close()
-    except OSError:
-        pass
+    for stream in (child.stdin, child.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 def forget_after_fork():
@@ -234,20 +250,8 @@ def forget_after_fork():
 def _close():
     """At exit the child is killed, whatever it is compiling: nobody will
     run what it makes."""
-    child = _child
-    if child is None:
-        return
-    if child.poll() is None:
-        child.kill()
-    try:
-        child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    for stream in (child.stdin, child.stdout):
-        try:
-            stream.close()
-        except OSError:
-            pass
+    if _child is not None:
+        _stop(_child, kill=True)
 
 
 def _send(stream, obj):

@@ -202,25 +202,26 @@ class _ShapeDispatch:
         if not dynamic and not self.frozen and compile_worker.on_compile_thread() \
                 and compile_process.takes(args):
             compiled = self._compile_in_child(args)
-        if compiled is not None:
-            pass
-        elif self.frozen:
+        if compiled is None:
+            compiled = self._compile_here(args, dynamic)
+        metrics.add_compile_time(time.perf_counter() - start)
+        return compiled
+
+    def _compile_here(self, args, dynamic):
+        if self.frozen:
             from torch._inductor import compile as inductor_compile, config
             # freezing applies to inference graphs: compiled without grad
             with config.patch(freezing=True), torch.no_grad():
-                compiled = inductor_compile(self.gm, list(args))
-        elif dynamic:
+                return inductor_compile(self.gm, list(args))
+        if dynamic:
             compiled = torch.compile(self.gm, backend="inductor", dynamic=True, fullgraph=True)
             compiled(*args)         # compile now, so the time is attributed here
-        else:
-            # Shapes are this dispatcher's key already: inductor straight on
-            # the FX graph, without dynamo's guards on every call.  (Imported
-            # here: importing inductor changes torch, and importing fastlazy
-            # must not.)
-            from torch._inductor import compile as inductor_compile
-            compiled = inductor_compile(self.gm, list(args))
-        metrics.add_compile_time(time.perf_counter() - start)
-        return compiled
+            return compiled
+        # Shapes are this dispatcher's key already: inductor straight on the
+        # FX graph, without dynamo's guards on every call.  (Imported here:
+        # importing inductor changes torch, and importing fastlazy must not.)
+        from torch._inductor import compile as inductor_compile
+        return inductor_compile(self.gm, list(args))
 
     def _compile_in_child(self, args):
         """The compile process's program (fastlazy.compile_process), or
@@ -232,7 +233,6 @@ class _ShapeDispatch:
             if compile_worker.closing():
                 raise RuntimeError("fastlazy is exiting: compile dropped") from exc
             metrics.count_event("tier_child_compile_fallbacks")
-            compile_process.last_error = str(exc)
             return None
 
 
@@ -301,8 +301,9 @@ def _example(node_or_slot):
 
 
 def _build_fx(view):
-    """The FX graph (a torch.fx.Graph) of a view, and per input: None (a tensor) or the kind of
-    the Python scalar that travels as a 0-dim tensor."""
+    """The FX graph (a torch.fx.Graph, not yet a GraphModule) of a view, and
+    per input: None (a tensor) or the kind of the Python scalar that travels
+    as a 0-dim tensor."""
     graph = torch.fx.Graph()
     env = {}
     meta = {}                       # ('node'|'slot', i) -> (dtype, ndim, scalar)
