@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlazy
-from fastlazy import aten_recorder, capture, generic
+from fastlazy import aten_recorder, capture, generic, program_templates
 
 
 @pytest.fixture(autouse=True)
@@ -78,3 +78,72 @@ def test_a_random_call_still_runs_eagerly_with_eagers_draws():
     torch.manual_seed(3)
     got = F.scaled_dot_product_attention(*(fastlazy.lazy(x) * 1,) * 3, dropout_p=0.5)
     torch.testing.assert_close(got.to_eager(), want)
+
+
+@pytest.fixture
+def analyses(monkeypatch):
+    """{"trial": [...], "fake": [...]}: the functions analysed by a trial
+    run on real values, and those analysed by a fake run."""
+    seen = {"trial": [], "fake": []}
+    real_trial, real_fake = capture._trial_run, capture._fake_run
+
+    def trial(func, *a):
+        result = real_trial(func, *a)
+        if result is not None:
+            seen["trial"].append(func)
+        return result
+    monkeypatch.setattr(capture, "_trial_run", trial)
+    monkeypatch.setattr(capture, "_fake_run",
+                        lambda func, *a: seen["fake"].append(func) or real_fake(func, *a))
+    return seen
+
+
+def test_a_small_floating_point_call_is_analysed_by_a_trial_run_not_a_fake_one(analyses):
+    """The trial run's aten calls are the program (no fake run)."""
+    q = torch.randn(1, 6, 4, 8)
+    got = F.scaled_dot_product_attention(*((fastlazy.lazy(q) * 1).transpose(1, 2),) * 3)
+    want = F.scaled_dot_product_attention(*((q * 1).transpose(1, 2),) * 3)
+    torch.testing.assert_close(got.to_eager(), want)
+    assert analyses["trial"] and not analyses["fake"]
+
+
+def test_an_integer_argument_is_analysed_on_fake_tensors(analyses):
+    """Index tensors: a C++ kernel may read their values without an aten
+    call, and the trial's zeros must not become the program."""
+    weight, ids = torch.randn(10, 3), torch.tensor([[1, 7, 3]])
+    got = F.embedding(fastlazy.lazy(ids) * 1, fastlazy.lazy(weight))
+    torch.testing.assert_close(got.to_eager(), F.embedding(ids, weight))
+    assert analyses["fake"] and not analyses["trial"]
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: torch.nonzero(x > 0.5),           # a shape from the values
+    lambda x: x[x > 0.5],                       # a boolean mask made inside the call
+    lambda x: torch.unique(x),
+], ids=["nonzero", "mask", "unique"])
+def test_a_call_whose_trial_reads_values_is_judged_by_the_fake_run(call, analyses):
+    """The trial values decide nothing: a call whose aten calls read values
+    (a data-dependent shape, a value returned to Python) is analysed on fake
+    tensors, which refuse it, and runs eagerly on the real values."""
+    x = torch.tensor([[0.1, 0.9, 0.7], [0.2, 0.6, 0.3]])
+    got = call(fastlazy.lazy(x) * 1)
+    want = call(x)
+    torch.testing.assert_close(got.to_eager() if type(got) is fastlazy.LazyTensor else got, want)
+    assert not analyses["trial"]
+
+
+def test_a_program_from_a_trial_run_keeps_none_of_its_tensors():
+    """The program kept for a signature holds code, not the trial's values."""
+    x = torch.randn(3, 5)
+    program_templates.forget()
+    kept = []
+    real = capture._forget_values
+
+    def forget(graph):
+        real(graph)
+        kept.append(graph)
+    import unittest.mock
+    with unittest.mock.patch.object(capture, "_forget_values", forget):
+        torch.testing.assert_close(F.normalize(fastlazy.lazy(x) * 1, dim=1).to_eager(),
+                                   F.normalize(x, dim=1))
+    assert kept and all("val" not in node.meta for g in kept for node in g.nodes)

@@ -91,15 +91,23 @@ def test_a_dim_argument_is_never_erased():
     torch.testing.assert_close(lx.sum(2).to_eager(), x.sum(2))
 
 
-def test_a_templated_signature_is_judged_on_meta_tensors_not_fake_ones(monkeypatch):
+def test_a_templated_signature_is_judged_on_meta_tensors_not_a_full_analysis(monkeypatch):
     """Once a template exists, a signature of other sizes is checked by a
-    meta run (no FakeTensorMode: 20-50x cheaper); one the meta run cannot
-    judge (no meta kernel) falls back to the fake run."""
+    meta run (no FakeTensorMode, no trial run: 20-50x cheaper); one the meta
+    run cannot judge (no meta kernel) falls back to a full analysis (a
+    trial run on real values, or the fake run where none applies)."""
     from fastlazy import capture
     fake_runs = []
-    real_fake_run = capture._fake_run
+    real_fake_run, real_trial_run = capture._fake_run, capture._trial_run
+
+    def trial_run(*a):
+        result = real_trial_run(*a)
+        if result is not None:
+            fake_runs.append(a[0])
+        return result
     monkeypatch.setattr(capture, "_fake_run",
                         lambda *a: fake_runs.append(a[0]) or real_fake_run(*a))
+    monkeypatch.setattr(capture, "_trial_run", trial_run)
     for channels in (3, 5, 7):
         x = torch.randn(1, channels, 6, 6)
         got = F.adaptive_avg_pool2d(fastlazy.lazy(x), 2).to_eager()
