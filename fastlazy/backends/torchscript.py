@@ -400,16 +400,24 @@ def _legacy_first_call(program, text, *inputs):
     """The graph executor is chosen when a function first runs: pick the
     legacy one where no fuser can act (it runs unfused graphs with less
     overhead).  The switch is process-wide for the length of this one call.
-    The legacy executor's shape analysis rejects some graphs eager runs (a
-    reduction over no dims of a 0-dim bool, then pow); those get a fresh
+    Its plan for these inputs is made then too, unoptimized: the
+    optimization passes took 10-16 ms of a W4 model's first call (GPT-2's
+    87-node graph) and left the calls after it no faster (fastlazy's IR has
+    nothing for them to fold or eliminate); unoptimized, autograd records
+    each op as eager does, with no autodiff subgraph.  The legacy
+    executor's shape analysis, where it runs, rejects some graphs eager runs
+    (a reduction over no dims of a 0-dim bool, then pow); those get a fresh
     function on the default executor."""
     previous = torch._C._jit_set_profiling_executor(False)
+    optimize = torch._C._get_graph_executor_optimize()
+    torch._C._set_graph_executor_optimize(False)
     try:
         return program.call(*inputs)
     except RuntimeError as exc:
         if "shape propagation" not in str(exc):
             raise
     finally:
+        torch._C._set_graph_executor_optimize(optimize)
         torch._C._jit_set_profiling_executor(previous)
     fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
     program.call = _without_autodiff(fn) if type(program.call) is _without_autodiff else fn
