@@ -155,8 +155,8 @@ class TorchScriptBackend(Backend):
             outs = ["%outs"]
         text = "\n".join([f"graph({', '.join(params)}):", *ir.lines, f"  return ({outs[0]})"])
         fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
-        if view.grad:
-            fn = _without_autodiff(fn)
+        if view.grad or not fuses:
+            fn = _unoptimized(fn)
         program = TorchScriptProgram(slots, fn, len(view.outputs) == 1, text, fuses=fuses,
                                      grad=view.grad)
         if not fuses:
@@ -208,7 +208,7 @@ class TorchScriptProgram(Program):
         - "no fuser": nothing can fuse here (CPU without LLVM, or the fuser
           switched off): the legacy executor runs the graph as it is;
         - "autograd": the graph builds autograd history and runs without
-          the executor's optimizations (see _without_autodiff).
+          the executor's optimizations (see _unoptimized).
 
         The optimized graph is the one specialized on the shapes of the first
         runs; other shapes take the executor's fallback path, which it
@@ -400,36 +400,33 @@ def _legacy_first_call(program, text, *inputs):
     """The graph executor is chosen when a function first runs: pick the
     legacy one where no fuser can act (it runs unfused graphs with less
     overhead).  The switch is process-wide for the length of this one call.
-    Its plan for these inputs is made then too, unoptimized: the
-    optimization passes took 10-16 ms of a W4 model's first call (GPT-2's
-    87-node graph) and left the calls after it no faster (fastlazy's IR has
-    nothing for them to fold or eliminate); unoptimized, autograd records
-    each op as eager does, with no autodiff subgraph.  The legacy
-    executor's shape analysis, where it runs, rejects some graphs eager runs
-    (a reduction over no dims of a 0-dim bool, then pow); those get a fresh
-    function on the default executor."""
+    The legacy executor's shape analysis, where it runs, rejects some graphs
+    eager runs (a reduction over no dims of a 0-dim bool, then pow); those
+    get a fresh function on the default executor."""
     previous = torch._C._jit_set_profiling_executor(False)
-    optimize = torch._C._get_graph_executor_optimize()
-    torch._C._set_graph_executor_optimize(False)
     try:
         return program.call(*inputs)
     except RuntimeError as exc:
         if "shape propagation" not in str(exc):
             raise
     finally:
-        torch._C._set_graph_executor_optimize(optimize)
         torch._C._jit_set_profiling_executor(previous)
     fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
-    program.call = _without_autodiff(fn) if type(program.call) is _without_autodiff else fn
+    program.call = _unoptimized(fn) if type(program.call) is _unoptimized else fn
     return program.call(*inputs)
 
 
-class _without_autodiff:
-    """A graph whose inputs require grad, run without the graph executor's
-    optimizations: its autodiff subgraphs fail inside TorchScript (an
-    INTERNAL ASSERT in alias analysis, "We don't have an op for aten::mul")
-    when an intermediate is kept across backward or for double backward.
-    Unoptimized, the executor runs the ops one by one and autograd records
+class _unoptimized:
+    """A graph no fuser acts on, run by the graph executor without its
+    optimization passes.  The executor reads the flag at every call and
+    plans once per flag: optimized, the plan took 10-16 ms of a W4 model's
+    first or second call (GPT-2's 87-node graph: 14 ms) and ran the calls
+    after it no faster (fastlazy's IR leaves the passes nothing to fold or
+    eliminate).  And a graph whose inputs require grad must run so:
+    optimized, its autodiff subgraphs fail inside TorchScript (an INTERNAL
+    ASSERT in alias analysis, "We don't have an op for aten::mul") when an
+    intermediate is kept across backward or for double backward;
+    unoptimized, the executor runs the ops one by one and autograd records
     them as eager does.  (The flag is per thread; it is restored after the
     call.)"""
 
