@@ -40,7 +40,20 @@ def rows_and_back(x, w):
     return torch.addmm(w[0], x.view(-1, x.size(-1)), w).view(size_out)
 
 
+def attention_over_rows(x, mha):
+    """nn.MultiheadAttention on (length, batch, features): its projections
+    fold the leading dims into rows for one matmul and unflatten them after
+    it, with sizes the matmul's rows no longer show (ViT's attention)."""
+    return mha(x, x, x, need_weights=False)[0]
+
+
+torch.manual_seed(0)
+_MHA = torch.nn.MultiheadAttention(16, 4).eval()
+
+
 CASES = [
+    (attention_over_rows, lambda n: torch.randn(5, n, 16), _MHA),
+    (attention_over_rows, lambda n: torch.randn(n, 3, 16), _MHA),
     (flatten_head, lambda n: torch.randn(n, 8, 1, 1), torch.randn(8, 3)),
     (attention_shapes, lambda n: torch.randn(2, n, 16), torch.randn(16, 16)),
     (attention_shapes, lambda n: torch.randn(n, 5, 16), torch.randn(16, 16)),
@@ -94,3 +107,14 @@ def test_expand_gives_eagers_values(shape, extra):
     def f(t):
         return (t + 1).expand(target) * 2
     torch.testing.assert_close(f(fastlazy.lazy(x)).to_eager(), f(x), rtol=0, atol=0)
+
+
+def test_unflattened_rows_keep_eagers_values_when_sizes_swap_or_coincide(fresh):
+    """The rows a matmul made of (length, batch) are unflattened from
+    those two dims' sizes, read when the graph runs: shapes that swap the
+    two, or make them equal (where the pass does not guess their order),
+    still give eager's values."""
+    for shape in [(5, 2, 16), (2, 5, 16), (4, 4, 16), (5, 3, 16), (3, 5, 16), (6, 6, 16)]:
+        x = torch.randn(shape)
+        got = attention_over_rows(fastlazy.lazy(x), _MHA).to_eager()
+        torch.testing.assert_close(got, attention_over_rows(x, _MHA))
