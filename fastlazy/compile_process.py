@@ -5,8 +5,10 @@ A background compile on a thread of the user's process competes for the GIL
 with the user's thread: W4's BERT ran its calls at 1.30-1.39 ms while its
 graph compiled beside it, against 0.90 ms with no compile (cold process, 2
 cores, the thread throttled by compile_worker).  Here the compile thread
-only sends the FX graph and its inputs' metadata to one long-lived child
-process and waits for the answer without the GIL; the child compiles with
+only sends the graph -- its view (fastlazy.graph.GraphView: the nodes'
+aten programs), from which the child builds the FX graph itself, so the
+user's process spends no GIL time building one -- and its inputs' metadata
+to one long-lived child process and waits for the answer without the GIL; the child compiles with
 inductor's standalone_compile and saves the artifact (its kernels land in
 inductor's cache directory, shared with the parent), and the parent loads
 it (a few milliseconds once the child has compiled it).
@@ -28,6 +30,7 @@ from stdin and writes the answer to stdout, each a length-prefixed pickle.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import hashlib
 import io
@@ -71,10 +74,11 @@ last_error = ""             # why the last job compiled on the caller's thread
 
 
 def compile(graph, args):
-    """The inductor-compiled callable of the FX `graph` for inputs like
-    `args` (static shapes), compiled in the compile process with the
-    inductor config in force here.  Unavailable (its reason kept in
-    `last_error`) where the job did not make it through."""
+    """The inductor-compiled callable of `graph` (an FX graph, or a graph
+    view the inductor backend lowers) for inputs like `args` (static
+    shapes), compiled in the compile process with the inductor config in
+    force here.  Unavailable (its reason kept in `last_error`) where the
+    job did not make it through."""
     global last_error
     try:
         compiled = _compile_in_child(graph, args)
@@ -88,8 +92,9 @@ def compile(graph, args):
 def _compile_in_child(graph, args):
     from torch._inductor import CompiledArtifact, config
 
-    job = {"graph": _pickled(graph), "inputs": [_describe(a) for a in args],
-           "config": config.save_config()}
+    job = {"graph" if isinstance(graph, torch.fx.Graph) else "view":
+           _pickled(graph) if isinstance(graph, torch.fx.Graph) else _pickled_view(graph),
+           "inputs": [_describe(a) for a in args], "config": config.save_config()}
     with _lock:
         answer = _ask(job)
     if "error" in answer:
@@ -118,6 +123,50 @@ def _pickled(graph, buffers=None) -> bytes:
     return data.getvalue()
 
 
+class _View:
+    """What the inductor backend reads of a GraphView to build its FX
+    graph: the slots (a tensor's as its dtype and rank), the nodes (without
+    the op that recorded them: an op-table row or a captured GraphModule,
+    read for names only) and the outputs."""
+
+    def __init__(self, view):
+        from fastlazy.graph import Slot
+        self.slots = [Slot(s.index, s.position, s.kind, _TensorLike(s.value.dtype, s.value.dim()))
+                      if s.kind == "tensor" else s for s in view.slots]
+        self.nodes = [dataclasses.replace(n, op=None) for n in view.nodes]
+        self.outputs = list(view.outputs)
+
+
+class _TensorLike:
+    __slots__ = ("dtype", "ndim")
+
+    def __init__(self, dtype, ndim):
+        self.dtype, self.ndim = dtype, ndim
+
+    def __reduce__(self):
+        return _TensorLike, (self.dtype, self.ndim)
+
+    def dim(self):
+        return self.ndim
+
+
+def _pickled_view(view) -> bytes:
+    from fastlazy.node_program import AtenCall     # (node_program imports the backends' world)
+    data = io.BytesIO()
+    pickler = _GraphPickler(data)
+    pickler.aten_call = AtenCall
+    try:
+        pickler.dump(_View(view))
+    except Exception as exc:      # noqa: BLE001 - a value that does not pickle
+        raise Unavailable(f"the graph cannot be pickled: {exc}") from exc
+    return data.getvalue()
+
+
+def _aten_call(name, overload, args, kwargs, optional):
+    from fastlazy.node_program import AtenCall
+    return AtenCall(name, overload, args, kwargs, optional)
+
+
 class _NodeName:
     """A node's name standing for the node in a pickled graph's arguments."""
     __slots__ = ("name",)
@@ -133,7 +182,12 @@ def _name_of(node):
 class _GraphPickler(pickle.Pickler):
     """Pickles aten operators by name (pybind objects do not pickle)."""
 
+    aten_call = None        # fastlazy.node_program.AtenCall, for a view's nodes
+
     def reducer_override(self, obj):
+        if type(obj) is self.aten_call:
+            # (its `fn` is the operator's builtin, remade from the rest)
+            return _aten_call, (obj.name, obj.overload, obj.args, obj.kwargs, obj.optional)
         if isinstance(obj, torch._ops.OpOverload):
             return _aten_overload, (obj.namespace, obj._opname, obj._overloadname)
         if isinstance(obj, torch._ops.OpOverloadPacket):
@@ -285,7 +339,11 @@ def _compile_job(job):
     from torch._inductor import config
 
     config.load_config(job["config"])
-    gm = _graph_module(job["graph"])
+    if "view" in job:
+        from fastlazy.inductor_graph import build_fx
+        gm = torch.fx.GraphModule(torch.nn.Module(), build_fx(pickle.loads(job["view"])))
+    else:
+        gm = _graph_module(job["graph"])
     _mark_cacheable(gm)
     examples = [_example(*described) for described in job["inputs"]]
     artifact = torch._inductor.standalone_compile(

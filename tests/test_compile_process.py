@@ -12,6 +12,7 @@ import torch
 
 import fastlazy
 from fastlazy import compile_process, graph_cache, tiering
+from fastlazy import inductor_graph
 from fastlazy.backends import inductor
 
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
@@ -64,8 +65,8 @@ def test_a_graph_travels_to_the_child_with_every_kind_of_target():
     weight = g.get_attr("weight")
     added = g.call_function(torch.ops.aten.add.Tensor, (x, weight))             # an overload
     scaled = g.call_function(torch.ops.aten.mul, (added, n))                   # a packet
-    shifted = g.call_function(inductor._function("sub"), (scaled, 1))           # fastlazy's
-    sizes = g.call_function(inductor._trailing_dims, (shifted, 1))              # a helper
+    shifted = g.call_function(inductor_graph.fx_target("sub"), (scaled, 1))           # fastlazy's
+    sizes = g.call_function(inductor_graph.trailing_dims, (shifted, 1))              # a helper
     width = g.call_function(operator.getitem, (sizes, 0))                       # a builtin
     cast = g.call_function(torch.ops.aten._to_copy.default, (shifted,),
                            {"dtype": torch.float64, "memory_format": torch.contiguous_format})
@@ -183,3 +184,29 @@ def test_a_forked_process_compiles_in_a_child_of_its_own():
                           timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+def test_a_graph_view_travels_to_the_child_and_builds_the_same_fx_graph(auto, monkeypatch):
+    """The child builds the FX graph from the graph's view (no GIL time in
+    the user's process for it): the view's nodes -- op-table rows, captured
+    aten programs, casts, scalars -- pickle, and the FX graph built from
+    the copy is the one built here; the compile goes through the child."""
+    import pickle
+    views = []
+    real = inductor.InductorBackend.compile
+    monkeypatch.setattr(inductor.InductorBackend, "compile",
+                        lambda self, view, *a, **k: views.append(view) or real(self, view, *a, **k))
+
+    def f(a, b, k):
+        h = torch.nn.functional.layer_norm(a * k + b, (4,)).view(-1, 2, 2)
+        return (h.transpose(1, 2).softmax(-1) + (b > 0).to(torch.float32).view(-1, 2, 2)).sum(1)
+
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    before = counted("tier_compiles_in_child")
+    run_until_settled(a, b, f)
+    assert views
+    for view in views:
+        copy = pickle.loads(compile_process._pickled_view(view))
+        built = torch.fx.GraphModule(torch.nn.Module(), inductor_graph.build_fx(copy)).code
+        assert built == torch.fx.GraphModule(torch.nn.Module(), inductor_graph.build_fx(view)).code
+    assert counted("tier_compiles_in_child") > before, compile_process.last_error

@@ -15,7 +15,6 @@ result dtypes of eager's scalar promotion.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import os
 import threading
 import time
@@ -24,7 +23,8 @@ import torch
 import torch.fx
 
 from fastlazy import compile_process, compile_worker, fx_threads, metrics
-from fastlazy.backends.base import Backend, Input, Program, builtin, resolve, run_key
+from fastlazy.backends.base import Backend, Program
+from fastlazy.inductor_graph import build_fx, input_kinds
 
 # Inductor's compile is not thread-safe (its caches and dynamo's global
 # state): one compile at a time, process-wide.  Re-entrant, since a finalizer
@@ -64,8 +64,7 @@ class InductorBackend(Backend):
         under way on the background thread; without one, compiles happen
         at the call that needs them.  on_replay(): called per replayed run
         (default: counted as a fallback)."""
-        graph, kinds = _build_fx(view)
-        dispatch = _ShapeDispatch(graph, kinds, self, replay, on_replay)
+        dispatch = _ShapeDispatch(input_kinds(view), self, replay, on_replay, view=view)
         return Program([s.position for s in view.slots], dispatch, False, lambda: dispatch.gm.code)
 
     def compile_frozen(self, view, frozen) -> Program:
@@ -75,10 +74,9 @@ class InductorBackend(Backend):
         slots are the other positions; static shapes only.  The caller
         must check on every call that the same tensors, unchanged, are
         the graph's inputs at those positions (tiering does)."""
-        graph, kinds = _build_fx(view)
-        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-        kinds = _freeze(gm, view, frozen, kinds)
-        dispatch = _ShapeDispatch(gm.graph, kinds, self, None, None, frozen=True, gm=gm)
+        gm = torch.fx.GraphModule(torch.nn.Module(), build_fx(view))
+        kinds = _freeze(gm, view, frozen, input_kinds(view))
+        dispatch = _ShapeDispatch(kinds, self, None, None, frozen=True, gm=gm)
         return Program([s.position for s in view.slots if s.position not in frozen],
                        dispatch, False, gm.code)
 
@@ -93,8 +91,9 @@ class InductorBackend(Backend):
 class _ShapeDispatch:
     """Compiled versions of one graph structure, by input shapes."""
 
-    def __init__(self, graph, kinds, backend, replay, on_replay, frozen=False, gm=None):
-        self.graph = graph
+    def __init__(self, kinds, backend, replay, on_replay, frozen=False, gm=None, view=None):
+        self._view = view         # the graph's view, or None where `gm` is given
+        self._graph = None if gm is None else gm.graph
         self._gm = gm             # made when a compile on this process needs it
         self.frozen = frozen      # gm holds constants: inductor's freezing, static shapes
         self.kinds = kinds        # per input: None (a tensor) or a scalar kind
@@ -106,9 +105,17 @@ class _ShapeDispatch:
         self.failed = False       # a background compile failed: replay from now on
 
     @property
+    def graph(self):
+        """The FX graph, built when a compile in this process (or a reader
+        of the code) needs it: a compile in the child builds its own from
+        the view, so the user's process spends no GIL time on it."""
+        if self._graph is None:
+            self._graph = build_fx(self._view)
+        return self._graph
+
+    @property
     def gm(self):
-        """The graph as a GraphModule (its code generated: ~half the cost
-        of building the graph, which a compile in the child never needs)."""
+        """The graph as a GraphModule (its code generated)."""
         if self._gm is None:
             self._gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
         return self._gm
@@ -228,7 +235,8 @@ class _ShapeDispatch:
         None where the job did not make it through and this thread must
         compile."""
         try:
-            return compile_process.compile(self.graph, args)
+            return compile_process.compile(self._view if self._view is not None
+                                           else self.graph, args)
         except compile_process.Unavailable as exc:
             if compile_worker.closing():
                 raise RuntimeError("fastlazy is exiting: compile dropped") from exc
@@ -290,231 +298,3 @@ def _freeze(gm, view, frozen, kinds):
 
 def _examples(args):
     return [a.detach().clone() for a in args]
-
-
-def _example(node_or_slot):
-    """A one-element tensor of the operand's dtype and rank, or the scalar."""
-    dtype, ndim, scalar = node_or_slot
-    if scalar is not None:
-        return scalar
-    return torch.zeros((1,) * ndim, dtype=dtype)
-
-
-def _build_fx(view):
-    """The FX graph (a torch.fx.Graph, not yet a GraphModule) of a view, and
-    per input: None (a tensor) or the kind of the Python scalar that travels
-    as a 0-dim tensor."""
-    graph = torch.fx.Graph()
-    env = {}
-    meta = {}                       # ('node'|'slot', i) -> (dtype, ndim, scalar)
-    kinds = []
-    for s in view.slots:
-        env[("slot", s.index)] = graph.placeholder(f"x{s.index}")
-        if s.kind == "tensor":
-            meta[("slot", s.index)] = (s.value.dtype, s.value.dim(), None)
-            kinds.append(None)
-        else:
-            meta[("slot", s.index)] = (None, 0, s.value)
-            kinds.append(s.kind)
-    casts = {}
-
-    def cast(inp, dtype):
-        key = (inp, dtype)
-        if key not in casts:
-            casts[key] = graph.call_function(_TO_COPY, (env[inp],), {"dtype": dtype})
-        return casts[key]
-
-    runs = {}                     # base.run_key -> the program's outputs
-    for node in view.nodes:
-        key = run_key(node)
-        if key not in runs:
-            runs[key] = _lower(graph, node, env, meta, cast)
-        value = runs[key][node.output]
-        if node.cast:
-            value = graph.call_function(_TO_COPY, (value,), {"dtype": node.dtype})
-        env[("node", node.index)] = value
-        meta[("node", node.index)] = (node.dtype, len(node.shape), None)
-    graph.output(tuple(env[("node", i)] for i in view.outputs))
-    return graph, kinds
-
-
-def _lower(graph, node, env, meta, cast):
-    """A node's program copied into graph, each input read as eager would
-    promote it (Python scalars are 0-dim tensor inputs here); its outputs."""
-    program = node.program
-    common = _common_dtype(node, meta)
-    # the scalar inputs aten takes as Python numbers
-    numbers = {node.inputs[k] for k in program.numbers if node.inputs[k][0] == "slot"}
-    # True division of integral operands: eager casts each operand from its
-    # own dtype to the float result dtype.  Inductor would first cast to the
-    # integral common dtype (a 0-dim int64 -5 beside a uint8 tensor becomes
-    # 251), so the operands are cast here.
-    in_float = program.true_division and (node.dtype.is_floating_point or node.dtype.is_complex)
-    # other / x is reciprocal(x) * other: the scalar meets a float
-    scalar_in_float = in_float or program.scalars_in_float
-    operands = {}
-
-    def operand(k):
-        if k in operands:
-            return operands[k]
-        inp = node.inputs[k]
-        if meta[inp][2] is None:          # a tensor
-            value = env[inp]
-            if in_float and meta[inp][0] != node.dtype:
-                value = cast(inp, node.dtype)
-            if node.detach:
-                value = graph.call_function(torch.ops.aten.detach.default, (value,))
-        elif inp in numbers or scalar_in_float:    # alpha, negative_slope; true division
-            value = cast(inp, node.dtype)
-        else:
-            value = env[inp] if common is None else cast(inp, common)
-        operands[k] = value
-        return value
-
-    values = []
-
-    def ref(r):
-        return operand(r.k) if isinstance(r, Input) else values[r.k]
-
-    def sizes(value, count):
-        return graph.call_function(_trailing_dims, (value, count))
-
-    for call in program.calls:
-        args = [resolve(a, ref, sizes) for a in call.args]
-        kwargs = {name: resolve(a, ref, sizes) for name, a in call.kwargs}
-        values.append(_call(graph, call, args, kwargs))
-    return [ref(o) for o in program.outputs]
-
-
-def _call(graph, call, args, kwargs):
-    if call.overload is not None:
-        return graph.call_function(call.overload, tuple(args), kwargs)
-    if call.name in _DECOMPOSE and any(isinstance(kwargs.get(k), torch.fx.Node) or k == "*"
-                                       for k in _DECOMPOSE[call.name][0]):
-        return _DECOMPOSE[call.name][1](graph, args, kwargs)
-    return graph.call_function(_function(call.name), tuple(args), kwargs)
-
-
-# aten takes these arguments as Python numbers; as graph inputs (0-dim
-# tensors, so a new value never recompiles) they are decomposed into tensor
-# arithmetic, which inductor fuses anyway.
-def _add_alpha(graph, args, kwargs):
-    scaled = graph.call_function(_function("mul"), (args[1], kwargs["alpha"]))
-    return graph.call_function(_function("add"), (args[0], scaled))
-
-
-def _sub_alpha(graph, args, kwargs):
-    scaled = graph.call_function(_function("mul"), (args[1], kwargs["alpha"]))
-    return graph.call_function(_function("sub"), (args[0], scaled))
-
-
-def _rsub_alpha(graph, args, kwargs):
-    scaled = graph.call_function(_function("mul"), (args[0], kwargs["alpha"]))
-    return graph.call_function(_function("sub"), (args[1], scaled))
-
-
-def _leaky_relu(graph, args, kwargs):
-    x, slope = args
-    if not isinstance(slope, torch.fx.Node):
-        return graph.call_function(_function("leaky_relu"), (x, slope))
-    positive = graph.call_function(_function("gt"), (x, 0))
-    return graph.call_function(_function("where"), (
-        positive, x, graph.call_function(_function("mul"), (x, slope))))
-
-
-def _trailing_dims(x, k):
-    return list(x.shape[-k:])
-
-
-def _layer_norm_of(x, shape, weight, bias, eps):
-    """layer_norm with eps a 0-dim tensor (traced by inductor, not run)."""
-    dims = list(range(-len(shape), 0))
-    mean = builtin("mean")(x, dims, True)
-    centered = x - mean
-    y = centered * builtin("rsqrt")(builtin("mean")(centered * centered, dims, True) + eps)
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
-
-
-def _layer_norm(graph, args, kwargs):
-    if not isinstance(args[4], torch.fx.Node):
-        return graph.call_function(_function("layer_norm"), tuple(args))
-    return graph.call_function(_layer_norm_of, tuple(args[:5]))
-
-
-def _batch_norm_of(x, weight, bias, mean, var, training, momentum, eps, cudnn_enabled):
-    """Inference batch_norm with eps a 0-dim tensor: as aten computes it,
-    (x - mean) * rsqrt(var + eps) * weight + bias over dim 1."""
-    per_channel = [-1] + [1] * (x.dim() - 2)
-    y = (x - mean.view(per_channel)) * builtin("rsqrt")(var + eps).view(per_channel)
-    if weight is not None:
-        y = y * weight.view(per_channel)
-    if bias is not None:
-        y = y + bias.view(per_channel)
-    return y
-
-
-def _batch_norm(graph, args, kwargs):
-    if not isinstance(args[7], torch.fx.Node):
-        return graph.call_function(_function("batch_norm"), tuple(args))
-    return graph.call_function(_batch_norm_of, tuple(args))
-
-
-_DECOMPOSE = {
-    "add": (("alpha",), _add_alpha),
-    "sub": (("alpha",), _sub_alpha),
-    "rsub": (("alpha",), _rsub_alpha),
-    "leaky_relu": (("*",), _leaky_relu),
-    "layer_norm": (("*",), _layer_norm),
-    "batch_norm": (("*",), _batch_norm),
-}
-
-
-def __getattr__(name):
-    """`aten_<name>`: the FX target _function(<name>) -- so that a graph's
-    targets are importable by name (pickled for the compile process, keyed
-    by inductor's caches)."""
-    if name.startswith("aten_"):
-        return _function(name[len("aten_"):])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.lru_cache(maxsize=None)
-def _function(name):
-    """The FX target for an aten name: a small wrapper around the original
-    torch builtin.  A builtin itself would be written into the generated
-    code as `torch.<name>`, which resolves to fastlazy's entry point while
-    fastlazy is enabled; dynamo inlines the wrapper and sees the builtin."""
-    fn = builtin(name)
-
-    def call(*args, **kwargs):
-        return fn(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = f"aten_{name}"
-    return call
-
-
-_TO_COPY = torch.ops.aten._to_copy.default
-
-
-def _constant(value):
-    return value
-
-
-def _common_dtype(node, meta):
-    """The dtype eager computes `node` in, if a Python scalar takes part."""
-    operands = []
-    has_scalar = False
-    for k in node.program.promoting:
-        inp = node.inputs[k]
-        operands.append(_example(meta[inp]))
-        has_scalar = has_scalar or meta[inp][2] is not None
-    if not has_scalar:
-        return None
-    # N operands, Python scalars included, with eager's category rules
-    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
-    return elementwise_dtypes(*operands,
-                              type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
