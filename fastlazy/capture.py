@@ -529,9 +529,62 @@ def _checked(program, contiguous):
         raise Unsafe("returns something other than tensors")
     output.args = (tuple(leaves),)
     if isinstance(program, torch.fx.Graph):
-        return torch.fx.GraphModule(torch.nn.Module(), graph)
+        return CapturedProgram(graph)
     program.recompile()
     return program
+
+
+class CapturedProgram:
+    """A recorded aten program: its FX graph, and the GraphModule that runs
+    it, made when it is first called (a program template run at another
+    size).  Making one generates and compiles Python code, 0.4-0.7 ms a
+    program and a fifth of a model's first call, which most programs never
+    need: backends lower the graph, and programs are interned by
+    program_key, not by their code."""
+    __slots__ = ("graph", "_module")
+
+    def __init__(self, graph):
+        self.graph = graph
+        self._module = None
+
+    @property
+    def module(self) -> torch.fx.GraphModule:
+        if self._module is None:
+            self._module = torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        return self._module
+
+    @property
+    def code(self) -> str:
+        return self.module.code
+
+    def __call__(self, *args):
+        return self.module(*args)
+
+
+def program_key(graph):
+    """What makes two captured programs the same program (generic.py
+    interns them by it): each node's op, target and arguments, with nodes
+    as their positions and every constant with its type (0.0 and -0.0, 1
+    and True stay apart, as they do in code)."""
+    position = {}
+    key = []
+    for k, node in enumerate(graph.nodes):
+        position[node] = k
+        key.append((node.op, node.target, _key_of(node.args, position),
+                    _key_of(tuple(node.kwargs.items()), position)))
+    return tuple(key)
+
+
+def _key_of(value, position):
+    if isinstance(value, torch.fx.Node):
+        return ("node", position[value])
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_key_of(v, position) for v in value))
+    if isinstance(value, slice):
+        return ("slice", _key_of((value.start, value.stop, value.step), position))
+    if isinstance(value, torch.Tensor):      # (a constant: this very one)
+        return ("tensor", id(value))
+    return (type(value).__name__, repr(value))
 
 
 def _differentiable_copies(graph):

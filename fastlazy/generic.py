@@ -12,7 +12,8 @@ recordable raise Unsafe, and route.py runs them eagerly: they are counted,
 and `fastlazy.explain()` lists them with the reason.  In-place calls are
 recorded (functionalized) through here by mutation.py.
 
-Lowerings are interned by their code: a program that does not depend on the
+Lowerings are interned by their structure (capture.program_key: ops,
+targets, arguments): a program that does not depend on the
 input shapes (conv2d with fixed hyperparameters) is one lowering for every
 shape, so TorchScript graphs that contain it stay shape-generic; one that
 bakes sizes in (a reshape to (4, -1) traced as view(4, 6)) gets one per shape.
@@ -239,15 +240,16 @@ def _analyse(func, args, kwargs, tensors, name, ruled):
 
 
 def _intern(gm, name):
+    key = capture.program_key(gm.graph)
     with _lock:
-        while gm.code not in _lowering_ids:
+        while key not in _lowering_ids:
             index = len(_lowerings)
             lowering = Lowering(index, gm, name)
             # that allocation may have run a finalizer that interned one
-            if len(_lowerings) == index and gm.code not in _lowering_ids:
+            if len(_lowerings) == index and key not in _lowering_ids:
                 _lowerings.append(lowering)
-                _lowering_ids[gm.code] = index
-        return _lowerings[_lowering_ids[gm.code]]
+                _lowering_ids[key] = index
+        return _lowerings[_lowering_ids[key]]
 
 
 def reset():

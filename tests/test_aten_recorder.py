@@ -147,3 +147,32 @@ def test_a_program_from_a_trial_run_keeps_none_of_its_tensors():
         torch.testing.assert_close(F.normalize(fastlazy.lazy(x) * 1, dim=1).to_eager(),
                                    F.normalize(x, dim=1))
     assert kept and all("val" not in node.meta for g in kept for node in g.nodes)
+
+
+def test_programs_are_interned_by_structure_keeping_constants_apart():
+    """Two recorded programs are one lowering when their ops and arguments
+    are the same; a constant's type and sign keep them apart, as they
+    would in generated code (0.0 and -0.0, 1 and True)."""
+    def program(value):
+        g = torch.fx.Graph()
+        x = g.placeholder("arg0")
+        g.output((g.call_function(torch.ops.aten.mul.Tensor, (x, value)),))
+        return g
+    key = capture.program_key
+    assert key(program(0.5)) == key(program(0.5))
+    assert key(program(0.0)) != key(program(-0.0))
+    assert key(program(1)) != key(program(True)) != key(program(1.0))
+
+
+def test_a_recorded_program_gets_no_graph_module_until_it_is_called(monkeypatch):
+    """Generating and compiling a program's Python code cost a fifth of a
+    model's first call: a recorded program's GraphModule is made only
+    where it runs as a template at another size."""
+    made = []
+    real = torch.fx.GraphModule.__init__
+    monkeypatch.setattr(torch.fx.GraphModule, "__init__",
+                        lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    x = torch.randn(3, 4, 5)
+    got = F.glu(fastlazy.lazy(x) * 1, dim=1).to_eager()
+    torch.testing.assert_close(got, F.glu(x * 1, dim=1))
+    assert not made
