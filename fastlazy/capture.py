@@ -343,6 +343,12 @@ def _why(exc):
 REAL_CHECK_NUMEL = 1 << 20
 
 
+def _trial_tensors(tensors):
+    """Real tensors standing for `tensors` in a trial run, with their view
+    geometry and trial values (the same values at every trial)."""
+    return [_example(t, _trial_values(torch.Generator().manual_seed(0))) for t in tensors]
+
+
 def _trial_values(generator):
     """make(shape, dtype, device, requires_grad) for _example: trial values
     drawn from `generator` (the global one is not touched).  Floats:
@@ -381,7 +387,7 @@ def _trial_run(func, args, kwargs, tensors):
             or sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL \
             or not all(t.dtype.is_floating_point or t.dtype.is_complex for t in tensors):
         return None
-    trial = [_example(t, _trial_values(torch.Generator().manual_seed(0))) for t in tensors]
+    trial = _trial_tensors(tensors)
     a, k = _substitute((args, kwargs), iter(trial))
     try:
         with Recorder(trial) as recorder:
@@ -424,7 +430,7 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled):
             raise Unsafe("its C rule does not take these arguments, and they are too "
                          "large for a trial run")
         return
-    trial = [_example(t, _trial_values(torch.Generator().manual_seed(0))) for t in tensors]
+    trial = _trial_tensors(tensors)
     try:
         a, k = _substitute((args, kwargs), iter(trial))
         out = func(*a, **k)

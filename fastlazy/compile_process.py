@@ -5,11 +5,11 @@ A background compile on a thread of the user's process competes for the GIL
 with the user's thread: W4's BERT ran its calls at 1.30-1.39 ms while its
 graph compiled beside it, against 0.90 ms with no compile (cold process, 2
 cores, the thread throttled by compile_worker).  Here the compile thread
-only sends the graph -- its view (fastlazy.graph.GraphView: the nodes'
-aten programs), from which the child builds the FX graph itself, so the
-user's process spends no GIL time building one -- and its inputs' metadata
-to one long-lived child process and waits for the answer without the GIL; the child compiles with
-inductor's standalone_compile and saves the artifact (its kernels land in
+only sends the graph's view (fastlazy.graph.GraphView: the nodes' aten
+programs; the child builds the FX graph from it, so the user's process
+spends no GIL time building one) and its inputs' metadata to one
+long-lived child process and waits for the answer without the GIL; the
+child compiles with inductor's standalone_compile and saves the artifact (its kernels land in
 inductor's cache directory, shared with the parent), and the parent loads
 it (a few milliseconds once the child has compiled it).
 
@@ -45,7 +45,6 @@ import traceback
 
 import torch
 import torch.fx
-from torch.fx.node import map_aggregate, map_arg
 
 from fastlazy import metrics
 
@@ -73,15 +72,15 @@ _broken = False             # the child could not start or died: no new one
 last_error = ""             # why the last job compiled on the caller's thread
 
 
-def compile(graph, args):
-    """The inductor-compiled callable of `graph` (an FX graph, or a graph
-    view the inductor backend lowers) for inputs like `args` (static
-    shapes), compiled in the compile process with the inductor config in
-    force here.  Unavailable (its reason kept in `last_error`) where the
-    job did not make it through."""
+def compile(view, args):
+    """The inductor-compiled callable of the graph `view` (a GraphView,
+    lowered to FX by fastlazy.inductor_graph) for inputs like `args`
+    (static shapes), compiled in the compile process with the inductor
+    config in force here.  Unavailable (its reason kept in `last_error`)
+    where the job did not make it through."""
     global last_error
     try:
-        compiled = _compile_in_child(graph, args)
+        compiled = _compile_in_child(view, args)
     except Unavailable as exc:
         last_error = str(exc)
         raise
@@ -89,12 +88,11 @@ def compile(graph, args):
     return compiled
 
 
-def _compile_in_child(graph, args):
+def _compile_in_child(view, args):
     from torch._inductor import CompiledArtifact, config
 
-    job = {"graph" if isinstance(graph, torch.fx.Graph) else "view":
-           _pickled(graph) if isinstance(graph, torch.fx.Graph) else _pickled_view(graph),
-           "inputs": [_describe(a) for a in args], "config": config.save_config()}
+    job = {"view": _pickled_view(view), "inputs": [_describe(a) for a in args],
+           "config": config.save_config()}
     with _lock:
         answer = _ask(job)
     if "error" in answer:
@@ -106,21 +104,6 @@ def _compile_in_child(graph, args):
         raise Unavailable(f"loading the compiled artifact failed: {exc}") from exc
     finally:
         _remove(path)
-
-
-def _pickled(graph, buffers=None) -> bytes:
-    """An FX graph's nodes, and the tensors its get_attr nodes read.  (Not
-    a GraphModule: unpickling one traces its code again symbolically, and
-    fastlazy's helpers that read sizes cannot run on fx Proxies.)"""
-    nodes = [(n.op, n.name, n.target, map_arg(n.args, _name_of), map_arg(n.kwargs, _name_of))
-             for n in graph.nodes]
-    buffers = {name: t.detach() for name, t in (buffers or {}).items()}
-    data = io.BytesIO()
-    try:
-        _GraphPickler(data).dump((nodes, buffers))
-    except Exception as exc:      # noqa: BLE001 - a target that is not importable
-        raise Unavailable(f"the graph cannot be pickled: {exc}") from exc
-    return data.getvalue()
 
 
 class _View:
@@ -167,18 +150,6 @@ def _aten_call(name, overload, args, kwargs, optional):
     return AtenCall(name, overload, args, kwargs, optional)
 
 
-class _NodeName:
-    """A node's name standing for the node in a pickled graph's arguments."""
-    __slots__ = ("name",)
-
-    def __init__(self, name):
-        self.name = name
-
-
-def _name_of(node):
-    return _NodeName(node.name)
-
-
 class _GraphPickler(pickle.Pickler):
     """Pickles aten operators by name (pybind objects do not pickle)."""
 
@@ -202,27 +173,6 @@ def _aten_packet(namespace, name):
 
 def _aten_overload(namespace, name, overload):
     return getattr(_aten_packet(namespace, name), overload)
-
-
-def _graph_module(pickled: bytes) -> torch.fx.GraphModule:
-    """The GraphModule _pickled(gm) describes."""
-    nodes, buffers = pickle.loads(pickled)
-    root = torch.nn.Module()
-    for name, t in buffers.items():
-        root.register_buffer(name, t)
-    graph = torch.fx.Graph()
-    env = {}
-
-    def node_of(a):
-        return env[a.name] if isinstance(a, _NodeName) else a
-
-    for op, name, target, args, kwargs in nodes:
-        args, kwargs = map_aggregate(args, node_of), map_aggregate(kwargs, node_of)
-        if op == "output":
-            graph.output(args[0])
-            continue
-        env[name] = graph.create_node(op, target, args, kwargs, name)
-    return torch.fx.GraphModule(root, graph)
 
 
 def _describe(value):
@@ -339,11 +289,8 @@ def _compile_job(job):
     from torch._inductor import config
 
     config.load_config(job["config"])
-    if "view" in job:
-        from fastlazy.inductor_graph import build_fx
-        gm = torch.fx.GraphModule(torch.nn.Module(), build_fx(pickle.loads(job["view"])))
-    else:
-        gm = _graph_module(job["graph"])
+    from fastlazy.inductor_graph import build_fx
+    gm = torch.fx.GraphModule(torch.nn.Module(), build_fx(pickle.loads(job["view"])))
     _mark_cacheable(gm)
     examples = [_example(*described) for described in job["inputs"]]
     artifact = torch._inductor.standalone_compile(

@@ -1,7 +1,6 @@
 """Background compiles of CPU graphs run in a child process (no compiler
 shares the user's GIL); a job that cannot go there is compiled on the
 compile thread as before, and every value stays eager's."""
-import operator
 import os
 import subprocess
 import sys
@@ -57,30 +56,6 @@ def run_until_settled(a, b, f=graph):
 
 def counted(name):
     return fastlazy.metrics.counters()[name]
-
-
-def test_a_graph_travels_to_the_child_with_every_kind_of_target():
-    g = torch.fx.Graph()
-    x, n = g.placeholder("x"), g.placeholder("n")
-    weight = g.get_attr("weight")
-    added = g.call_function(torch.ops.aten.add.Tensor, (x, weight))             # an overload
-    scaled = g.call_function(torch.ops.aten.mul, (added, n))                   # a packet
-    shifted = g.call_function(inductor_graph.fx_target("sub"), (scaled, 1))           # fastlazy's
-    sizes = g.call_function(inductor_graph.trailing_dims, (shifted, 1))              # a helper
-    width = g.call_function(operator.getitem, (sizes, 0))                       # a builtin
-    cast = g.call_function(torch.ops.aten._to_copy.default, (shifted,),
-                           {"dtype": torch.float64, "memory_format": torch.contiguous_format})
-    part = g.call_function(operator.getitem, (cast, (slice(None), slice(0, 2))))
-    g.output((part, width))
-    root = torch.nn.Module()
-    root.register_buffer("weight", torch.arange(4.0))
-    gm = torch.fx.GraphModule(root, g)
-
-    again = compile_process._graph_module(compile_process._pickled(g, dict(gm.named_buffers())))
-    x, n = torch.randn(3, 4), torch.tensor(2.5)
-    got, want = again(x, n), gm(x, n)
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    assert got[1] == want[1] == 4 and got[0].dtype == torch.float64
 
 
 def test_a_background_compile_runs_in_the_child(auto):

@@ -235,8 +235,7 @@ class _ShapeDispatch:
         None where the job did not make it through and this thread must
         compile."""
         try:
-            return compile_process.compile(self._view if self._view is not None
-                                           else self.graph, args)
+            return compile_process.compile(self._view, args)
         except compile_process.Unavailable as exc:
             if compile_worker.closing():
                 raise RuntimeError("fastlazy is exiting: compile dropped") from exc

@@ -412,7 +412,7 @@ def _legacy_first_call(program, text, *inputs):
     finally:
         torch._C._jit_set_profiling_executor(previous)
     fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
-    program.call = _unoptimized(fn) if type(program.call) is _unoptimized else fn
+    program.call = _unoptimized(fn)       # (every graph given this first call is unfused)
     return program.call(*inputs)
 
 
