@@ -343,24 +343,27 @@ def _why(exc):
 REAL_CHECK_NUMEL = 1 << 20
 
 
-def _trial_tensors(tensors):
+def _trial_tensors(tensors, fill=0):
     """Real tensors standing for `tensors` in a trial run, with their view
-    geometry and trial values (the same values at every trial)."""
-    return [_example(t, _trial_values(torch.Generator().manual_seed(0))) for t in tensors]
+    geometry and trial values (the same values at every trial; integers
+    and bools all `fill`)."""
+    make = _trial_values(torch.Generator().manual_seed(0), fill)
+    return [_example(t, make) for t in tensors]
 
 
-def _trial_values(generator):
+def _trial_values(generator, fill):
     """make(shape, dtype, device, requires_grad) for _example: trial values
     drawn from `generator` (the global one is not touched).  Floats:
     uniform in [0, 1), valid where eager checks a value's range
     (binary_cross_entropy's probabilities, multinomial's weights) and
     nonsingular (zeros would make linalg ops see singular matrices);
-    integers and bools: zeros, which are valid indices."""
+    integers and bools: `fill` (0 and 1 are valid indices of any
+    dimension of two or more)."""
     def make(shape, dtype, device, requires_grad=False):
         if dtype.is_floating_point or dtype.is_complex:
             t = torch.rand(shape, generator=generator, dtype=dtype).to(device)
         else:
-            t = torch.zeros(shape, dtype=dtype, device=device)
+            t = torch.empty(shape, dtype=dtype, device=device).fill_(fill)
         return t.requires_grad_(requires_grad)
     return make
 
@@ -373,26 +376,47 @@ _READS_VALUES = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output
 
 def _trial_run(func, args, kwargs, tensors):
     """(the trial tensors standing for `tensors`, func's result on them, its
-    aten program as recorded) from one real run on trial values, or None
-    where that run cannot stand for the fake run: inputs larger than a
-    trial run's budget; an integer or bool tensor argument (indices and
-    masks, whose values C++ kernels may read without an aten call: the
-    trial's zeros would be baked in); a call functionalized; aten calls
-    that are no plain program or read values.  The real run is the better
-    judge where it applies: its results' metadata are the kernel's own
-    (fake kernels differ in corners: sdpa's strides, pow's dtype), and it
-    is the trial run _run_small would make anyway.  Raises Unsafe where
-    the call raises (eager judges the arguments, as after a failed trial)."""
+    aten program as recorded) from a real run on trial values, or None
+    where that cannot stand for the fake run: inputs larger than a trial
+    run's budget; a call functionalized; aten calls that are no plain
+    program or read values.  The real run is the better judge where it
+    applies: its results' metadata are the kernel's own (fake kernels
+    differ in corners: sdpa's strides, pow's dtype), and it is the trial
+    run _run_small would make anyway.
+
+    Integer and bool tensor arguments (indices, masks) are run twice, all
+    zeros and all ones: a C++ kernel may read their values on the host
+    without an aten call (tensor_split's indices) and pass what it read to
+    the aten calls it makes, which would bake the trial's values into the
+    program.  The two runs must make the same program with results of the
+    same metadata; where they differ, or either raises (eager judges those
+    values when the graph runs), the fake run judges.  A floating-point
+    call that raises raises Unsafe (eager judges the arguments at the
+    call, as after a failed trial)."""
     if getattr(func, "functionalize", False) \
-            or sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL \
-            or not all(t.dtype.is_floating_point or t.dtype.is_complex for t in tensors):
+            or sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL:
         return None
-    trial = _trial_tensors(tensors)
+    indices = not all(t.dtype.is_floating_point or t.dtype.is_complex for t in tensors)
+    first = _recorded_trial(func, args, kwargs, tensors, 0, judges=not indices)
+    if first is None or not indices:
+        return first
+    second = _recorded_trial(func, args, kwargs, tensors, 1, judges=False)
+    return first if second is not None and _same_run(first, second) else None
+
+
+def _recorded_trial(func, args, kwargs, tensors, fill, judges):
+    """(trial tensors, result, recorded program) of one trial run with
+    integer values `fill`, or None where it is no plain program; a run
+    that raises raises Unsafe if the trial `judges` the arguments, else
+    gives None."""
+    trial = _trial_tensors(tensors, fill)
     a, k = _substitute((args, kwargs), iter(trial))
     try:
         with Recorder(trial) as recorder:
             out = func(*a, **k)
     except Exception as exc:
+        if not judges:
+            return None
         raise Unsafe(f"eager judges the arguments (a trial run raised "
                      f"{type(exc).__name__})") from None
     results = [v for v in pytree.tree_leaves(out) if v is not None]
@@ -405,6 +429,22 @@ def _trial_run(func, args, kwargs, tensors):
             for node in recorded.nodes):
         return None
     return trial, out, recorded
+
+
+def _same_run(first, second):
+    """Did two trial runs make the same program, with results of the same
+    structure and metadata?"""
+    (_, out1, program1), (_, out2, program2) = first, second
+    leaves1, spec1 = pytree.tree_flatten(out1)
+    leaves2, spec2 = pytree.tree_flatten(out2)
+    return (spec1 == spec2 and program_key(program1) == program_key(program2)
+            and [_layout(v) for v in leaves1] == [_layout(v) for v in leaves2])
+
+
+def _layout(value):
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.dtype, value.shape, value.stride(), value.storage_offset()
 
 
 def _forget_values(graph):
@@ -541,12 +581,12 @@ def _checked(program, contiguous):
 
 
 class CapturedProgram:
-    """A recorded aten program: its FX graph, and the GraphModule that runs
-    it, made when it is first called (a program template run at another
-    size).  Making one generates and compiles Python code, 0.4-0.7 ms a
-    program and a fifth of a model's first call, which most programs never
-    need: backends lower the graph, and programs are interned by
-    program_key, not by their code."""
+    """A recorded aten program: its FX graph (placeholders, aten calls, one
+    output), and the GraphModule showing its code, made when asked for.
+    Making one generates and compiles Python code, 0.4-0.7 ms a program:
+    backends lower the graph, programs are interned by program_key, and a
+    program template judged at another size runs by walking its graph
+    (a few nodes, run once or twice per new signature)."""
     __slots__ = ("graph", "_module")
 
     def __init__(self, graph):
@@ -564,7 +604,17 @@ class CapturedProgram:
         return self.module.code
 
     def __call__(self, *args):
-        return self.module(*args)
+        values = {}
+        given = iter(args)
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                values[node] = next(given)
+            elif node.op == "call_function":
+                values[node] = node.target(*torch.fx.node.map_arg(node.args, values.__getitem__),
+                                           **torch.fx.node.map_arg(node.kwargs, values.__getitem__))
+            else:
+                return torch.fx.node.map_arg(node.args[0], values.__getitem__)
+        raise AssertionError("a captured program without an output")
 
 
 def program_key(graph):

@@ -107,11 +107,38 @@ def test_a_small_floating_point_call_is_analysed_by_a_trial_run_not_a_fake_one(a
     assert analyses["trial"] and not analyses["fake"]
 
 
-def test_an_integer_argument_is_analysed_on_fake_tensors(analyses):
-    """Index tensors: a C++ kernel may read their values without an aten
-    call, and the trial's zeros must not become the program."""
+def test_an_index_argument_is_analysed_by_two_trial_runs(analyses):
+    """Index tensors: the trial runs them as all zeros and all ones, which
+    make the same program (the embedding kernel reads the indices only in
+    the graph's run): no fake run."""
     weight, ids = torch.randn(10, 3), torch.tensor([[1, 7, 3]])
     got = F.embedding(fastlazy.lazy(ids) * 1, fastlazy.lazy(weight))
+    torch.testing.assert_close(got.to_eager(), F.embedding(ids, weight))
+    assert analyses["trial"] and not analyses["fake"]
+
+
+def test_indices_read_on_the_host_are_not_baked_into_the_program(analyses):
+    """tensor_split reads its index tensor's values in C++ (no aten call)
+    and passes them on as the split points: the two trial runs make
+    different programs, so the fake run judges (and refuses: eager runs
+    the call), and other indices of the same signature split where eager
+    splits."""
+    x = torch.arange(12.0)
+    for at in ([2, 5], [7, 9]):
+        got = torch.tensor_split(fastlazy.lazy(x) * 1, fastlazy.lazy(torch.tensor(at)))
+        want = torch.tensor_split(x, torch.tensor(at))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.to_eager() if type(g) is fastlazy.LazyTensor else g, w)
+    assert not analyses["trial"] and analyses["fake"]
+
+
+def test_indices_the_ones_trial_rejects_go_to_the_fake_run(analyses):
+    """A one-row embedding refuses index 1: the second trial raises, and
+    the fake run judges instead of the call running eagerly."""
+    weight, ids = torch.randn(1, 3), torch.zeros(2, dtype=torch.long)
+    got = F.embedding(fastlazy.lazy(ids) * 1, weight)
+    assert type(got) is fastlazy.LazyTensor
     torch.testing.assert_close(got.to_eager(), F.embedding(ids, weight))
     assert analyses["fake"] and not analyses["trial"]
 
