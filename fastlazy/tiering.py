@@ -66,6 +66,16 @@ class Engine:
         # a short script (the README's three training steps) compiles
         # nothing.
         self.hot_after = int(os.environ.get("FASTLAZY_HOT_AFTER", "10"))
+        # ... and seconds its fast-tier runs must add up to.  While a
+        # compile runs (3-40 s of CPU for W4's graphs) the user's calls run
+        # 5-10 % slower beside it (GPT-2's calls 11-100 of a cold process:
+        # 108-118 ms, 98-101 ms with no compile), and the compiled program
+        # saves 10-30 % of the graph's run time once ready: a graph whose
+        # runs have cost the program less than this has not shown that
+        # the program will run it long enough to repay a compile.  A graph
+        # of a few milliseconds is compiled after hot_after runs; a 0.5 ms
+        # one after 200.
+        self.hot_seconds = float(os.environ.get("FASTLAZY_HOT_SECONDS", "0.1"))
 
 
 ENGINE = Engine()
@@ -83,6 +93,7 @@ class TieredProgram:
         self.source = fast.source
         self.tier = "fast"
         self.runs = 0
+        self.fast_seconds = 0.0     # the fast tier's runs until its compile is queued
         self.compile_seconds = None
         self.error = None
         self.fast_run_seconds = self.compiled_run_seconds = None
@@ -115,12 +126,15 @@ class TieredProgram:
     def _run_fast(self, *inputs):
         self.runs += 1
         future = self._future
-        if future is not None and future.done():
-            return self._promote(inputs)
-        out = self._fast(*inputs)
         if future is not None:
+            if future.done():
+                return self._promote(inputs)
             _count_fast_run()
-        elif self.runs >= ENGINE.hot_after:
+            return self._fast(*inputs)
+        start = time.perf_counter()
+        out = self._fast(*inputs)
+        self.fast_seconds += time.perf_counter() - start
+        if self.runs >= ENGINE.hot_after and self.fast_seconds >= ENGINE.hot_seconds:
             self._submit(inputs)
         return out
 
@@ -396,9 +410,24 @@ def describe(program) -> dict:
     if not isinstance(program, TieredProgram):
         return {"tier": "not tiered", "runs": None}
     return {"tier": program.tier, "runs": program.runs,
+            "fast_seconds": program.fast_seconds,
             "compile_seconds": program.compile_seconds,
             "fast_run_seconds": program.fast_run_seconds,
             "compiled_run_seconds": program.compiled_run_seconds, "error": program.error}
+
+
+def runs_until_hot(programs) -> int:
+    """How many more runs the graphs of `programs` still on the fast tier,
+    their compiles not yet queued, need to reach both thresholds, at their
+    mean run time so far (the most any one needs)."""
+    needed = 0
+    for p in programs:
+        if isinstance(p, TieredProgram) and p.tier == "fast" and p.runs:
+            mean = p.fast_seconds / p.runs
+            seconds = ENGINE.hot_seconds - p.fast_seconds
+            by_time = int(seconds / mean) + 1 if seconds > 0 and mean > 0 else 0
+            needed = max(needed, ENGINE.hot_after - p.runs, by_time)
+    return needed
 
 
 def summary(programs) -> str:

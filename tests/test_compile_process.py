@@ -26,6 +26,7 @@ def auto(monkeypatch):
     fastlazy.mark_step()
     fastlazy.set_backend("auto")
     monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
+    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
     graph_cache.clear()
     fastlazy.metrics.reset()
@@ -117,7 +118,7 @@ FORKED = textwrap.dedent("""
     import os, sys, traceback, torch, fastlazy
     from fastlazy import compile_process, tiering
     fastlazy.enable(backend="auto")
-    tiering.ENGINE.hot_after = 1
+    tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
     a = torch.randn(8, 16)
 
     def settle(f):

@@ -25,12 +25,13 @@ from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
 
 @pytest.fixture
 def auto(monkeypatch):
-    """The tiered engine with graphs hot after one run, an empty cache and
-    zeroed counters."""
+    """The tiered engine with graphs hot after one run (of any length), an
+    empty cache and zeroed counters."""
     before = fastlazy.backend()
     fastlazy.mark_step()
     fastlazy.set_backend("auto")
     monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
+    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
     graph_cache.clear()
     fastlazy.metrics.reset()
     yield
@@ -130,6 +131,27 @@ def test_a_hot_graph_moves_to_the_faster_compiled_tier(auto, scripted, monkeypat
     c = fastlazy.metrics.counters()
     assert c["tier_compiles_queued"] == c["tier_compiles_done"] == c["tier_promotions"] == 1
     assert c["cache_misses"] == 1
+
+
+def test_a_graph_is_compiled_once_its_runs_add_up_to_hot_seconds(auto, scripted,
+                                                                  monkeypatch):
+    """Runs alone do not make a graph hot: its fast-tier runs must also add
+    up to hot_seconds, and runs_until_hot says how many more it needs."""
+    compiler = scripted()
+    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 3600.0)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    for _ in range(5):
+        torch.testing.assert_close(run(a, b, 1.0), graph(a, b, 1.0))
+    entry = only_tier()
+    assert entry["tier"] == "fast" and entry["runs"] == 5 and entry["fast_seconds"] > 0
+    assert tiering.runs_until_hot(graph_cache.programs.values()) > 1000
+    assert fastlazy.metrics.counters()["tier_compiles_queued"] == 0
+    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", entry["fast_seconds"])
+    run(a, b, 1.0)
+    assert only_tier()["tier"] != "fast"
+    assert compiler.compiled.wait(30)
+    assert fastlazy.metrics.counters()["tier_compiles_queued"] == 1
+    assert tiering.runs_until_hot(graph_cache.programs.values()) == 0
 
 
 def test_a_slower_compiled_program_is_dropped(auto, scripted):
@@ -303,7 +325,7 @@ def test_a_program_that_ends_during_a_compile_exits_cleanly(delay):
     program = textwrap.dedent(f"""
         import time, torch, fastlazy
         from fastlazy import tiering
-        tiering.ENGINE.hot_after = 1
+        tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
         fastlazy.enable(backend="auto")
         for k in range(4):                 # four graphs queued for compiles
             x = torch.randn(4, 8)
