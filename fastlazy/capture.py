@@ -59,15 +59,17 @@ class Signature:
     whether they are `detach`ed, the `constants` lifted from the program, the
     random `draws` made at each call (Draw), and the program's `lowering`
     (interned by generic.py); `nested`: a cat-like call recorded as a tree
-    of such calls."""
+    of such calls; `sequence`: tuple or list where `spec` is that sequence
+    of leaves (results rebuilt without pytree), else None."""
     __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested",
-                 "constants", "draws")
+                 "constants", "draws", "sequence")
 
     def __init__(self, reason=None):
         self.reason = reason
         self.nested = False
         self.constants = ()
         self.draws = ()
+        self.sequence = None
 
 
 def _substitute(x, it):
@@ -249,6 +251,9 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
     if single and sig.kinds[0][0] != "input":
         sig.spec = None
+    elif spec.type in (tuple, list) and spec.num_children == len(leaves) \
+            and pytree.tree_structure(spec.type([0] * len(leaves))) == spec:
+        sig.sequence = spec.type
     # A template's own signature passed its trial run (it is kept only
     # then), and a signature that takes it differs in sizes alone, which the
     # fake or meta run checked: no second trial.

@@ -161,7 +161,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         if kind[0] == "view" and track_views:
             views.attach(t, tensors[kind[1]], kind[2], kind[3])
         flat.append(t)
-    return pytree.tree_unflatten(flat, sig.spec)
+    return sig.sequence(flat) if sig.sequence is not None else pytree.tree_unflatten(flat, sig.spec)
 
 
 def _publish(prepared, sig, kind, form=None):

@@ -48,15 +48,20 @@ def record(func, args, kwargs):
     recorded; NOT_HANDLED for any other call."""
     if func is not _BATCH_NORM:
         return NOT_HANDLED
-    try:
-        bound = _SIGNATURE.bind(*args, **kwargs)
-    except TypeError:
-        return NOT_HANDLED                # eager raises its own error
-    bound.apply_defaults()
-    a = bound.arguments
-    x, mean, var = a["input"], a["running_mean"], a["running_var"]
-    weight, bias, training = a["weight"], a["bias"], a["training"]
-    momentum, eps = a["momentum"], a["eps"]
+    if len(args) == 8 and not kwargs:
+        # nn.BatchNorm's call, every argument positional (binding a
+        # signature costs more than the rest of a recorded call)
+        x, mean, var, weight, bias, training, momentum, eps = args
+    else:
+        try:
+            bound = _SIGNATURE.bind(*args, **kwargs)
+        except TypeError:
+            return NOT_HANDLED                # eager raises its own error
+        bound.apply_defaults()
+        a = bound.arguments
+        x, mean, var = a["input"], a["running_mean"], a["running_var"]
+        weight, bias, training = a["weight"], a["bias"], a["training"]
+        momentum, eps = a["momentum"], a["eps"]
     if (training is not True or type(x) is not LazyTensor or mean is None or var is None
             or x.device.type != "cpu" or type(momentum) not in (float, int)
             or type(eps) not in (float, int)):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlazy
-from fastlazy import generic, graph_cache
+from fastlazy import generic, graph_cache, program_templates
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
 
@@ -233,11 +233,24 @@ def test_calls_a_c_rule_does_not_take_go_to_the_generic_path(backend, call, devi
     assert counters()["generic_calls"] == 1 and counters()["fallbacks"] == 0
 
 
-@pytest.mark.parametrize("n", [4, 1100], ids=["trial run", "too large for a trial run"])
-def test_where_fake_kernels_and_eager_disagree_the_call_runs_eagerly(n):
+def test_where_fake_kernels_and_eager_disagree_a_trial_run_judges():
     """pow(bool tensor, True) is int64 on fake tensors, bool in eager: the C
-    rule refuses it, and the generic path must not trust the fake run."""
-    b = torch.rand(n, n) > 0.5
+    rule refuses it, and the generic path records it from two trial runs
+    (a bool argument), with the result dtype eager's kernel gave.  (No
+    template of another size: a meta run would judge one, and the meta
+    kernel's int64 sends the call to eager, as the fake kernel's does.)"""
+    program_templates.forget()
+    b = torch.rand(4, 4) > 0.5
+    got = torch.pow(fastlazy.lazy(b), True)
+    assert type(got) is fastlazy.LazyTensor and got.dtype == torch.bool
+    assert torch.equal(got.to_eager(), torch.pow(b, True))
+    assert counters()["fallbacks"] == 0
+
+
+def test_where_fake_kernels_and_eager_disagree_beyond_a_trial_run_the_call_runs_eagerly():
+    """The same call too large for a trial run: the fake run is not trusted
+    where the C rule refused, and the call runs eagerly."""
+    b = torch.rand(1100, 1100) > 0.5
     got = torch.pow(fastlazy.lazy(b), True)
     assert got.dtype == torch.bool
     assert torch.equal(got.to_eager(), torch.pow(b, True))
