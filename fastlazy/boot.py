@@ -14,7 +14,8 @@ import os
 
 from fastlazy import (_core, backends, capture, compile_process, compile_worker, failures,
                       fx_threads, generic, graph_cache, inference_saves, lazy_device, metrics,
-                      mutation, optable, recompiles, route, sites, tensor_methods, views)
+                      mutation, optable, recompiles, route, sites, tensor_methods, tiering,
+                      views)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -63,6 +64,7 @@ def _after_fork():
     the parent's compile process and every lock they held stay behind."""
     compile_worker.forget_after_fork()
     compile_process.forget_after_fork()
+    tiering.forget_compiles_after_fork(list(graph_cache.programs.values()))
     inductor.new_lock_after_fork()
     fx_threads.new_lock_after_fork()
 

@@ -7,9 +7,10 @@ A graph's life:
 1. fast -- its first call compiles it for the fast tier (TorchScript's
    interpreter; the native executor for a graph the graph cache's policy
    sends there), which takes milliseconds, and runs it.
-2. compiling -- on its `hot_after`-th run the graph is handed to the
-   compile thread (fastlazy.compile_worker), compiled by inductor for the
-   shapes of that run.  Calls meanwhile run the fast tier: none waits.
+2. compiling -- once it has run `hot_after` times and its fast-tier runs
+   add up to `hot_seconds`, the graph is handed to the compile thread
+   (fastlazy.compile_worker), compiled by inductor for the shapes of that
+   run.  Calls meanwhile run the fast tier: none waits.
 3. probation -- once the compile is done, the next calls run each
    candidate in turn, timed, `PROBE_RUNS` times (after `PROBE_WARMUP`): the
    compiled program, the fast tier again, and for an inference graph that
@@ -414,6 +415,19 @@ def describe(program) -> dict:
             "compile_seconds": program.compile_seconds,
             "fast_run_seconds": program.fast_run_seconds,
             "compiled_run_seconds": program.compiled_run_seconds, "error": program.error}
+
+
+def forget_compiles_after_fork(programs):
+    """In a forked child: the compile thread stayed behind, so a compile it
+    had under way never finishes here -- those graphs stay on the fast tier
+    for good -- and a program's lock may be held by a thread that is gone."""
+    for p in programs:
+        if isinstance(p, TieredProgram):
+            p._lock = threading.Lock()
+            future = p._future
+            if future is not None and not future.done():
+                p._future = None
+                p._stay_fast("fast (its compile was under way at a fork)")
 
 
 def runs_until_hot(programs) -> int:

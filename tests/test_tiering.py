@@ -7,6 +7,7 @@ Most tests stand a scripted hot backend in for inductor (its compile can be
 made slow, failing, or its program slow), so that what the engine decides is
 what the test set up; two tests run the real inductor end to end.
 """
+import os
 import subprocess
 import sys
 import textwrap
@@ -511,3 +512,51 @@ def test_a_thread_waiting_for_the_compile_threads_trace_lifts_its_throttle():
     user.join(10)
     assert waiting == 1 and traced
     assert compile_worker._waiting == 0
+
+
+FORKED_DURING_A_COMPILE = textwrap.dedent("""
+    import os, torch, fastlazy
+    from fastlazy import graph_cache, tiering
+    tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
+    fastlazy.enable(backend="auto")
+    a = torch.randn(6, 7)
+
+    def f(x, k):
+        return ((x * k + 1).sigmoid() - x).sum(0)
+
+    for k in (0.5, 1.5):                  # the second run queues the compile
+        f(fastlazy.lazy(a), k).to_eager()
+    (entry,) = graph_cache.tiers()
+    assert entry["tier"] == "compiling", entry
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for k in range(5):
+                torch.testing.assert_close(f(fastlazy.lazy(a), k / 3).to_eager(), f(a, k / 3))
+            (entry,) = graph_cache.tiers()
+            os._exit(0 if entry["tier"].startswith("fast (its compile") else 3)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+    assert tiering.wait(300)
+    for k in range(tiering.probe_calls() + 1):
+        torch.testing.assert_close(f(fastlazy.lazy(a), k / 3).to_eager(), f(a, k / 3))
+    (entry,) = graph_cache.tiers()
+    assert not entry["tier"].startswith("fast (its compile"), entry
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_compile_under_way_at_a_fork_leaves_the_childs_graph_on_the_fast_tier():
+    """The compile thread stays behind in a forked child: its compile there
+    never finishes, so the child's graph stays on the fast tier for good
+    (said in its tier) and computes eager's values; the parent's compile
+    goes on."""
+    done = subprocess.run([sys.executable, "-c", FORKED_DURING_A_COMPILE], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
