@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import time
 
 import torch
 import torch.fx
@@ -161,7 +162,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
     # 1. the call itself, on fake tensors (eager's checks, the results'
     # metadata), and 2. its aten program -- or both on meta tensors, where a
     # signature of other sizes left a template that computes these results
-    on_meta = _meta_run(erased, func, args, kwargs, tensors)
+    on_meta = (None if program_templates.meta_is_slow(erased) and _trial_takes(func, tensors)
+               else _meta_run(erased, func, args, kwargs, tensors))
     fakes, out, gm = on_meta or (None, None, None)
     # 1b. or once for real, on trial values, where that run's aten calls are
     # the whole program (no fake run then: 1-7 ms saved per signature)
@@ -282,6 +284,21 @@ def _meta_run(erased, func, args, kwargs, tensors):
     if not program_templates.templates(erased) or len({t.device for t in tensors}) > 1 \
             or not program_templates.meta_judges(erased):
         return None
+    start = time.perf_counter()
+    try:
+        return _meta_judged(erased, func, args, kwargs, tensors)
+    finally:
+        if time.perf_counter() - start > META_SLOW_SECONDS:
+            program_templates.meta_was_slow(erased)
+
+
+# A meta run slower than this (a trial run of a small call takes 0.2-0.5
+# ms, its aten recorder included) hands its erased signature's later
+# calls to trial runs where those can take them.
+META_SLOW_SECONDS = 0.5e-3
+
+
+def _meta_judged(erased, func, args, kwargs, tensors):
     try:
         metas = [_example(t, _meta_empty) for t in tensors]
         ma, mk = _substitute((args, kwargs), iter(metas))
@@ -379,6 +396,13 @@ def _trial_values(generator, fill):
 _READS_VALUES = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
 
+def _trial_takes(func, tensors):
+    """May a trial run stand for the fake run of this call (before its
+    aten calls are seen)?"""
+    return (not getattr(func, "functionalize", False)
+            and sum(t.numel() for t in tensors) <= REAL_CHECK_NUMEL)
+
+
 def _trial_run(func, args, kwargs, tensors):
     """(the trial tensors standing for `tensors`, func's result on them, its
     aten program as recorded) from a real run on trial values, or None
@@ -398,8 +422,7 @@ def _trial_run(func, args, kwargs, tensors):
     values when the graph runs), the fake run judges.  A floating-point
     call that raises raises Unsafe (eager judges the arguments at the
     call, as after a failed trial)."""
-    if getattr(func, "functionalize", False) \
-            or sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL:
+    if not _trial_takes(func, tensors):
         return None
     indices = not all(t.dtype.is_floating_point or t.dtype.is_complex for t in tensors)
     first = _recorded_trial(func, args, kwargs, tensors, 0, judges=not indices)

@@ -55,6 +55,7 @@ _SHAPE_ARGUMENTS = frozenset((torch.Tensor.view, torch.Tensor.reshape, torch.res
 _lock = threading.Lock()
 _templates: dict = {}
 _meta_rejected: set = set()
+_meta_slow: set = set()
 _stats = {"reused": 0, "rejected": 0}
 
 
@@ -139,6 +140,22 @@ def meta_rejected(key):
         _meta_rejected.add(key)
 
 
+def meta_is_slow(key) -> bool:
+    """Did a meta run for erased signature `key` take longer than a trial
+    run does?  Then its signatures that a trial run can take are judged by
+    one (capture.py): an op whose meta kernel is a Python decomposition
+    (addmm, cat, adaptive pooling: 0.5-1.3 ms a meta run) runs its real
+    kernel on small trial tensors in less."""
+    return key in _meta_slow
+
+
+def meta_was_slow(key):
+    with _lock:
+        if len(_meta_slow) >= MAX_TEMPLATES:
+            _meta_slow.clear()
+        _meta_slow.add(key)
+
+
 def keep(key, gm, constants, draws):
     """Make a freshly traced program a template of its erased signature,
     tried first from now on: it was traced because none of the key's
@@ -157,6 +174,7 @@ def forget():
     with _lock:
         _templates.clear()
         _meta_rejected.clear()
+        _meta_slow.clear()
 
 
 def stats() -> dict:

@@ -97,6 +97,7 @@ def test_a_templated_signature_is_judged_on_meta_tensors_not_a_full_analysis(mon
     run cannot judge (no meta kernel) falls back to a full analysis (a
     trial run on real values, or the fake run where none applies)."""
     from fastlazy import capture
+    monkeypatch.setattr(capture, "META_SLOW_SECONDS", float("inf"))
     fake_runs = []
     real_fake_run, real_trial_run = capture._fake_run, capture._trial_run
 
@@ -121,6 +122,26 @@ def test_a_templated_signature_is_judged_on_meta_tensors_not_a_full_analysis(mon
     got = F.adaptive_avg_pool2d(fastlazy.lazy(x), 2).to_eager()
     torch.testing.assert_close(got, F.adaptive_avg_pool2d(x, 2))
     assert len(fake_runs) == 2
+
+
+def test_signatures_whose_meta_run_was_slow_are_judged_by_a_trial_run(monkeypatch):
+    """A meta run slower than a trial run (a Python meta decomposition)
+    hands its erased signature's later calls to trial runs, which judge
+    the template on real values: no more meta runs, the template still
+    taken, eager's values."""
+    from fastlazy import capture
+    monkeypatch.setattr(capture, "META_SLOW_SECONDS", 0.0)
+    meta_runs = []
+    real_meta = capture._meta_judged
+    monkeypatch.setattr(capture, "_meta_judged",
+                        lambda *a: meta_runs.append(a[1]) or real_meta(*a))
+    before = program_templates.stats()
+    for channels in (3, 5, 7, 9):
+        x = torch.randn(1, channels, 6, 6)
+        got = F.adaptive_avg_pool2d(fastlazy.lazy(x) * 1, 2).to_eager()
+        torch.testing.assert_close(got, F.adaptive_avg_pool2d(x, 2))
+    assert len(meta_runs) == 1            # the second size's; slow, so no more
+    assert _delta(before, "reused") == 3
 
 
 def _count_traces(monkeypatch):
@@ -153,6 +174,7 @@ def test_attention_whose_meta_kernel_lays_out_unlike_the_cpus_takes_its_template
     and the template's.  The fake run then judges the template (and accepts
     it), and the meta run is not tried again for that signature."""
     from fastlazy import capture
+    monkeypatch.setattr(capture, "META_SLOW_SECONDS", float("inf"))
     traced = _count_traces(monkeypatch)
     meta_runs = []
     real_meta_run = capture._meta_run
