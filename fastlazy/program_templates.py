@@ -134,10 +134,7 @@ def meta_judges(key) -> bool:
 
 
 def meta_rejected(key):
-    with _lock:
-        if len(_meta_rejected) >= MAX_TEMPLATES:
-            _meta_rejected.clear()
-        _meta_rejected.add(key)
+    _remember(_meta_rejected, key)
 
 
 def meta_is_slow(key) -> bool:
@@ -150,10 +147,16 @@ def meta_is_slow(key) -> bool:
 
 
 def meta_was_slow(key):
+    _remember(_meta_slow, key)
+
+
+def _remember(keys, key):
+    """Add key to one of the sets of erased keys, which start over rather
+    than grow past MAX_TEMPLATES (a loop over ever-new signatures)."""
     with _lock:
-        if len(_meta_slow) >= MAX_TEMPLATES:
-            _meta_slow.clear()
-        _meta_slow.add(key)
+        if len(keys) >= MAX_TEMPLATES:
+            keys.clear()
+        keys.add(key)
 
 
 def keep(key, gm, constants, draws):
