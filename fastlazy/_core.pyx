@@ -42,6 +42,7 @@ cdef extern from "_entry.h":
     int fl_entry_setup(type lazy_type, fl_handler_t handler,
                        int (*flush_pending)(PyObject *) except -1) except -1
     int fl_pending
+    int fl_watching
     object fl_entry_new(object orig, object name, int op, int form)
     int fl_entry_op(object e)
     int fl_entry_form(object e)
@@ -159,7 +160,7 @@ def flush_reading(written):
     eager tensor, or a list or tuple of them) before something writes it
     that no entry point sees: a `.data` assignment, a storage write,
     torch.ops, swap_tensors (watch.py)."""
-    if fl_pending:
+    if fl_pending or fl_watching:
         fl_flush_written(<PyObject*>written)
 
 

@@ -46,7 +46,7 @@ import weakref
 
 import torch
 
-from fastlazy import backends, compile_worker, fx_threads, metrics
+from fastlazy import _core, backends, compile_worker, fx_threads, metrics
 
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
 PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
@@ -301,11 +301,20 @@ class _Frozen:
     """The parameters an inference graph read on its hot_after-th run,
     as a frozen candidate takes them: by input index, held weakly, with
     the version and data pointer each had, and the shapes of the other
-    tensor inputs (the frozen program is compiled for those alone)."""
+    tensor inputs (the frozen program is compiled for those alone).
+
+    Their memory is watched from then on (_core.watch_writes): a write
+    through a `.data` alias (`p.data.mul_(0.5)`, an EMA update written
+    the old way) changes a parameter without bumping its version counter,
+    and the frozen program would go on computing with the old values."""
 
     def __init__(self, parameters, shapes):
         self.parameters = parameters      # ((index, weakref, version, data_ptr), ...)
         self.shapes = shapes              # ((index, shape), ...) of the other tensors
+        self.written = False
+        on_write = _Written(weakref.ref(self))
+        _core.watch_writes([ref() for _, ref, _, _ in parameters], on_write)
+        weakref.finalize(self, _core.unwatch_writes, on_write)
 
     def tensors(self):
         return [(k, ref()) for k, ref, _, _ in self.parameters]
@@ -317,6 +326,8 @@ class _Frozen:
         parameters, shapes = self.parameters, self.shapes
 
         def guarded(*inputs):
+            if self.written:
+                return changed(inputs, True)
             for k, ref, version, pointer in parameters:
                 t = inputs[k]
                 if t is not ref() or t._version != version or t.data_ptr() != pointer:
@@ -326,6 +337,20 @@ class _Frozen:
                     return changed(inputs, False)
             return call(*inputs)
         return guarded
+
+
+class _Written:
+    """A _Frozen's watch callback: holds it weakly (the core's watch list
+    must not keep a dropped program's parameters alive)."""
+    __slots__ = ("frozen",)
+
+    def __init__(self, frozen):
+        self.frozen = frozen
+
+    def __call__(self):
+        frozen = self.frozen()
+        if frozen is not None:
+            frozen.written = True
 
 
 def _frozen_inputs(inputs):

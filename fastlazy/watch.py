@@ -21,6 +21,12 @@ a `.data` alias or another tensor set_ to the same storage counts too):
   ways memory leaves torch (Tensor.numpy, __array__, __dlpack__): what is
   written through the array later cannot be seen, so the nodes run first.
 
+The same points tell the storages watched for writes (_core.watch_writes)
+of every write to them, with or without pending nodes: a program holding a
+copy of a tensor's contents (inductor's frozen parameters, tiering.py) must
+give way when they change, and a write through a `.data` alias bumps no
+version counter.
+
 What still writes unseen -- memory handed out before the node was recorded
 (a NumPy array, a DLPack capsule, a data_ptr) and then written, or C++ code
 such as autograd accumulating into an existing .grad -- bumps no version
@@ -87,12 +93,12 @@ def python_patches():
     packet_call = ops.OpOverloadPacket.__call__
 
     def OpOverload__call__(self, /, *args, **kwargs):
-        if _core.pending_nodes():
+        if _core.pending_nodes() or _core.watching():
             _flush_schema_writes(self, args, kwargs)
         return overload_call(self, *args, **kwargs)
 
     def OpOverloadPacket__call__(self, /, *args, **kwargs):
-        if _core.pending_nodes():
+        if _core.pending_nodes() or _core.watching():
             # which overload runs is the dispatcher's choice: whatever any
             # of them may write
             for name in self.overloads():
@@ -127,7 +133,7 @@ def python_patches():
 
 def _storage_write(method):
     def write(self, *args, **kwargs):
-        if _core.pending_nodes():
+        if _core.pending_nodes() or _core.watching():
             # the storage as a tensor: the core compares storages
             _core.flush_reading(torch.empty(0, dtype=torch.uint8, device=self.device).set_(self))
         return method(self, *args, **kwargs)
@@ -138,7 +144,7 @@ def _storage_write(method):
 
 def _export(method):
     def export(self, *args, **kwargs):
-        if _core.pending_nodes() and type(self) is not _core.LazyTensor:
+        if (_core.pending_nodes() or _core.watching()) and type(self) is not _core.LazyTensor:
             _core.flush_reading(self)
         return method(self, *args, **kwargs)
     export.__name__ = export.__qualname__ = method.__name__

@@ -7,6 +7,7 @@ Most tests stand a scripted hot backend in for inductor (its compile can be
 made slow, failing, or its program slow), so that what the engine decides is
 what the test set up; two tests run the real inductor end to end.
 """
+import gc
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 import fastlazy
-from fastlazy import backends, graph_cache, tiering
+from fastlazy import _core, backends, graph_cache, tiering
 from fastlazy.backends.base import Program
 
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
@@ -429,6 +430,59 @@ def test_frozen_parameters_follow_writes_replacements_and_new_shapes(auto, monke
     with torch.no_grad():
         expected = net(x)
     torch.testing.assert_close(_lazy_run(net, x), expected)
+
+
+def _write_through_data(p):
+    p.data.mul_(0.5)
+
+
+def _write_through_a_storage(p):
+    p.untyped_storage().fill_(0)
+
+
+def _write_through_numpy(p):
+    p.detach().numpy()[...] *= 0.5           # memory handed out, written later
+
+
+def _write_through_torch_ops(p):
+    torch.ops.aten.mul_.Tensor(p.data, torch.tensor(0.5))
+
+
+@pytest.mark.parametrize("write", [_write_through_data, _write_through_a_storage,
+                                   _write_through_numpy, _write_through_torch_ops])
+def test_frozen_parameters_hear_writes_no_version_counter_sees(auto, monkeypatch, write):
+    """Writes through a `.data` alias, a storage, NumPy or torch.ops bump
+    no version counter of the parameter: the frozen program must still
+    give way, or it computes with the old weights."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    _settled(net, x)
+    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    assert _core.watched_storages() > 0
+    version = net.conv.weight._version
+    write(net.conv.weight)
+    assert net.conv.weight._version == version, "this write is meant to be unversioned"
+    with torch.no_grad():
+        expected = net(x)
+    torch.testing.assert_close(_lazy_run(net, x), expected)
+    assert only_tier()["tier"] == "hot", "a stale frozen program stayed in use"
+
+
+def test_dropped_frozen_programs_stop_watching(auto, monkeypatch):
+    """The watch on frozen parameters ends with their program: a cache
+    cleared leaves in-place writes nothing to report."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    _settled(net, x)
+    assert _core.watched_storages() > 0
+    fastlazy.graph_cache.clear()
+    gc.collect()
+    assert _core.watched_storages() == 0
+    assert not _core.watching()
 
 
 def test_frozen_program_sends_another_shape_elsewhere(auto, monkeypatch):

@@ -48,6 +48,11 @@ static fl_handler_t fl_lazy_handler = NULL;
  * that may read that tensor's memory are computed first, since they must
  * see the contents it had when they were recorded. */
 static int fl_pending = 0;
+/* Storages are watched for writes (_core.watch_writes: a program holding
+ * a copy of their contents must hear of any write): in-place entry points
+ * then report what they write even with no node pending. */
+static int fl_watching = 0;
+#define FL_CHECK_WRITES (fl_pending || fl_watching)
 static int (*fl_flush_pending)(PyObject *written) = NULL;
 
 /* Compute first the pending nodes that may read `written`: a tensor, or a
@@ -60,7 +65,7 @@ fl_flush_written(PyObject *written)
         PyObject *seq = PySequence_Fast(written, "");
         if (seq == NULL)
             return -1;
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && fl_pending; i++) {
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && FL_CHECK_WRITES; i++) {
             if (fl_flush_pending(PySequence_Fast_GET_ITEM(seq, i)) < 0) {
                 Py_DECREF(seq);
                 return -1;
@@ -85,13 +90,13 @@ fl_flush_writes(FLEntry *e, PyObject *const *args, Py_ssize_t n, PyObject *kwnam
     if (e->form == FORM_INPLACE && n > 0 && fl_flush_written(args[0]) < 0)
         return -1;
     if (e->form == FORM_WATCH_INPLACE) {
-        for (Py_ssize_t i = 0; i < n && fl_pending; i++)
+        for (Py_ssize_t i = 0; i < n && FL_CHECK_WRITES; i++)
             if (fl_flush_written(args[i]) < 0)
                 return -1;
     }
     if (kwnames != NULL) {
         Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t k = 0; k < nk && fl_pending; k++) {
+        for (Py_ssize_t k = 0; k < nk && FL_CHECK_WRITES; k++) {
             if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), "out") == 0
                     && fl_flush_written(args[n + k]) < 0)
                 return -1;
@@ -114,7 +119,7 @@ fl_entry_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                 return fl_lazy_handler(self, args, n, kwnames ? kwnames : Py_None);
         }
     }
-    if (fl_pending && fl_flush_writes(e, args, n, kwnames) < 0)
+    if (FL_CHECK_WRITES && fl_flush_writes(e, args, n, kwnames) < 0)
         return NULL;
     return PyObject_Vectorcall(e->orig, args, nargsf, kwnames);
 }

@@ -273,8 +273,13 @@ cdef int flush_pending(PyObject *written) except -1:
     """Called by an in-place entry point before it writes the eager tensor
     `written`: the pending nodes are computed first if they may read its
     memory (an eager write elsewhere, such as BatchNorm's
-    num_batches_tracked.add_(1), leaves the graph whole)."""
+    num_batches_tracked.add_(1), leaves the graph whole).  A watched
+    storage's watchers hear of the write first (watch_writes)."""
     global fl_pending
+    if fl_watching:
+        _note_watched_write(<object>written)
+    if not fl_pending:
+        return 0          # (held while a fake run calls in-place methods)
     cdef Segment seg = peek_segment()
     if seg is None or not seg.n:
         if not _many_threads:
@@ -292,6 +297,64 @@ cdef int flush_pending(PyObject *written) except -1:
         # its own call; each tensor of the segment is computed on its own
         # now, before the write, and one that fails raises when read.
         _recover_all(seg)
+    return 0
+
+
+# storage address -> the callbacks watching it (watch_writes)
+cdef dict _watched = {}
+
+
+def watch_writes(tensors, on_write):
+    """Call on_write() once, at the first write to the memory of one of
+    `tensors` that fastlazy sees: every write an in-place entry point, a
+    watch entry, out=, torch.ops, `.data =`, swap_tensors or a storage
+    write makes -- through the tensor itself, a view, a `.data` alias or
+    any tensor sharing its storage -- and its memory handed to NumPy or
+    DLPack (written later unseen).  For programs that hold a copy of a
+    tensor's contents (inductor's frozen parameters): a write through a
+    `.data` alias bumps no version counter.  on_write runs inside the
+    writing call, before the write, and must not raise."""
+    global fl_watching
+    for t in tensors:
+        address = _storage_address(t)
+        if address:
+            _watched.setdefault(address, []).append(on_write)
+    fl_watching = 1 if _watched else 0
+
+
+def unwatch_writes(on_write):
+    """Forget every watch of on_write (its program is gone)."""
+    global fl_watching
+    for address in [a for a, calls in _watched.items() if on_write in calls]:
+        calls = _watched[address]
+        calls.remove(on_write)
+        if not calls:
+            del _watched[address]
+    fl_watching = 1 if _watched else 0
+
+
+def watching():
+    """Are storages watched for writes?  (The Python-level write patches
+    of watch.py then report their writes with no node pending.)"""
+    return fl_watching
+
+
+def watched_storages():
+    """How many storages are watched (for tests)."""
+    return len(_watched)
+
+
+cdef int _note_watched_write(object written) except -1:
+    global fl_watching
+    address = _storage_address(written)
+    if not address:
+        return 0          # no memory, or no storage to tell (sparse, fake)
+    calls = _watched.pop(address, None)
+    if calls is None:
+        return 0
+    fl_watching = 1 if _watched else 0
+    for on_write in calls:
+        on_write()
     return 0
 
 

@@ -369,12 +369,16 @@ cdef class Segment:
 
 cdef object _storage_address(object value):
     """The address of an eager tensor's storage; 0 for a tensor without
-    memory, or for anything that is not a tensor (a Python scalar slot); None
-    where it cannot be told (a sparse or nested tensor)."""
+    memory (a meta or fake tensor: a fake storage's data_ptr warns), or for
+    anything that is not a tensor (a Python scalar slot); None where it
+    cannot be told (a sparse or nested tensor)."""
     if not isinstance(value, TensorType):
         return 0
     try:
-        return value.untyped_storage().data_ptr()
+        storage = value.untyped_storage()
+        if storage.device.type == "meta":
+            return 0
+        return storage.data_ptr()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
 
