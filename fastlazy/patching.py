@@ -195,5 +195,6 @@ def disable() -> None:
             else:
                 delattr(owner, attr)
         _installed.clear()
+        _core.end_watches()
         _core.autocast_entered(-_core.autocast_depth())
         _core.inference_mode_entered(-_core.inference_mode_depth())

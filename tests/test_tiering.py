@@ -470,6 +470,26 @@ def test_frozen_parameters_hear_writes_no_version_counter_sees(auto, monkeypatch
     assert only_tier()["tier"] == "hot", "a stale frozen program stayed in use"
 
 
+def test_a_parameter_written_while_fastlazy_is_disabled_unfreezes(auto, monkeypatch):
+    """disable() takes away the entry points that see writes: a frozen
+    program cannot know what happens to its parameters until enable()."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    _settled(net, x)
+    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    fastlazy.disable()
+    try:
+        net.conv.weight.data.mul_(0.5)
+    finally:
+        fastlazy.enable()
+    with torch.no_grad():
+        expected = net(x)
+    torch.testing.assert_close(_lazy_run(net, x), expected)
+    assert only_tier()["tier"] == "hot"
+
+
 def test_dropped_frozen_programs_stop_watching(auto, monkeypatch):
     """The watch on frozen parameters ends with their program: a cache
     cleared leaves in-place writes nothing to report."""

@@ -333,6 +333,18 @@ def unwatch_writes(on_write):
     fl_watching = 1 if _watched else 0
 
 
+def end_watches():
+    """Tell every watcher its storages were written, and watch nothing:
+    disable() takes away the entry points that see writes, so from then on
+    any write may go unseen."""
+    global fl_watching
+    calls = [on_write for watchers in _watched.values() for on_write in watchers]
+    _watched.clear()
+    fl_watching = 0
+    for on_write in calls:
+        on_write()
+
+
 def watching():
     """Are storages watched for writes?  (The Python-level write patches
     of watch.py then report their writes with no node pending.)"""
