@@ -24,7 +24,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, program_templates, views
+from fastlazy import _core, program_templates, trial_tensors, views
 from fastlazy.aten_recorder import Recorder, no_dropout
 from fastlazy.symbolic_sizes import make_sizes_symbolic
 from fastlazy._core import LazyTensor
@@ -367,27 +367,10 @@ REAL_CHECK_NUMEL = 1 << 20
 
 def _trial_tensors(tensors, fill=0):
     """Real tensors standing for `tensors` in a trial run, with their view
-    geometry and trial values (the same values at every trial; integers
-    and bools all `fill`)."""
-    make = _trial_values(torch.Generator().manual_seed(0), fill)
+    geometry and trial values (fastlazy.trial_tensors: floats uniform in
+    [0, 1), integers and bools all `fill`)."""
+    make = trial_tensors.maker(torch.Generator().manual_seed(0), fill)
     return [_example(t, make) for t in tensors]
-
-
-def _trial_values(generator, fill):
-    """make(shape, dtype, device, requires_grad) for _example: trial values
-    drawn from `generator` (the global one is not touched).  Floats:
-    uniform in [0, 1), valid where eager checks a value's range
-    (binary_cross_entropy's probabilities, multinomial's weights) and
-    nonsingular (zeros would make linalg ops see singular matrices);
-    integers and bools: `fill` (0 and 1 are valid indices of any
-    dimension of two or more)."""
-    def make(shape, dtype, device, requires_grad=False):
-        if dtype.is_floating_point or dtype.is_complex:
-            t = torch.rand(shape, generator=generator, dtype=dtype).to(device)
-        else:
-            t = torch.empty(shape, dtype=dtype, device=device).fill_(fill)
-        return t.requires_grad_(requires_grad)
-    return make
 
 
 # A trial run whose aten calls include one of these read the trial values
