@@ -150,12 +150,18 @@ def trailing_dims(x, k):
     return list(x.shape[-k:])
 
 
+# torch's own builtins, bound once: the functions below are traced by
+# dynamo, which warns (to the user) at every call of an lru_cache-wrapped
+# function such as builtin() it meets
+_MEAN, _RSQRT = builtin("mean"), builtin("rsqrt")
+
+
 def _layer_norm_of(x, shape, weight, bias, eps):
     """layer_norm with eps a 0-dim tensor (traced by inductor, not run)."""
     dims = list(range(-len(shape), 0))
-    mean = builtin("mean")(x, dims, True)
+    mean = _MEAN(x, dims, True)
     centered = x - mean
-    y = centered * builtin("rsqrt")(builtin("mean")(centered * centered, dims, True) + eps)
+    y = centered * _RSQRT(_MEAN(centered * centered, dims, True) + eps)
     if weight is not None:
         y = y * weight
     if bias is not None:
@@ -173,7 +179,7 @@ def _batch_norm_of(x, weight, bias, mean, var, training, momentum, eps, cudnn_en
     """Inference batch_norm with eps a 0-dim tensor: as aten computes it,
     (x - mean) * rsqrt(var + eps) * weight + bias over dim 1."""
     per_channel = [-1] + [1] * (x.dim() - 2)
-    y = (x - mean.view(per_channel)) * builtin("rsqrt")(var + eps).view(per_channel)
+    y = (x - mean.view(per_channel)) * _RSQRT(var + eps).view(per_channel)
     if weight is not None:
         y = y * weight.view(per_channel)
     if bias is not None:

@@ -186,3 +186,22 @@ def test_a_graph_view_travels_to_the_child_and_builds_the_same_fx_graph(auto, mo
         built = torch.fx.GraphModule(torch.nn.Module(), inductor_graph.build_fx(copy)).code
         assert built == torch.fx.GraphModule(torch.nn.Module(), inductor_graph.build_fx(view)).code
     assert counted("tier_compiles_in_child") > before, compile_process.last_error
+
+
+def test_the_norms_dynamo_traces_warn_the_user_of_nothing():
+    """inductor_graph's layer_norm and batch_norm with eps a tensor are
+    traced by dynamo in a dynamic-shape compile: a call there to an
+    lru_cache-wrapped helper made dynamo warn the user at every compile."""
+    import warnings
+    x, w, b = torch.randn(2, 3, 8), torch.randn(8), torch.randn(8)
+    mean, var = torch.randn(3), torch.rand(3) + 0.5
+    eps = torch.tensor(1e-5)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ln = torch.compile(inductor_graph._layer_norm_of, backend="eager")(x, [8], w, b, eps)
+        bn = torch.compile(inductor_graph._batch_norm_of, backend="eager")(
+            x, None, None, mean, var, False, 0.1, eps, False)
+    assert not [w for w in seen if "lru_cache" in str(w.message)]
+    torch.testing.assert_close(ln, torch.nn.functional.layer_norm(x, [8], w, b, 1e-5))
+    torch.testing.assert_close(bn, torch.nn.functional.batch_norm(x, mean, var, eps=1e-5))
