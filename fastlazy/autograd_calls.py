@@ -1,11 +1,17 @@
-"""Autograd calls that take LazyTensors but cannot be recorded.
+"""Autograd calls that take LazyTensors.
 
 - A custom torch.autograd.Function: Function.apply hands its arguments to
   C++ (functorch's unwrap_dead_wrappers, then the autograd node), which
   would read a LazyTensor as a tensor it is not (a crash) and, without the
-  C++ node, the result loses requires_grad and the gradient.  So apply runs
-  eagerly on the values -- which carry the autograd history of the lazy
-  computation -- and its results become LazyTensors again.
+  C++ node, the result loses requires_grad and the gradient.  Where the
+  call records autograd history (grad mode on, an input requiring grad),
+  apply runs eagerly on the values -- which carry the autograd history of
+  the lazy computation -- and its results become LazyTensors again.  Where
+  it records none (inference: no_grad, or no input requiring grad), apply
+  is its forward and nothing more: the forward is called on the
+  LazyTensors, with a context that keeps what it is given, and its ops are
+  recorded like any others (a custom activation in a model's inference no
+  longer splits the graph).
 - The C++ autograd functions Python constructs and calls on tensors
   (gradcheck's UndefinedGrad, DelayedError) read their argument as a
   tensor: their call runs on the value.
@@ -38,6 +44,8 @@ def python_patches():
     def lazy_aware_apply(cls, *args, **kwargs):
         if not (_has_lazy(args) or _has_lazy(kwargs.values())):
             return apply(cls, *args, **kwargs)
+        if not _makes_history(args, kwargs) and not torch._C._are_functorch_transforms_active():
+            return _forward(cls, args, kwargs)
         fallback.count(f"{cls.__name__}.apply", "a custom autograd.Function runs eagerly")
         out = apply(cls, *fallback.materialize(args), **fallback.materialize(kwargs))
         return fallback.wrap_result(out)
@@ -48,6 +56,67 @@ def python_patches():
     for name in ("UndefinedGrad", "DelayedError"):
         patches.append((torch._C._functions, name, _on_values(getattr(torch._C._functions, name))))
     return patches
+
+
+def _makes_history(args, kwargs) -> bool:
+    """Would Function.apply record an autograd node for these arguments?"""
+    if not torch.is_grad_enabled():
+        return False
+    stack = [*args, *kwargs.values()]
+    while stack:
+        v = stack.pop()
+        if type(v) in (list, tuple):
+            stack.extend(v)
+        elif isinstance(v, (torch.Tensor, LazyTensor)) and v.requires_grad:
+            return True
+    return False
+
+
+class _Context:
+    """The ctx a forward is given where apply records no autograd node:
+    it keeps what forward saves and marks (backward never runs)."""
+
+    def __init__(self, count):
+        self.needs_input_grad = (False,) * count
+        self.saved_tensors = ()
+        self.materialize_grads = True
+        self.dirty = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        self.dirty = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        self.materialize_grads = value
+
+
+def _forward(cls, args, kwargs):
+    """apply without an autograd node: the forward (with setup_context's
+    new-style signature, which takes no ctx, where the class defines
+    setup_context); a result that is an input forward did not mark dirty
+    comes back as a view of it, a new tensor object, as apply returns."""
+    ctx = _Context(len(args))
+    if torch.autograd.function._is_setup_context_defined(cls.setup_context):
+        out = cls.forward(*args, **kwargs)
+    else:
+        out = cls.forward(ctx, *args, **kwargs)
+    inputs = [*args, *kwargs.values()]
+
+    def fresh(v):
+        if any(v is i for i in inputs) and not any(v is d for d in ctx.dirty):
+            return v.view_as(v)
+        return v
+    if isinstance(out, tuple):
+        return tuple(fresh(v) for v in out)
+    return fresh(out)
 
 
 def _on_values(cpp_function):

@@ -133,10 +133,78 @@ def fn_gradcheck_custom(lz):
     return torch.autograd.gradcheck(lambda t: Square.apply(lz(t) + 1), (x,))
 
 
+class Identity(torch.autograd.Function):
+    """New style: forward takes no ctx, setup_context does."""
+    @staticmethod
+    def forward(a, scale=1.0):
+        return a
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class AddOneInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        a.add_(1)
+        ctx.mark_dirty(a)
+        ctx.mark_non_differentiable(a)
+        return a
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def fn_function_in_inference(lz):
+    x = lz(torch.linspace(-2, 2, 6))
+    with torch.no_grad():
+        y = Square.apply(x + 1)
+        u, v = ScaleTwo.apply(x, y, 0.5)
+    return y, u, v, y.requires_grad
+
+
+def fn_function_inputs_need_no_grad(lz):
+    x = lz(torch.rand(4))
+    u, v = ScaleTwo.apply(x, x.exp(), 2.0)
+    return u, v, u.requires_grad
+
+
+def fn_function_new_style_returns_a_new_object(lz):
+    x = lz(torch.rand(3))
+    y = Identity.apply(x, scale=2.0)
+    return y is x, y
+
+
+def fn_function_marks_its_input_dirty(lz):
+    x = lz(torch.zeros(3)) * 2
+    y = AddOneInPlace.apply(x)
+    return y is x, y, x
+
+
 @cases(fn_square, fn_two_outputs, fn_function_on_eager_after_lazy, fn_grad_of_eager_leaf,
-       fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom)
+       fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom, fn_function_in_inference,
+       fn_function_inputs_need_no_grad, fn_function_new_style_returns_a_new_object,
+       fn_function_marks_its_input_dirty)
 def test_autograd_calls(f):
     same_as_eager(f)
+
+
+def test_a_custom_function_in_inference_is_recorded_not_run_eagerly():
+    """With no autograd node to make, apply is its forward: recorded into
+    the graph like any op, not run eagerly (which splits the graph)."""
+    before = fastlazy.metrics.counters()["fallbacks"]
+    x = fastlazy.lazy(torch.linspace(-1, 1, 5))
+    with torch.no_grad():
+        y = Square.apply(x * 3)
+    assert fastlazy._core.pending_in(y) is not None, "the call ran eagerly"
+    torch.testing.assert_close(y.to_eager(), (torch.linspace(-1, 1, 5) * 3) ** 2)
+    assert fastlazy.metrics.counters()["fallbacks"] == before
 
 
 # -- TorchScript autodiff: intermediates kept, double backward ------------
