@@ -46,7 +46,7 @@ import traceback
 import torch
 import torch.fx
 
-from fastlazy import metrics
+from fastlazy import compile_worker, metrics
 
 _HEADER = struct.Struct("<Q")
 
@@ -188,7 +188,8 @@ def _ask(job):
     try:
         _send(child.stdin, job)
         return _receive(child.stdout)
-    except (OSError, EOFError, pickle.PickleError, struct.error) as exc:
+    except (OSError, EOFError, ValueError, pickle.PickleError, struct.error) as exc:
+        # (ValueError: a pipe closed under the read by the exit's _close)
         _discard_child()
         raise Unavailable(f"the compile process stopped: {exc}") from exc
 
@@ -250,12 +251,18 @@ def forget_after_fork():
     _child, _broken, _lock = None, False, threading.Lock()
 
 
-@atexit.register
 def _close():
     """At exit the child is killed, whatever it is compiling: nobody will
-    run what it makes."""
-    if _child is not None:
-        _stop(_child, kill=True)
+    run what it makes.  The compile thread's exit hook calls this first
+    (compile_worker.at_close), so the program does not wait for the
+    compile the thread was waiting on."""
+    child = _child
+    if child is not None:
+        _stop(child, kill=True)
+
+
+atexit.register(_close)
+compile_worker.at_close(_close)
 
 
 def _send(stream, obj):

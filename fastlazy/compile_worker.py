@@ -9,8 +9,10 @@ user's thread keeps its core; the GIL is still shared, which is why the
 thread also limits its own duty cycle (see _work).
 
 At interpreter exit the compiles still queued are dropped (a program that
-ends must not wait for compiles nobody will use) and the one under way is
-waited for: interrupting a compiler mid-way can abort the process.
+ends must not wait for compiles nobody will use), the work the thread waits
+on elsewhere is ended first (the compile process is killed: at_close), and
+a compile running on the thread itself is waited for: interrupting a
+compiler mid-way can abort the process.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ NICENESS = 10           # added to the thread's priority value (lower priority)
 RUN_US, SLEEP_US = 200, 1000
 
 _queue: queue.SimpleQueue = queue.SimpleQueue()
+_at_close: list = []
 _thread: threading.Thread | None = None
 _start_lock = threading.Lock()
 _closing = False
@@ -100,6 +103,14 @@ def closing() -> bool:
     return _closing
 
 
+def at_close(fn) -> None:
+    """Have fn() run first when the program exits, before the compile under
+    way is waited for: fn ends work the compile thread waits on outside
+    this process (a compile in the compile process, which may take
+    minutes), so that the program does not wait for it."""
+    _at_close.append(fn)
+
+
 def on_compile_thread() -> bool:
     return threading.current_thread() is _thread
 
@@ -152,6 +163,11 @@ def _finish():
     down C++ state can abort the process)."""
     global _closing
     _closing = True
+    for fn in _at_close:
+        try:
+            fn()
+        except Exception:       # noqa: BLE001 - the exit goes on
+            pass
     thread = _thread
     if thread is not None and thread.is_alive():
         _queue.put((concurrent.futures.Future(), _stop, ()))

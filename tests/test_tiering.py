@@ -318,6 +318,43 @@ def _always_promote(self):
     self._candidates = []
 
 
+def test_a_program_does_not_wait_at_exit_for_the_compile_process():
+    """A program whose last calls queued a compile of a large model must
+    not wait at exit for the compile process (minutes for inception_v3):
+    the compile is dropped, the child killed.  Here the child is one that
+    never answers."""
+    program = textwrap.dedent("""
+        import subprocess, sys, time, torch, fastlazy
+        from fastlazy import compile_process, tiering
+
+        def never_answering_child():
+            if compile_process._broken:
+                raise compile_process.Unavailable("stopped earlier")
+            compile_process._child = subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(600)"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            return compile_process._child
+
+        compile_process._ensure_child = never_answering_child
+        tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
+        fastlazy.enable(backend="auto")
+        x = torch.randn(4, 8)
+        for _ in range(2):
+            (fastlazy.lazy(x) * 2).relu().sum().to_eager()
+        deadline = time.time() + 60
+        while compile_process._child is None and time.time() < deadline:
+            time.sleep(0.05)      # until the compile thread has sent its job
+        time.sleep(0.5)
+        print("done", compile_process._child is not None)
+    """)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "done True"
+    assert time.perf_counter() - start < 60, "the exit waited for the compile process"
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.5, 1.5])
 def test_a_program_that_ends_during_a_compile_exits_cleanly(delay):
     """The compile under way is waited for, queued ones are dropped; the

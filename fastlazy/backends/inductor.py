@@ -193,6 +193,8 @@ class _ShapeDispatch:
         try:
             return self._compile_with(args, dynamic, cpp_wrapper=True)
         except Exception:     # noqa: BLE001 - the Python wrapper is the fallback
+            if compile_worker.closing():
+                raise             # (the program is exiting: no second compile)
             metrics.count_event("tier_cpp_wrapper_failures")
             return self._compile_with(args, dynamic, cpp_wrapper=False)
 
