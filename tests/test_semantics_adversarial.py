@@ -1009,3 +1009,50 @@ def fn_default_changed_twice_same_signature(lz):
 @cases(fn_default_changed_after_recording, fn_default_changed_twice_same_signature)
 def test_default_dtype_changes(f, float32_after):
     same_as_eager(f)
+
+
+# -- torch's C++ bindings that read tensors without __torch_function__ -------
+# (each crashed the process with a LazyTensor argument: value_calls.py)
+
+def fn_checkpoint_non_reentrant(lz):
+    from torch.utils.checkpoint import checkpoint
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    out = checkpoint(lambda t: lin(t).tanh(), lz(x) * 2, use_reentrant=False)
+    out.sum().backward()
+    return out, x.grad, lin.weight.grad
+
+
+def fn_checkpoint_sequential(lz):
+    from torch.utils.checkpoint import checkpoint_sequential
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    out = checkpoint_sequential(net, 2, lz(torch.randn(3, 4)), use_reentrant=False)
+    out.sum().backward()
+    return out, net[0].weight.grad
+
+
+def fn_vmap(lz):
+    lin = torch.nn.Linear(4, 2)
+    return torch.vmap(lin)(lz(torch.randn(5, 4)))
+
+
+def fn_func_grad(lz):
+    return torch.func.grad(lambda t: (t * t).sum())(lz(torch.randn(3)))
+
+
+def fn_jit_trace(lz):
+    lin = torch.nn.Linear(4, 2)
+    traced = torch.jit.trace(lin, lz(torch.randn(2, 4)))
+    x = torch.randn(3, 4)
+    return traced(x)
+
+
+def fn_to_dlpack(lz):
+    y = lz(torch.arange(6.0)) * 2
+    return torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(y))
+
+
+@cases(fn_checkpoint_non_reentrant, fn_checkpoint_sequential, fn_vmap, fn_func_grad,
+       fn_jit_trace, fn_to_dlpack)
+def test_cpp_bindings_run_on_values(f):
+    same_as_eager(f)
