@@ -55,6 +55,8 @@ def boot() -> None:
     lazy_device.install()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork)
+    compile_worker.at_close(compile_process.close)
+    atexit.register(compile_process.close)
     _configure_from_environment()
     _booted = True
 

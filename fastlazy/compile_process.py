@@ -29,7 +29,6 @@ from stdin and writes the answer to stdout, each a length-prefixed pickle.
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import hashlib
@@ -46,7 +45,7 @@ import traceback
 import torch
 import torch.fx
 
-from fastlazy import compile_worker, metrics
+from fastlazy import metrics
 
 _HEADER = struct.Struct("<Q")
 
@@ -189,7 +188,7 @@ def _ask(job):
         _send(child.stdin, job)
         return _receive(child.stdout)
     except (OSError, EOFError, ValueError, pickle.PickleError, struct.error) as exc:
-        # (ValueError: a pipe closed under the read by the exit's _close)
+        # (ValueError: a pipe closed under the read by the exit's close)
         _discard_child()
         raise Unavailable(f"the compile process stopped: {exc}") from exc
 
@@ -251,18 +250,14 @@ def forget_after_fork():
     _child, _broken, _lock = None, False, threading.Lock()
 
 
-def _close():
+def close():
     """At exit the child is killed, whatever it is compiling: nobody will
-    run what it makes.  The compile thread's exit hook calls this first
-    (compile_worker.at_close), so the program does not wait for the
-    compile the thread was waiting on."""
+    run what it makes.  The boot has the compile thread's exit hook call
+    this first (compile_worker.at_close), so the program does not wait for
+    the compile the thread was waiting on, and atexit once more."""
     child = _child
     if child is not None:
         _stop(child, kill=True)
-
-
-atexit.register(_close)
-compile_worker.at_close(_close)
 
 
 def _send(stream, obj):
