@@ -1056,3 +1056,37 @@ def fn_to_dlpack(lz):
        fn_jit_trace, fn_to_dlpack)
 def test_cpp_bindings_run_on_values(f):
     same_as_eager(f)
+
+
+# -- in-place activations in training (efficientnet's SiLU, mobilenet's
+# Hardswish: inplace=True on an intermediate that requires grad) -----------
+
+def _inplace_activation_step(act):
+    def f(lz):
+        w = torch.randn(3, 4, requires_grad=True)
+        a = lz(torch.randn(2, 3)) @ w
+        y = act(a, inplace=True)
+        (y * y).sum().backward()
+        return y, w.grad
+    f.__name__ = f"fn_{act.__name__}_inplace_backward"
+    return f
+
+
+@cases(*[_inplace_activation_step(act) for act in
+         (F.silu, F.hardswish, F.hardsigmoid, F.elu, F.mish, F.leaky_relu, F.relu6, F.relu)])
+def test_inplace_activations_train_as_in_eager(f):
+    same_as_eager(f)
+
+
+def fn_write_into_a_saved_intermediate(lz):
+    w = torch.randn(3, requires_grad=True)
+    a = lz(torch.randn(3)) * w
+    b = a * a                   # saves a
+    F.silu(a, inplace=True)     # ... which this overwrites: eager's backward raises
+    b.sum().backward()
+    return w.grad
+
+
+@cases(fn_write_into_a_saved_intermediate)
+def test_a_saved_intermediate_written_in_place_raises_as_in_eager(f):
+    same_as_eager(f)

@@ -105,16 +105,42 @@ _MAX_COPIED_BACK = 4096
 
 
 def _copied_back(program):
+    """The program computed from a clone of its first input, its result
+    then copied into that input.  From the clone: a call that saves its
+    input for backward (silu, hardswish, elu ... whose F.<act>(x,
+    inplace=True) has no one-call in-place form here) must not see it
+    overwritten by the copy, as eager's in-place kernel saves the
+    original; the copy still bumps the input's version, so a tensor saved
+    by an earlier call raises eager's error at backward."""
     made = _copied_back_programs.get(program)
     if made is None:
         if len(_copied_back_programs) >= _MAX_COPIED_BACK:
             _copied_back_programs.clear()
+        clone = AtenCall("clone", torch.ops.aten.clone.default, (Input(0),))
+        calls = [clone] + [AtenCall(c.name, c.overload, _from_clone(c.args),
+                                    tuple((k, _from_clone(v)) for k, v in c.kwargs),
+                                    c.optional)
+                           for c in program.calls]
         copy = AtenCall("copy_", torch.ops.aten.copy_.default,
-                        (Input(0), program.outputs[0]))
-        made = NodeProgram(program.name + "_", (*program.calls, copy),
-                           (Value(len(program.calls)),), fresh=False)
+                        (Input(0), _from_clone(program.outputs[0])))
+        made = NodeProgram(program.name + "_", (*calls, copy),
+                           (Value(len(calls)),), fresh=False)
         made = _copied_back_programs.setdefault(program, made)
     return made
+
+
+def _from_clone(template):
+    """An argument of the original program, in the copied-back one: its
+    first input is the clone (call 0), its calls one further on."""
+    if isinstance(template, Input):
+        return Value(0) if template.k == 0 else template
+    if isinstance(template, Value):
+        return Value(template.k + 1)
+    if isinstance(template, Sizes):
+        return Sizes(_from_clone(template.of), template.count)
+    if isinstance(template, (list, tuple)):
+        return type(template)(_from_clone(v) for v in template)
+    return template
 
 
 def _last_reads(view):
