@@ -46,7 +46,7 @@ import weakref
 
 import torch
 
-from fastlazy import _core, backends, compile_worker, fx_threads, metrics
+from fastlazy import _core, backends, compile_worker, fx_threads, metrics, watch
 
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
 PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
@@ -361,7 +361,9 @@ def _frozen_inputs(inputs):
         return None
     parameters, shapes = [], []
     for k, t in enumerate(inputs):
-        if type(t) is torch.nn.Parameter:
+        if type(t) is torch.nn.Parameter and not watch.exported(t):
+            # (memory handed to NumPy may be written later, unseen: such
+            # a parameter stays an input of the frozen program)
             parameters.append((k, weakref.ref(t), t._version, t.data_ptr()))
         elif isinstance(t, torch.Tensor):
             shapes.append((k, t.shape))

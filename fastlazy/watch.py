@@ -35,6 +35,8 @@ is caught in the second by the version check at flush, which raises.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from fastlazy import _core
@@ -142,11 +144,37 @@ def _storage_write(method):
     return write
 
 
+# storage address -> what holds memory exported from it to NumPy while
+# enabled (the array's base tensor), held weakly: an address stays here
+# while an array may still write the memory.  (A DLPack capsule cannot be
+# held weakly: memory handed out that way is seen only while written
+# later through the watch, as before.)
+_exported: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def exported(tensor) -> bool:
+    """Has memory of `tensor` been handed to NumPy or DLPack (since
+    enable(), by a tensor still alive), to be written where nothing sees?"""
+    try:
+        return tensor.untyped_storage().data_ptr() in _exported
+    except (RuntimeError, NotImplementedError, TypeError):
+        return True
+
+
 def _export(method):
     def export(self, *args, **kwargs):
-        if (_core.pending_nodes() or _core.watching()) and type(self) is not _core.LazyTensor:
-            _core.flush_reading(self)
-        return method(self, *args, **kwargs)
+        if type(self) is not _core.LazyTensor:
+            if _core.pending_nodes() or _core.watching():
+                _core.flush_reading(self)
+        out = method(self, *args, **kwargs)
+        if type(self) is not _core.LazyTensor:
+            holder = getattr(out, "base", None)
+            try:
+                _exported[self.untyped_storage().data_ptr()] = (
+                    holder if isinstance(holder, torch.Tensor) else out)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass          # (no storage to tell, or a capsule)
+        return out
     export.__name__ = export.__qualname__ = method.__name__
     export.__doc__ = method.__doc__
     export.__wrapped__ = method

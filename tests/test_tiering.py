@@ -507,6 +507,22 @@ def test_frozen_parameters_hear_writes_no_version_counter_sees(auto, monkeypatch
     assert only_tier()["tier"] == "hot", "a stale frozen program stayed in use"
 
 
+def test_a_parameter_handed_to_numpy_before_the_compile_is_not_frozen(auto, monkeypatch):
+    """A NumPy array taken before the compile may write the parameter at
+    any time, unseen: that parameter stays an input of the frozen program."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    array = net.conv.weight.detach().numpy()
+    _settled(net, x)
+    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    array *= 10
+    with torch.no_grad():
+        expected = net(x)
+    torch.testing.assert_close(_lazy_run(net, x), expected)
+
+
 def test_a_parameter_written_while_fastlazy_is_disabled_unfreezes(auto, monkeypatch):
     """disable() takes away the entry points that see writes: a frozen
     program cannot know what happens to its parameters until enable()."""
