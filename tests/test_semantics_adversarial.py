@@ -1090,3 +1090,35 @@ def fn_write_into_a_saved_intermediate(lz):
 @cases(fn_write_into_a_saved_intermediate)
 def test_a_saved_intermediate_written_in_place_raises_as_in_eager(f):
     same_as_eager(f)
+
+
+# -- a Python number meeting a half or bfloat16 intermediate ----------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["mul", "add", "sub", "div"])
+def test_a_number_is_not_rounded_to_a_reduced_precision_dtype(dtype, op):
+    """Computing into a dead intermediate (its `<name>_` variant) with a
+    Python number: aten's in-place Scalar overloads round the number to
+    the tensor's dtype, eager does not (bf16 (x*x)*0.1 was 2 ulp off)."""
+    torch.manual_seed(0)
+    x = (torch.randn(4, 64) * 3).to(dtype)
+    f = {"mul": lambda t: (t * t) * 0.1, "add": lambda t: (t * t) + 0.1,
+         "sub": lambda t: (t * t) - 0.3, "div": lambda t: (t * t) / 0.7}[op]
+    assert torch.equal(f(fastlazy.lazy(x)).to_eager(), f(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_users_in_place_number_op_in_training_is_exact(dtype):
+    torch.manual_seed(0)
+    w = torch.randn(64, dtype=dtype, requires_grad=True)
+    x = torch.randn(4, 64, dtype=dtype)
+
+    def f(t):
+        y = t * w
+        y.mul_(0.1)
+        y.sum().backward()
+        return y.detach()
+    want, want_grad = f(x), w.grad.clone()
+    w.grad = None
+    assert torch.equal(_plain(f(fastlazy.lazy(x))), want)
+    assert torch.equal(w.grad, want_grad)

@@ -100,6 +100,24 @@ def written_form(node, written):
     return _copied_back(node.program), False
 
 
+def exact_scalars(node, program, inplace, written, is_number):
+    """(program, inplace) with the `<name>_` variant given up where it
+    would round a Python-number operand: aten's in-place Scalar overloads
+    (mul_.Scalar, add_.Scalar ...) cast the number to a float16 or
+    bfloat16 self's dtype, where eager's `t.mul_(0.1)` and the functional
+    op compute with it in float (bf16 (x*x)*0.1 was up to 2 ulp off).  A
+    write the user made (in `written`) stays one: the functional program,
+    then copy_ into the input.  is_number(k): node input k is a number."""
+    if not inplace or node.dtype not in (torch.float16, torch.bfloat16):
+        return program, inplace
+    call = program.only_call()
+    operands = (*call.args[1:], *(v for _, v in call.kwargs))
+    if not any(isinstance(a, (int, float)) or isinstance(a, Input) and is_number(a.k)
+               for a in operands):
+        return program, inplace
+    return (_copied_back(program) if node.index in written else program), False
+
+
 _copied_back_programs: dict = {}     # NodeProgram -> its copied-back form
 _MAX_COPIED_BACK = 4096
 

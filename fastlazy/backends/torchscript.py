@@ -23,8 +23,8 @@ import weakref
 
 import torch
 
-from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, as_written, reusable,
-                                    run_key, written_form)
+from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, as_written,
+                                    exact_scalars, reusable, run_key, written_form)
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
 # tests/test_backends.py checks it against what the tracer emits.
@@ -141,6 +141,9 @@ class TorchScriptBackend(Backend):
             if key not in runs:
                 program, inplace = written_form(node, written)
                 inplace = inplace or reuse and reusable(node, by_index)
+                program, inplace = exact_scalars(
+                    node, program, inplace, written,
+                    lambda k, node=node: env[node.inputs[k]] in scalars)
                 runs[key] = _emit(ir, env, node, program, inplace, scalars)
             value = runs[key][node.output]
             if node.cast:
