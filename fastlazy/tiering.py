@@ -129,6 +129,7 @@ class TieredProgram:
         future = self._future
         if future is not None:
             if future.done():
+                self.runs -= 1          # (counted by the tier that runs it)
                 return self._promote(inputs)
             _count_fast_run()
             return self._fast(*inputs)
@@ -234,6 +235,7 @@ class TieredProgram:
                 if self.tier == "probation":    # not decided by another thread
                     self._decide()
             return self.call(*inputs)
+        self.runs += 1
         candidate = min(pending, key=lambda c: len(c.times))
         start = time.perf_counter()
         out = candidate.call(*inputs)
@@ -251,7 +253,7 @@ class TieredProgram:
         if ranked and ranked[0][0] <= fast:
             compiled, _, best = ranked[0]
             self.tier = "hot" if best is self._candidates[0] else f"hot ({best.name})"
-            self.call = best.call
+            self.call = self._counting(best.call)
             # where a frozen winner's inputs change: the next best
             self._fallback = next((c.call for t, _, c in ranked[1:] if t <= fast), self._fast)
             self._compiled = best.call
@@ -275,13 +277,22 @@ class TieredProgram:
         fallback = getattr(self, "_fallback", self._fast)
         if for_good and self.tier.startswith("hot ("):
             self.tier = "hot" if fallback is not self._fast else "fast (parameters changed)"
-            self.call = self._compiled = fallback
+            self._compiled = fallback
+            self.call = self._counting(fallback)
         return fallback(*inputs)
+
+    def _counting(self, call):
+        """call, counting its runs in self.runs (metrics.tiers()): the
+        graph cache calls a settled graph's program directly."""
+        def counted(*inputs):
+            self.runs += 1
+            return call(*inputs)
+        return counted
 
     def _stay_fast(self, tier):
         """The fast tier for good, called directly from now on."""
         self.tier = tier
-        self.call = self._fast
+        self.call = self._counting(self._fast)
         self._view = self._compiled = None
 
 

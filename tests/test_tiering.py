@@ -135,6 +135,25 @@ def test_a_hot_graph_moves_to_the_faster_compiled_tier(auto, scripted, monkeypat
     assert c["cache_misses"] == 1
 
 
+@pytest.mark.parametrize("compiled_seconds", [0.0, 0.003])
+def test_runs_count_every_call_on_every_tier(auto, scripted, compiled_seconds):
+    """metrics.tiers()'s runs: every call of the graph, before, during and
+    after its probation, whichever tier won it."""
+    scripted(run_seconds=compiled_seconds)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    calls = 0
+    for k in range(3):
+        run(a, b, float(k))
+        calls += 1
+    assert tiering.wait(30)
+    for k in range(tiering.probe_calls() + 7):
+        run(a, b, float(k))
+        calls += 1
+    entry = only_tier()
+    assert entry["tier"] not in ("compiling", "probation"), entry
+    assert entry["runs"] == calls
+
+
 def test_a_graph_is_compiled_once_its_runs_add_up_to_hot_seconds(auto, scripted,
                                                                   monkeypatch):
     """Runs alone do not make a graph hot: its fast-tier runs must also add
