@@ -455,6 +455,19 @@ def _settled(net, x):
             net(fastlazy.lazy(x)).to_eager()
 
 
+def _settled_on_frozen(monkeypatch, before_settling=lambda net: None):
+    """A small conv net and its input, its graph settled on the program
+    with its parameters frozen (the probe's verdict forced)."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    before_settling(net)
+    _settled(net, x)
+    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    return net, x
+
+
 def _lazy_run(net, x):
     with torch.no_grad():
         return net(fastlazy.lazy(x)).to_eager()
@@ -464,12 +477,7 @@ def test_frozen_parameters_follow_writes_replacements_and_new_shapes(auto, monke
     """A program compiled with the parameters as constants must never give
     a stale value: a parameter written in place, a parameter replaced, or
     an input of another shape runs elsewhere, with eager's values."""
-    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
-    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
-    torch.manual_seed(0)
-    net, x = _Net(), torch.randn(2, 3, 6, 6)
-    _settled(net, x)
-    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    net, x = _settled_on_frozen(monkeypatch)
     with torch.no_grad():
         expected = net(x)
     torch.testing.assert_close(_lazy_run(net, x), expected)
@@ -510,12 +518,7 @@ def test_frozen_parameters_hear_writes_no_version_counter_sees(auto, monkeypatch
     """Writes through a `.data` alias, a storage, NumPy or torch.ops bump
     no version counter of the parameter: the frozen program must still
     give way, or it computes with the old weights."""
-    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
-    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
-    torch.manual_seed(0)
-    net, x = _Net(), torch.randn(2, 3, 6, 6)
-    _settled(net, x)
-    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    net, x = _settled_on_frozen(monkeypatch)
     assert _core.watched_storages() > 0
     version = net.conv.weight._version
     write(net.conv.weight)
@@ -529,14 +532,10 @@ def test_frozen_parameters_hear_writes_no_version_counter_sees(auto, monkeypatch
 def test_a_parameter_handed_to_numpy_before_the_compile_is_not_frozen(auto, monkeypatch):
     """A NumPy array taken before the compile may write the parameter at
     any time, unseen: that parameter stays an input of the frozen program."""
-    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
-    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
-    torch.manual_seed(0)
-    net, x = _Net(), torch.randn(2, 3, 6, 6)
-    array = net.conv.weight.detach().numpy()
-    _settled(net, x)
-    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
-    array *= 10
+    arrays = []
+    net, x = _settled_on_frozen(
+        monkeypatch, lambda net: arrays.append(net.conv.weight.detach().numpy()))
+    arrays[0] *= 10
     with torch.no_grad():
         expected = net(x)
     torch.testing.assert_close(_lazy_run(net, x), expected)
@@ -545,12 +544,7 @@ def test_a_parameter_handed_to_numpy_before_the_compile_is_not_frozen(auto, monk
 def test_a_parameter_written_while_fastlazy_is_disabled_unfreezes(auto, monkeypatch):
     """disable() takes away the entry points that see writes: a frozen
     program cannot know what happens to its parameters until enable()."""
-    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
-    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
-    torch.manual_seed(0)
-    net, x = _Net(), torch.randn(2, 3, 6, 6)
-    _settled(net, x)
-    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    net, x = _settled_on_frozen(monkeypatch)
     fastlazy.disable()
     try:
         net.conv.weight.data.mul_(0.5)
@@ -565,11 +559,7 @@ def test_a_parameter_written_while_fastlazy_is_disabled_unfreezes(auto, monkeypa
 def test_dropped_frozen_programs_stop_watching(auto, monkeypatch):
     """The watch on frozen parameters ends with their program: a cache
     cleared leaves in-place writes nothing to report."""
-    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
-    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
-    torch.manual_seed(0)
-    net, x = _Net(), torch.randn(2, 3, 6, 6)
-    _settled(net, x)
+    _settled_on_frozen(monkeypatch)
     assert _core.watched_storages() > 0
     fastlazy.graph_cache.clear()
     gc.collect()
