@@ -1122,3 +1122,33 @@ def test_a_users_in_place_number_op_in_training_is_exact(dtype):
     w.grad = None
     assert torch.equal(_plain(f(fastlazy.lazy(x))), want)
     assert torch.equal(w.grad, want_grad)
+
+
+# -- a Python bool where TorchScript wants a Scalar -------------------------
+
+_BOOL_SCALAR_CASES = {
+    "and": lambda t, f: t & True,
+    "or": lambda t, f: t | False,
+    "xor": lambda t, f: t ^ True,
+    "eq": lambda t, f: t == True,  # noqa: E712 - the bool operand is the point
+    "int_and": lambda t, f: (f > 0).int() & True,
+    "scatter": lambda t, f: t.scatter(1, torch.tensor([[1], [3]]), True),
+    "masked_fill": lambda t, f: f.masked_fill(f > 0, True),
+    "where": lambda t, f: torch.where(f > 0, t, True),
+    "sum_keepdim": lambda t, f: (f * 2).sum(1, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BOOL_SCALAR_CASES))
+def test_a_python_bool_operand_compiles_on_the_fast_tier(case):
+    """TorchScript has no bool Scalar: `bool_t & True` or scatter(...,
+    True) failed its compile (an INTERNAL ASSERT) and the graph ran on the
+    eager backend (HF generate()'s beam search: 5-6 failures a call)."""
+    f = _BOOL_SCALAR_CASES[case]
+    t = torch.tensor([[True, False, True, False, False], [False, True, True, False, True]])
+    x = torch.randn(2, 5)
+    before = fastlazy.metrics.counters()["compile_failures"]
+    got = f(fastlazy.lazy(t), fastlazy.lazy(x)).to_eager()
+    want = f(t, x)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    assert fastlazy.metrics.counters()["compile_failures"] == before
