@@ -163,17 +163,17 @@ def exported(tensor) -> bool:
 
 def _export(method):
     def export(self, *args, **kwargs):
-        if type(self) is not _core.LazyTensor:
-            if _core.pending_nodes() or _core.watching():
-                _core.flush_reading(self)
+        if type(self) is _core.LazyTensor:
+            return method(self, *args, **kwargs)
+        if _core.pending_nodes() or _core.watching():
+            _core.flush_reading(self)
         out = method(self, *args, **kwargs)
-        if type(self) is not _core.LazyTensor:
-            holder = getattr(out, "base", None)
-            try:
-                _exported[self.untyped_storage().data_ptr()] = (
-                    holder if isinstance(holder, torch.Tensor) else out)
-            except (RuntimeError, NotImplementedError, TypeError):
-                pass          # (no storage to tell, or a capsule)
+        holder = getattr(out, "base", None)
+        try:
+            _exported[self.untyped_storage().data_ptr()] = (
+                holder if isinstance(holder, torch.Tensor) else out)
+        except (RuntimeError, NotImplementedError, TypeError):
+            pass          # (no storage to tell, or a capsule)
         return out
     export.__name__ = export.__qualname__ = method.__name__
     export.__doc__ = method.__doc__

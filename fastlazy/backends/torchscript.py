@@ -118,11 +118,7 @@ class TorchScriptBackend(Backend):
         scalars = set()       # SSA names of scalar (non-tensor) inputs
         for s in view.slots:
             if s.kind == "bool":
-                # TorchScript has no bool Scalar; a 0-dim bool tensor promotes
-                # exactly like a Python bool (bool is the lowest category).
-                env[("slot", s.index)] = ir.call("scalar_tensor", [
-                    ir.constant(int(s.value)), ir.constant(SCALAR_TYPE[torch.bool]),
-                    ir.constant(None), ir.constant(None), ir.constant(None)])
+                env[("slot", s.index)] = _bool_tensor(ir, s.value)
             else:
                 name = f"%x{s.index}"
                 params.append(f"{name} : {_TS_TYPES[s.kind]}")
@@ -323,9 +319,7 @@ def _emit_call(ir, call, ref, inplace):
         # true division and fuses).
         while kwargs and kwargs[-1][1] is None and kwargs[-1][0] in call.optional:
             kwargs.pop()
-        args = [_bool_operand(ir, call.name, k, a) if k and type(a) is bool
-                else _ir_value(ir, a, None, ref)
-                for k, a in enumerate((*call.args, *(v for _, v in kwargs)))]
+        args = [_ir_value(ir, a, None, ref) for a in (*call.args, *(v for _, v in kwargs))]
         return ir.call(call.name + "_" if inplace else call.name, args)
     schema = call.overload._schema
     kwargs = dict(call.kwargs)
@@ -339,9 +333,10 @@ def _emit_call(ir, call, ref, inplace):
             value = arg.default_value
         else:
             raise TypeError(f"{schema.name}: no value for {arg.name}")
-        if type(value) is bool and arg.name == "s" and kwargs.get("dtype") is not None:
-            value = int(value)    # scalar_tensor(True, dtype=...): no bool Scalar here
-        args.append(_ir_value(ir, value, arg, ref))
+        if type(value) is bool and str(arg.type) in ("number", "Optional[number]"):
+            args.append(_bool_number(ir, arg.name, value, kwargs.get("dtype")))
+        else:
+            args.append(_ir_value(ir, value, arg, ref))
     name = schema.name.split("::", 1)[1]
     returns = [_ir_type(r.type) for r in schema.returns]
     if len(returns) == 1:
@@ -352,25 +347,28 @@ def _emit_call(ir, call, ref, inplace):
     return outs
 
 
-def _bool_operand(ir, name, position, value):
-    """A Python bool where the arguments choose the overload: TorchScript
-    has no bool Scalar (`bool_t & True` fails its alias analysis), so
-    where no overload of the op takes a bool there, a 0-dim bool tensor,
-    which promotes as a Python bool does; a bool flag (keepdim) as is."""
-    if _takes_bool(name, position):
-        return ir.constant(value)
+# TorchScript has no bool Scalar: a Python bool passed where a Scalar goes
+# fails its alias analysis (an INTERNAL ASSERT: `bool_t & True`).  A 0-dim
+# bool tensor promotes exactly as a Python bool does (bool is the lowest
+# category), so a bool slot, or an operand that promotes, becomes one.
+
+def _bool_tensor(ir, value):
     return ir.call("scalar_tensor", [
         ir.constant(int(value)), ir.constant(SCALAR_TYPE[torch.bool]),
         ir.constant(None), ir.constant(None), ir.constant(None)])
 
 
-@functools.lru_cache(maxsize=None)
-def _takes_bool(name, position):
-    for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
-        if position < len(schema.arguments) \
-                and str(schema.arguments[position].type) in ("bool", "Optional[bool]"):
-            return True
-    return False
+def _bool_number(ir, name, value, dtype):
+    """A Python bool for a Scalar argument `name` of a named overload: an
+    operand that promotes (`other`) as a 0-dim bool tensor (the op's
+    Tensor overload then matches); a fill value (scatter's, masked_fill's
+    `value`) or scalar_tensor's `s` given a dtype as an int, which fills
+    the same; anything else as it is."""
+    if name == "other":
+        return _bool_tensor(ir, value)
+    if name == "value" or name == "s" and dtype is not None:
+        return ir.constant(int(value))
+    return ir.constant(value)
 
 
 def _ir_type(t):
@@ -394,18 +392,6 @@ def _ir_value(ir, value, arg, ref):
     if arg is None:
         return ir.constant(value)
     kind = str(arg.type)
-    if type(value) is bool and kind in ("number", "Optional[number]"):
-        # TorchScript has no bool Scalar (its alias analysis asserts).  An
-        # operand that promotes (`bool_t & True`) as a 0-dim bool tensor,
-        # which promotes as a Python bool does (the op's Tensor overload
-        # then matches); a fill value (scatter's, masked_fill's) as an int,
-        # which fills the same
-        if arg.name == "other":
-            return ir.call("scalar_tensor", [
-                ir.constant(int(value)), ir.constant(SCALAR_TYPE[torch.bool]),
-                ir.constant(None), ir.constant(None), ir.constant(None)])
-        if arg.name == "value":
-            return ir.constant(int(value))
     if isinstance(value, (list, tuple)):
         if "Tensor" in kind:
             items = [ir.constant(None) if v is None else ref(v) for v in value]
