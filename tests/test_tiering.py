@@ -602,6 +602,33 @@ def test_training_graphs_freeze_nothing(auto, monkeypatch):
     assert seen and all(f is None for f in seen)
 
 
+def test_training_graphs_hand_back_gradients_in_the_parameters_layout(auto, monkeypatch):
+    """A compiled training graph gives each weight's gradient in the
+    weight's own layout, which autograd keeps as .grad instead of copying
+    it at every step (inductor's channels-last convolutions gave them
+    channels-last), and eager's gradients."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    for _ in range(2):
+        net(fastlazy.lazy(x)).sum().backward()
+    assert tiering.wait(300)
+    for _ in range(tiering.probe_calls()):
+        net(fastlazy.lazy(x)).sum().backward()
+    assert only_tier()["tier"] == "hot"
+    arrived = []
+    net.conv.weight.register_hook(lambda g: arrived.append(g.stride()))
+    net.zero_grad()
+    net(fastlazy.lazy(x)).sum().backward()
+    assert arrived == [net.conv.weight.stride()]
+    got = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    net(x).sum().backward()                   # an eager input: eager's step
+    for g, p in zip(got, net.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_a_parameter_written_during_probation_still_ends_it(auto, monkeypatch):
     """The frozen candidate turns stale mid-probe (its parameter written):
     the probe goes on without it and a tier is chosen, with eager's values."""
