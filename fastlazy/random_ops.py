@@ -23,6 +23,7 @@ tensor, arguments eager must judge).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -54,7 +55,7 @@ def _bind(func, args, kwargs):
     names = _BUILTIN_PARAMS.get(func)
     if names is None:
         try:
-            return dict(inspect.signature(func).bind(*args, **kwargs).arguments)
+            return dict(_signature(func).bind(*args, **kwargs).arguments)
         except (TypeError, ValueError):
             return None
     if len(args) > len(names) or any(k not in names for k in kwargs):
@@ -64,6 +65,11 @@ def _bind(func, args, kwargs):
         return None
     bound.update(kwargs)
     return {k: bound[k] for k in names if k in bound}
+
+
+# inspect.signature builds the Signature anew at each call (~20 us for
+# F.dropout, which a transformer's training step calls a dozen times)
+_signature = functools.lru_cache(maxsize=None)(inspect.signature)
 
 
 def _like(x):
