@@ -66,7 +66,11 @@ def _kept(key, create):
             cache[key] = entry            # (most recently used)
             return t
         _local.nbytes -= t.nbytes
-    t = create()
+    # (made outside inference mode: an inference tensor has no version
+    # counter to check, and trial runs under torch.inference_mode() read
+    # theirs)
+    with torch.inference_mode(False):
+        t = create()
     nbytes = t.nbytes
     if nbytes > CACHE_BYTES:
         return t

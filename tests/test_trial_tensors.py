@@ -66,3 +66,27 @@ def test_each_thread_keeps_its_own():
     thread.start()
     thread.join()
     assert theirs[0] is not mine
+
+
+def test_trial_tensors_made_under_inference_mode_are_kept_and_checked():
+    """torch.inference_mode() makes inference tensors, which have no version
+    counter: the cache must still check the ones it hands out."""
+    trial_tensors.clear()
+    with torch.inference_mode():
+        first = _make(fill=0)((3,), torch.int64, "cpu")
+        assert not first.is_inference()
+        first.add_(1)                                    # the trial wrote it
+        again = _make(fill=0)((3,), torch.int64, "cpu")
+    assert again is not first and again.tolist() == [0, 0, 0]
+
+
+def test_a_new_signature_under_inference_mode_gets_eagers_values(lazy_on):
+    """A call's first analysis under torch.inference_mode() (a trial run)."""
+    import fastlazy
+    torch.manual_seed(0)
+    conv, x = torch.nn.Conv2d(3, 5, 3), torch.randn(1, 3, 9, 11)   # a signature no test has
+    trial_tensors.clear()
+    with torch.inference_mode():
+        want = conv(x)
+        got = conv(fastlazy.lazy(x)).to_eager()
+    torch.testing.assert_close(got, want)
