@@ -629,6 +629,61 @@ def test_training_graphs_hand_back_gradients_in_the_parameters_layout(auto, monk
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
 
 
+def _train_step(net, x):
+    net.zero_grad()
+    net(x).square().sum().backward()
+    return [p.grad.clone() for p in net.parameters()]
+
+
+def test_a_training_graph_keeps_its_gradients_at_a_new_shape_on_the_compiled_tier(
+        auto, monkeypatch):
+    """A smaller last batch: the hot training graph's program for the new
+    shape, compiled in the background, still computes gradients (it was
+    compiled from copies of the inputs that no longer required grad: an
+    inference program, and backward raised)."""
+    import copy
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    twin = copy.deepcopy(net)
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        _train_step(net, fastlazy.lazy(x))
+    assert tiering.wait(300)
+    for _ in range(tiering.probe_calls()):
+        _train_step(net, fastlazy.lazy(x))
+    assert only_tier()["tier"] == "hot"
+    fastlazy.metrics.reset()
+    y = torch.randn(3, 8)
+    _train_step(net, fastlazy.lazy(y))        # on the fast tier while it compiles
+    assert fastlazy.metrics.counters()["tier_fast_runs_while_compiling"] == 1
+    assert tiering.wait(300)
+    got = _train_step(net, fastlazy.lazy(y))  # the new shape's compiled program
+    assert fastlazy.metrics.counters()["tier_fast_runs_while_compiling"] == 1
+    for g, w in zip(got, _train_step(twin, y)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_graph_run_under_inference_mode_runs_on_the_compiled_tier(auto, monkeypatch):
+    """An inference graph is compiled as an inference program: a training
+    one (its parameters require grad) saves activations, which autograd
+    refuses for inference tensors."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    with torch.inference_mode():
+        want = net(x)
+        for _ in range(2):
+            net(fastlazy.lazy(x)).to_eager()
+        assert tiering.wait(300)
+        for _ in range(tiering.probe_calls() + 1):
+            got = net(fastlazy.lazy(x)).to_eager()
+    assert only_tier()["tier"] == "hot"
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_parameter_written_during_probation_still_ends_it(auto, monkeypatch):
     """The frozen candidate turns stale mid-probe (its parameter written):
     the probe goes on without it and a tier is chosen, with eager's values."""

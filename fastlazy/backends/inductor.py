@@ -103,6 +103,9 @@ class _ShapeDispatch:
         self.by_shape = {}        # shapes -> compiled callable or pending Future
         self.dynamic = None       # the dynamic-shape version (or its Future)
         self.failed = False       # a background compile failed: replay from now on
+        # the graph records autograd history: compiled as a training
+        # program (forward and backward); else as an inference one
+        self.grad = view is not None and view.grad
 
     @property
     def graph(self):
@@ -151,14 +154,14 @@ class _ShapeDispatch:
             if len(self.by_shape) >= self.backend.dynamic_after and not self.frozen:
                 metrics.count_recompile("inductor: dynamic shapes")
                 if self.replay is not None:
-                    self.dynamic = self.backend.submit(self._compile, _examples(args), True)
+                    self.dynamic = self.backend.submit(self._compile, _examples(args, self.grad), True)
                     return self._replayed(inputs)
                 self.dynamic = self._compile(args, dynamic=True)
                 return self.dynamic(*args)
             if self.by_shape:
                 metrics.count_recompile("inductor: new input shape")
             if self.replay is not None:
-                self.by_shape[shapes] = self.backend.submit(self._compile, _examples(args), False)
+                self.by_shape[shapes] = self.backend.submit(self._compile, _examples(args, self.grad), False)
                 return self._replayed(inputs)
             fn = self.by_shape[shapes] = self._compile(args, dynamic=False)
         elif isinstance(fn, concurrent.futures.Future):
@@ -184,6 +187,11 @@ class _ShapeDispatch:
         return self.replay(*inputs)
 
     def _compile(self, args, dynamic):
+        if not self.grad:
+            # (parameters require grad under no_grad too: a compile that
+            # saw that would make a training program of an inference graph)
+            args = [a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
+                    for a in args]
         with _compile_lock:
             return self._compile_locked(args, dynamic)
 
@@ -311,5 +319,8 @@ def _freeze(gm, view, frozen, kinds):
     return kept
 
 
-def _examples(args):
-    return [a.detach().clone() for a in args]
+def _examples(args, grad):
+    """Copies of the inputs for a compile on the background thread (the
+    user's thread may write the inputs meanwhile), requiring grad as they
+    do where the graph records autograd history."""
+    return [a.detach().clone().requires_grad_(grad and a.requires_grad) for a in args]
