@@ -32,6 +32,7 @@ class Node:
     output: int = 0      # which of the program's outputs
     keeps_shape: bool = False  # the result has its first operand's shape
     written: bool = False  # the user's call wrote its first operand in place
+    call: int = -1       # the call that recorded it (see _calls_apart); -1: any
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class GraphView:
         if not self.grad:
             self.nodes = [dataclasses.replace(n, detach=False) if n.detach else n
                           for n in self.nodes]
+        else:
+            self.nodes = _calls_apart(self.nodes)
         self.outputs = list(outputs)
         self.slots = [self._slot(seg, k, p) for p, k in enumerate(slot_order)]
         self.segment_sites = [seg.site(n.index) for n in self.nodes]
@@ -151,3 +154,30 @@ class GraphView:
             lines.append(f"%{n.index} = {n.op.name}({ins}) attr={n.attr & 0xFFFF} "
                          f": {n.dtype} {list(n.shape)}{mark}")
         return "\n".join(lines)
+
+
+def _calls_apart(nodes):
+    """The nodes with `call` set: the index of the first node its call
+    recorded.  Nodes of one program over the same inputs share one run
+    (backends.base.run_key) -- a call returning several tensors records
+    one node per tensor -- but two calls that happen to be the same (a
+    model pooling one input twice) are two runs in a graph that records
+    autograd history: merged, their gradients would be summed before the
+    op's backward instead of each reaching the input on its own, as in
+    eager (the same values, rounded otherwise).  A call's nodes are
+    recorded back to back with their outputs in increasing order, some
+    maybe pruned as dead: a node continues the call of the last node of
+    its program and inputs if its output comes later and no more nodes
+    lie between them than outputs."""
+    last = {}
+    apart = []
+    for n in nodes:
+        if not n.program.fresh:
+            key = (n.program, n.inputs)
+            m = last.get(key)
+            same = (m is not None and n.output > m.output
+                    and n.index - m.index <= n.output - m.output)
+            n = dataclasses.replace(n, call=m.call if same else n.index)
+            last[key] = n
+        apart.append(n)
+    return apart

@@ -175,9 +175,10 @@ def _last_reads(view):
 def run_key(node):
     """Nodes with one key share one run of their program.  A program whose
     outputs may alias its inputs or each other (a captured one) runs once
-    per distinct input tuple, its other outputs being nodes of their own; a
-    fresh one (which a later op may compute into) runs per node."""
-    return node.index if node.program.fresh else (node.program, node.inputs)
+    per distinct input tuple (per call where the graph records autograd
+    history: graph._calls_apart), its other outputs being nodes of their
+    own; a fresh one (which a later op may compute into) runs per node."""
+    return node.index if node.program.fresh else (node.program, node.inputs, node.call)
 
 
 def argument_reader(template):
