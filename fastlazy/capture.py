@@ -547,6 +547,31 @@ def _trace(func, args, kwargs, examples, contiguous):
     return _checked(gm, contiguous), constants, draws
 
 
+# aten ops whose kernels take any strides and lay their results out from
+# their inputs' as eager's call does.  A program made only of them runs on
+# its inputs as they are laid out; any other program was traced on
+# contiguous inputs and gets them so (a kernel may read memory as laid out
+# in the trace: a composite's .contiguous() of a contiguous trial input
+# left no call in the program -- embedding_bag's offsets).
+_aten = torch.ops.aten
+_TAKES_ANY_LAYOUT = frozenset({
+    _aten.convolution.default, _aten._native_batch_norm_legit_functional.default,
+    _aten._native_batch_norm_legit_no_training.default, _aten._native_batch_norm_legit.default,
+    _aten._native_batch_norm_legit.no_stats, _aten.native_batch_norm.default,
+    _aten.max_pool2d_with_indices.default, _aten.avg_pool2d.default,
+    _aten._adaptive_avg_pool2d.default, _aten.mean.dim, _aten.sum.dim_IntList,
+    _aten.amax.default, _aten.cat.default, _aten.clone.default,
+    _aten.slice.Tensor, _aten.select.int, _aten.permute.default, _aten.transpose.int,
+    _aten.expand.default, _aten.unsqueeze.default, _aten.squeeze.dim, _aten.alias.default,
+    _aten.detach.default})
+
+
+def _takes_any_layout(graph):
+    return all(n.op != "call_function" or n.target is operator.getitem
+               or n.target in _TAKES_ANY_LAYOUT or torch.Tag.pointwise in n.target.tags
+               for n in graph.nodes)
+
+
 def _checked(program, contiguous):
     """A call's aten program (a GraphModule traced, or a Graph recorded) as
     a GraphModule, once it has passed the purity checks (else Unsafe), with
@@ -575,6 +600,10 @@ def _checked(program, contiguous):
     _differentiable_copies(graph)
     make_sizes_symbolic(graph)         # (before the nodes below, which have no metadata)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if _takes_any_layout(graph):
+        # (a convolution or batch norm of a channels-last tensor is
+        # channels-last, computed by the channels-last kernel, as in eager)
+        contiguous = ()
     for node, flag in zip(placeholders, contiguous):
         if flag and node.users:
             with graph.inserting_after(placeholders[-1]):
