@@ -136,9 +136,21 @@ def _on_values(cpp_function):
     return OnValues
 
 
+# Called (no arguments) when a gradient autograd may differentiate again is
+# asked for (create_graph=True): compiled training programs cannot be
+# differentiated twice (set by fastlazy.boot: tiering keeps training graphs
+# on the fast tier from then on).
+on_create_graph = None
+_CREATE_GRAPH_AT = 4          # torch.autograd.grad's create_graph, by position
+
+
 def grad(func, args, kwargs):
     """torch.autograd.grad with LazyTensor arguments, run eagerly: each
     gradient lazy if its input is."""
+    create_graph = (args[_CREATE_GRAPH_AT] if len(args) > _CREATE_GRAPH_AT
+                    else kwargs.get("create_graph"))
+    if create_graph and on_create_graph is not None:
+        on_create_graph()
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
     out = func(*fallback.materialize(args), **fallback.materialize(kwargs))
     if isinstance(out, dict):

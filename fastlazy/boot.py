@@ -12,10 +12,10 @@ import atexit
 import functools
 import os
 
-from fastlazy import (_core, backends, capture, compile_process, compile_worker, failures,
-                      fx_threads, generic, graph_cache, inference_saves, lazy_device, metrics,
-                      mutation, optable, recompiles, route, sites, tensor_methods, tiering,
-                      views)
+from fastlazy import (_core, autograd_calls, backends, capture, compile_process,
+                      compile_worker, failures, fx_threads, generic, graph_cache,
+                      inference_saves, lazy_device, metrics, mutation, optable, recompiles,
+                      route, sites, tensor_methods, tiering, views)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -51,6 +51,7 @@ def boot() -> None:
     tensor_methods.install_lazy_tensor_methods()
     metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
     metrics.fusion_listing = graph_cache.fusion
+    autograd_calls.on_create_graph = _keep_training_graphs_fast
     graph_cache.set_backend(backends.default_name())
     lazy_device.install()
     if hasattr(os, "register_at_fork"):
@@ -59,6 +60,10 @@ def boot() -> None:
     atexit.register(compile_process.close)
     _configure_from_environment()
     _booted = True
+
+
+def _keep_training_graphs_fast():
+    tiering.keep_training_graphs_fast(list(graph_cache.programs.values()))
 
 
 def _after_fork():

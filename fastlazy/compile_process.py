@@ -288,9 +288,13 @@ def _remove(path):
 # -- the child's side --------------------------------------------------------------
 
 def _compile_job(job):
+    from torch._functorch import config as functorch_config
     from torch._inductor import config
 
     config.load_config(job["config"])
+    # as fastlazy.backends.inductor compiles: a training program's backward
+    # may run twice (retain_graph), so its saved tensors are not donated
+    functorch_config.donated_buffer = False
     from fastlazy.inductor_graph import build_fx
     gm = torch.fx.GraphModule(torch.nn.Module(), build_fx(pickle.loads(job["view"])))
     _mark_cacheable(gm)

@@ -99,6 +99,7 @@ class TieredProgram:
         self.error = None
         self.fast_run_seconds = self.compiled_run_seconds = None
         self._view = _without_tensors(view)
+        self.grad = view.grad       # a training graph (it records autograd history)
         self._bind_fast()
         self._future = None
         self._compiled = None
@@ -148,6 +149,8 @@ class TieredProgram:
             view, self._view = self._view, None
         if view is None:
             return None       # another thread's run of this graph submitted it
+        if self.grad and _gradients_of_gradients:
+            return self._stay_fast(_TWICE_DIFFERENTIATED)
         limit = getattr(backends.get("inductor"), "max_depth", None)
         if limit is not None and view.depth() > limit:
             return self._stay_fast("fast (too deep to compile)")
@@ -379,6 +382,28 @@ def _frozen_inputs(inputs):
         elif isinstance(t, torch.Tensor):
             shapes.append((k, t.shape))
     return _Frozen(tuple(parameters), tuple(shapes)) if parameters else None
+
+
+# AOT autograd's compiled backward cannot itself be differentiated
+# ("torch.compile with aot_autograd does not currently support double
+# backward"): once the program asks for gradients of gradients (a gradient
+# penalty's create_graph=True), its training graphs stay on the fast tier,
+# whose autograd is eager's.
+_gradients_of_gradients = False
+_TWICE_DIFFERENTIATED = "fast (gradients of gradients: a compiled training graph has none)"
+
+
+def keep_training_graphs_fast(programs) -> None:
+    """From now on (autograd_calls.on_create_graph), training graphs stay
+    on the fast tier: those queued or compiled go back to it."""
+    global _gradients_of_gradients
+    _gradients_of_gradients = True
+    for program in programs:
+        if isinstance(program, TieredProgram) and program.grad \
+                and program.tier != _TWICE_DIFFERENTIATED:
+            with program._lock:
+                program._future = None
+                program._stay_fast(_TWICE_DIFFERENTIATED)
 
 
 def probe_calls() -> int:

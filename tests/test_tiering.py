@@ -665,6 +665,76 @@ def test_a_training_graph_keeps_its_gradients_at_a_new_shape_on_the_compiled_tie
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
+def _promoting(monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def test_a_running_loss_beside_a_compiled_training_graph(auto, monkeypatch):
+    """`running = running + loss.detach()`: the next step's graph reads the
+    last loss detached, and its compiled program must not tie its backward
+    to the last step's graph (backward raised 'Trying to backward through
+    the graph a second time')."""
+    net, x = _promoting(monkeypatch), torch.randn(3, 4)
+    running, want = 0, 0.0
+    for step in range(5 + tiering.probe_calls()):
+        loss = net(fastlazy.lazy(x)).square().mean()
+        loss.backward()
+        running = running + loss.detach()
+        want += float(net(x).square().mean())
+        if step == 3:             # (steps 2 on record the same graph)
+            assert tiering.wait(300)
+    assert "hot" in [t["tier"] for t in graph_cache.tiers()]
+    assert abs(float(running) - want) < 1e-4
+
+
+def test_a_compiled_training_graph_backs_up_twice_with_retain_graph(auto, monkeypatch):
+    """backward(retain_graph=True) and a second backward, as eager allows
+    (AOT autograd's donated buffers refused it)."""
+    import copy
+    net, x = _promoting(monkeypatch), torch.randn(3, 4)
+    twin = copy.deepcopy(net)
+    for step in range(3 + tiering.probe_calls()):
+        net.zero_grad()
+        loss = net(fastlazy.lazy(x)).square().mean()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        if step == 1:
+            assert tiering.wait(300)
+    assert only_tier()["tier"] == "hot"
+    twin(x).square().mean().backward()
+    for p, q in zip(net.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, 2 * q.grad, rtol=1e-4, atol=1e-6)
+
+
+def _penalty_step(net, x, lazy):
+    net.zero_grad()
+    inp = x.detach().requires_grad_(True)
+    out = net(fastlazy.lazy(inp) if lazy else inp).sum()
+    (g,) = torch.autograd.grad(out, inp, create_graph=True)
+    (g.square().sum() + out).backward()
+    return [p.grad.clone() for p in net.parameters()]
+
+
+def test_gradients_of_gradients_keep_training_graphs_on_the_fast_tier(auto, monkeypatch):
+    """A gradient penalty (create_graph=True) differentiates the graph's
+    backward, which a compiled training program cannot: training graphs
+    stay on the fast tier from then on, with eager's gradients (the
+    compiled tier raised 'does not currently support double backward')."""
+    import copy
+    net, x = _promoting(monkeypatch), torch.randn(3, 4)
+    twin = copy.deepcopy(net)
+    for step in range(3 + tiering.probe_calls()):
+        got = _penalty_step(net, x, True)
+        if step == 1:
+            tiering.wait(300)
+    assert {t["tier"] for t in graph_cache.tiers()} == {tiering._TWICE_DIFFERENTIATED}
+    for g, w in zip(got, _penalty_step(twin, x, False)):
+        assert torch.equal(g, w)
+
+
 def test_a_graph_run_under_inference_mode_runs_on_the_compiled_tier(auto, monkeypatch):
     """An inference graph is compiled as an inference program: a training
     one (its parameters require grad) saves activations, which autograd

@@ -106,6 +106,7 @@ class _ShapeDispatch:
         # the graph records autograd history: compiled as a training
         # program (forward and backward); else as an inference one
         self.grad = view is not None and view.grad
+        self.detached = _read_detached(view) if self.grad else ()
 
     @property
     def graph(self):
@@ -124,8 +125,11 @@ class _ShapeDispatch:
         return self._gm
 
     def _args(self, inputs):
-        return [v if kind is None else _scalar_tensor(kind, v)
+        args = [v if kind is None else _scalar_tensor(kind, v)
                 for v, kind in zip(inputs, self.kinds)]
+        for k in self.detached:
+            args[k] = args[k].detach()
+        return args
 
     def warm(self, inputs):
         """Compile now, on this thread, for the shapes of `inputs` (the
@@ -136,6 +140,8 @@ class _ShapeDispatch:
     def __call__(self, *inputs):
         if self.failed:
             return self._replayed(inputs)
+        if self.grad:
+            _keep_saved_tensors()
         args = self._args(inputs)
         dynamic = self.dynamic
         if dynamic is not None:
@@ -208,6 +214,8 @@ class _ShapeDispatch:
 
     def _compile_with(self, args, dynamic, cpp_wrapper):
         from torch._inductor import config
+        if self.grad:
+            _keep_saved_tensors()
         with config.patch(cpp_wrapper=cpp_wrapper,
                           layout_optimization=_channels_last_pays(config, args)):
             return self._compile_now(args, dynamic)
@@ -264,6 +272,25 @@ def _cpp_wrapper_pays(args):
         a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
 
 
+_thread = threading.local()
+
+
+def _keep_saved_tensors():
+    """Training programs whose backward may run twice
+    (`backward(retain_graph=True)`, as eager allows): AOT autograd's
+    donated buffers let a compiled backward overwrite the tensors saved for
+    it, and its runtime then refuses retain_graph.  The flag is read where
+    a program is compiled (here, and in the compile process, which turns
+    it off too) and where its backward runs -- on CPU the thread that runs
+    the program -- and torch's config settings hold per thread: it is
+    turned off on each thread that compiles or runs one (a memory saving of
+    torch.compile's training graphs there, not a change of values)."""
+    if not getattr(_thread, "kept", False):
+        from torch._functorch import config as functorch_config
+        functorch_config.donated_buffer = False
+        _thread.kept = True
+
+
 def _channels_last_pays(config, args):
     """Whether inductor may turn convolutions channels-last (its layout
     optimization, on by default on CPU): not where the graph computes
@@ -317,6 +344,28 @@ def _freeze(gm, view, frozen, kinds):
         gm.graph.erase_node(node)
     gm.recompile()
     return kept
+
+
+def _read_detached(view):
+    """The tensor inputs (by position) that the graph only reads detached
+    (`running = running + loss.detach()` beside the next step's forward
+    reads the last step's loss).  They are passed detached: one requiring
+    grad would tie the compiled program's backward to the graph that made
+    it (the last step's, already run backward), and the next backward
+    raised "Trying to backward through the graph a second time"."""
+    readers = {}
+    for node in view.nodes:
+        detached = node.detach or _is_detach(node.program)
+        for kind, k in node.inputs:
+            if kind == "slot":
+                readers[k] = readers.get(k, True) and detached
+    return tuple(p for p, s in enumerate(view.slots)
+                 if s.kind == "tensor" and readers.get(s.index, False))
+
+
+def _is_detach(program):
+    return (len(program.calls) == 1 and program.calls[0].name == "detach"
+            and len(program.outputs) == 1)
 
 
 def _examples(args, grad):
