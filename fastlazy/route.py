@@ -36,6 +36,10 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
     if func is torch.autograd.grad:
         fallback.count(name, "gradients are computed eagerly")
         return autograd_calls.grad(func, args, kwargs)
+    if name in _FLAG_SETTERS:
+        # (named like an in-place call, but no write: a leaf that requires
+        # grad may set it, which the write checks would refuse)
+        return run_eagerly(func, name, args, kwargs, False, "sets a flag on the value")
     out = random_ops.record(func, args, kwargs)
     if out is not random_ops.NOT_HANDLED:
         return out
@@ -74,6 +78,8 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
         return mutation.run_inplace(func, name, args, kwargs)
     return fallback.run(func, args, kwargs)
 
+
+_FLAG_SETTERS = frozenset({"Tensor.requires_grad_"})
 
 _inplace_params: dict = {}
 

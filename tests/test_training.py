@@ -108,3 +108,19 @@ def test_one_call_returning_two_tensors_is_one_run(monkeypatch):
         nodes = [n for n in views[-1].nodes if not n.program.fresh]
         assert len(nodes) == 4
         assert len({run_key(n) for n in nodes}) == runs
+
+
+def test_requires_grad_on_a_lazy_leaf_is_a_flag_not_a_write():
+    """requires_grad_ is named like an in-place call: on a leaf that already
+    requires grad the write checks refused it ('a leaf Variable that
+    requires grad is being used in an in-place operation')."""
+    x = torch.randn(2, 3, requires_grad=True)
+    assert fastlazy.lazy(x).requires_grad_(True).requires_grad
+    assert not fastlazy.lazy(x).requires_grad_(False).requires_grad
+    y = torch.randn(2, 3)
+    lazy = fastlazy.lazy(y)
+    lazy.requires_grad_(True)
+    (lazy * 2).sum().backward()
+    assert torch.equal(y.grad, torch.full((2, 3), 2.0))
+    with pytest.raises(RuntimeError, match="only change requires_grad flags of leaf"):
+        (fastlazy.lazy(torch.randn(2, requires_grad=True)) * 2).requires_grad_(False)
