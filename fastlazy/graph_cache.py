@@ -74,8 +74,11 @@ def set_capacity(n: int) -> None:
 
 
 def clear() -> None:
+    """Forget every compiled graph, and what the graphs showed of the
+    program (tiering: gradients of gradients asked for)."""
     programs.clear()
     recompiles.forget()
+    tiering.forget_gradients_of_gradients()
 
 
 def size() -> int:

@@ -406,6 +406,12 @@ def keep_training_graphs_fast(programs) -> None:
                 program._stay_fast(_TWICE_DIFFERENTIATED)
 
 
+def forget_gradients_of_gradients() -> None:
+    """Training graphs compiled again (the graph cache was cleared)."""
+    global _gradients_of_gradients
+    _gradients_of_gradients = False
+
+
 def probe_calls() -> int:
     """Calls after a compile is done by which the graph's tier is chosen."""
     return (PROBE_WARMUP + PROBE_RUNS) * CANDIDATES + 1
