@@ -600,7 +600,7 @@ def _checked(program, contiguous):
     _differentiable_copies(graph)
     make_sizes_symbolic(graph)         # (before the nodes below, which have no metadata)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if _takes_any_layout(graph):
+    if any(contiguous) and _takes_any_layout(graph):
         # (a convolution or batch norm of a channels-last tensor is
         # channels-last, computed by the channels-last kernel, as in eager)
         contiguous = ()

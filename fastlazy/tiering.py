@@ -448,19 +448,14 @@ def _taking(compiled, slots, constants):
 def _examples(view, positions, inputs):
     """Tensors like the inputs of one run, for every slot of the view:
     fresh memory of the same sizes, strides and dtypes (the compile thread
-    must not read tensors the user's thread may be writing).  They require
-    grad as the inputs do only where the graph records autograd history:
-    a graph run under no_grad or inference_mode is compiled as an
-    inference program (a training program saves activations for nothing,
-    and under inference_mode autograd refuses to save them at all)."""
+    must not read tensors the user's thread may be writing)."""
     given = dict(zip(positions, inputs))
     examples = []
     for s in view.slots:
         value = given.get(s.position, s.value)
         if isinstance(value, torch.Tensor):
-            grad = value.requires_grad and view.grad
             value = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                        device=value.device).requires_grad_(grad)
+                                        device=value.device).requires_grad_(value.requires_grad)
         examples.append(value)
     return examples
 

@@ -160,14 +160,14 @@ class _ShapeDispatch:
             if len(self.by_shape) >= self.backend.dynamic_after and not self.frozen:
                 metrics.count_recompile("inductor: dynamic shapes")
                 if self.replay is not None:
-                    self.dynamic = self.backend.submit(self._compile, _examples(args, self.grad), True)
+                    self.dynamic = self.backend.submit(self._compile, _examples(args), True)
                     return self._replayed(inputs)
                 self.dynamic = self._compile(args, dynamic=True)
                 return self.dynamic(*args)
             if self.by_shape:
                 metrics.count_recompile("inductor: new input shape")
             if self.replay is not None:
-                self.by_shape[shapes] = self.backend.submit(self._compile, _examples(args, self.grad), False)
+                self.by_shape[shapes] = self.backend.submit(self._compile, _examples(args), False)
                 return self._replayed(inputs)
             fn = self.by_shape[shapes] = self._compile(args, dynamic=False)
         elif isinstance(fn, concurrent.futures.Future):
@@ -194,8 +194,10 @@ class _ShapeDispatch:
 
     def _compile(self, args, dynamic):
         if not self.grad:
-            # (parameters require grad under no_grad too: a compile that
-            # saw that would make a training program of an inference graph)
+            # A graph run under no_grad or inference_mode is compiled as an
+            # inference program, though its parameters require grad: a
+            # training program saves activations for nothing, and under
+            # inference_mode autograd refuses to save them at all.
             args = [a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
                     for a in args]
         with _compile_lock:
@@ -216,8 +218,16 @@ class _ShapeDispatch:
         from torch._inductor import config
         if self.grad:
             _keep_saved_tensors()
+        # Inductor's channels-last convolutions (its layout optimization, on
+        # by default on CPU), not where the graph computes gradients: its
+        # parameters are contiguous and change at every step, so the program
+        # would convert each weight at every call and hand back each weight's
+        # gradient channels-last, which AccumulateGrad then copies into the
+        # parameter's layout (resnet18's training step at batch 1: 0.86x
+        # eager with it, 1.00x without; 0.96x and 1.05x at batch 8).
+        # Inference graphs keep it: frozen weights are converted once.
         with config.patch(cpp_wrapper=cpp_wrapper,
-                          layout_optimization=_channels_last_pays(config, args)):
+                          layout_optimization=config.layout_optimization and not self.grad):
             return self._compile_now(args, dynamic)
 
     def _compile_now(self, args, dynamic):
@@ -291,19 +301,6 @@ def _keep_saved_tensors():
         _thread.kept = True
 
 
-def _channels_last_pays(config, args):
-    """Whether inductor may turn convolutions channels-last (its layout
-    optimization, on by default on CPU): not where the graph computes
-    gradients.  Its parameters are contiguous and change at every step, so
-    the program would convert each weight at every call and hand back each
-    weight's gradient channels-last, which autograd's AccumulateGrad then
-    copies into the parameter's layout: resnet18's training step at batch 1
-    ran at 0.86x eager with it and 1.00x without (0.96x and 1.05x at batch
-    8).  Inference graphs keep it (frozen weights are converted once)."""
-    return config.layout_optimization and not any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-
-
 # A scalar input's 0-dim tensor, made once per value: torch.tensor costs
 # ~2.5 us, and a transformer's graph passes a dozen scalars (eps, the GELU
 # constants) on every call.  Compiled graphs only read their inputs, and no
@@ -368,8 +365,8 @@ def _is_detach(program):
             and len(program.outputs) == 1)
 
 
-def _examples(args, grad):
+def _examples(args):
     """Copies of the inputs for a compile on the background thread (the
     user's thread may write the inputs meanwhile), requiring grad as they
-    do where the graph records autograd history."""
-    return [a.detach().clone().requires_grad_(grad and a.requires_grad) for a in args]
+    do (a training graph's new shape is a training program too)."""
+    return [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
