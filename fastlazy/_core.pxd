@@ -221,6 +221,12 @@ cdef class Segment:
 
 
 cdef class LazyTensor:
+    # Where torch's C++ reads a tensor's at::Tensor (THPVariable.cdata):
+    # kept holding a stand-in's, since LazyTensor answers isinstance(x,
+    # torch.Tensor) and torch's argument parser unpacks such an object
+    # wherever an argument may be a 0-dim tensor (tensor.pxi).  First, so
+    # that it sits where THPVariable's does (no vtable: no cdef methods).
+    cdef void *variable_words[2]
     cdef Segment seg          # pending: the segment holding our node
     cdef int32_t idx          # pending: our node's index in seg
     cdef object value         # materialized torch.Tensor, or None
@@ -232,8 +238,6 @@ cdef class LazyTensor:
     cdef public object family # views.Family (a base with live views) or
                               # views.Member (a view of one), else None
     cdef object __weakref__
-
-    cdef int _wrap_dim(self, dim) except -1
 
 
 cdef class Hooks:

@@ -19,8 +19,9 @@ fallbacks_by_op: collections.Counter = collections.Counter()
 fallback_reasons: collections.Counter = collections.Counter()   # (op, reason) -> n
 compile_seconds: list[float] = []
 recompile_reasons: collections.Counter = collections.Counter()
-# (reason, "file:line") -> graphs computed there other than by mark_step
-flushes_by_site: collections.Counter = collections.Counter()
+# (reason, file, line) -> graphs computed there other than by
+# mark_step (flushes_by_site() names the sites)
+_flush_sites: collections.Counter = collections.Counter()
 _events: collections.Counter = collections.Counter()    # count_event's names
 # set by the boot: the graph cache's per-graph tiers (fastlazy.tiering) as
 # a list of dicts, and as one line ("hot 2, fast 5")
@@ -47,9 +48,19 @@ def count_fallback(name: str, reason: str = "") -> None:
 def note_flush(reason: str) -> None:
     """A graph was computed because of `reason` (a value read, a full
     buffer, an eager write...) at the user's current line."""
-    site = sites.site_of_call()
+    file, line = sites.where_called(2)
     with _lock:
-        flushes_by_site[reason, site] += 1
+        _flush_sites[reason, file, line] += 1
+
+
+def flushes_by_site() -> collections.Counter:
+    """(reason, "file:line") -> graphs computed there other than by
+    mark_step() since the last reset()."""
+    found = collections.Counter()
+    with _lock:
+        for (reason, file, line), n in _flush_sites.items():
+            found[reason, sites.site_name(file, line)] += n
+    return found
 
 
 def add_compile_time(seconds: float) -> None:
@@ -154,7 +165,7 @@ def reset() -> None:
         fallback_reasons.clear()
         compile_seconds.clear()
         recompile_reasons.clear()
-        flushes_by_site.clear()
+        _flush_sites.clear()
         _events.clear()
     recompiles.reset()
     _steps.reset_kernel_calls()
@@ -188,7 +199,8 @@ def explain() -> str:
     fused per graph and which ops it left outside its fusion groups."""
     with _lock:
         rows = sorted(fallback_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
-        splits = sorted(flushes_by_site.items(), key=lambda kv: (-kv[1], kv[0]))
+        splits = flushes_by_site()
+        splits = sorted(splits.items(), key=lambda kv: (-kv[1], kv[0]))
     if not rows:
         lines = ["every call with a LazyTensor argument was recorded"]
     else:

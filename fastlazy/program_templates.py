@@ -66,28 +66,82 @@ def erased_key(func, args, kwargs, tensors):
         return None
     parts = []
     shape_ints = func in _SHAPE_ARGUMENTS
-    leaves, structure = pytree.tree_flatten((args, kwargs))
-    for leaf in leaves:
-        if shape_ints and (type(leaf) is int or type(leaf) is torch.Size):
-            parts.append(("size",) if type(leaf) is int else ("sizes", len(leaf)))
-        elif isinstance(leaf, torch.Tensor):
-            lazy = type(leaf) is LazyTensor
-            parts.append(("tensor", lazy, leaf.dtype, leaf.dim(), leaf.device,
-                          leaf.requires_grad, lazy and views.geometry(leaf) is None))
-        elif type(leaf) is float:
-            parts.append((float, leaf.hex()))      # -0.0 and nan are values of their own
-        elif type(leaf) is slice:
-            # (x[:, 0]: slices are unhashable before Python 3.12)
-            parts.append((slice, leaf.start, leaf.stop, leaf.step))
-        else:
-            parts.append((type(leaf), leaf))
-    key = (func, structure, tuple(parts), len(tensors),
-           torch.is_grad_enabled(), torch.get_default_dtype())
     try:
-        hash(key)
+        structure = (_plain_structure(args, parts, shape_ints),
+                     _plain_structure(kwargs, parts, shape_ints))
+    except _NotPlain:
+        parts = []
+        leaves, structure = pytree.tree_flatten((args, kwargs))
+        for leaf in leaves:
+            parts.append(_erased(leaf, shape_ints))
+    try:
+        return ErasedKey((func, structure, tuple(parts), len(tensors),
+                          torch.is_grad_enabled(), torch.get_default_dtype()))
     except TypeError:
         return None
-    return key
+
+
+class ErasedKey:
+    """An erased signature, hashed once: an analysis looks its key up in
+    several tables (templates, meta verdicts), and a tuple's hash is
+    computed anew at every lookup."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return self is other or (type(other) is ErasedKey and self._hash == other._hash
+                                 and self.parts == other.parts)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+# The containers _plain_structure takes apart as pytree does; any other type
+# pytree treats as a node (a namedtuple, an OrderedDict, torch.return_types)
+# sends the call to pytree itself.
+_PLAIN_CONTAINERS = (tuple, list, torch.Size)
+
+
+def _plain_structure(value, parts, shape_ints):
+    """The arguments' nesting, as plain tuples, their leaves' erased parts
+    appended to `parts` in pytree's leaf order: what tree_flatten's TreeSpec
+    says, at a fraction of its cost (flattening and hashing a TreeSpec was
+    a tenth of a new signature's analysis).  Raises _NotPlain where a
+    container is not a tuple, list, torch.Size or dict."""
+    kind = type(value)
+    if kind in _PLAIN_CONTAINERS:
+        return (kind, tuple([_plain_structure(v, parts, shape_ints) for v in value]))
+    if kind is dict:
+        return (dict, tuple(value), tuple([_plain_structure(v, parts, shape_ints)
+                                           for v in value.values()]))
+    if kind in pytree.SUPPORTED_NODES or isinstance(value, (tuple, list, dict)):
+        raise _NotPlain
+    parts.append(_erased(value, shape_ints))
+    return None
+
+
+def _erased(leaf, shape_ints):
+    """One argument leaf's part of the erased key."""
+    if shape_ints and type(leaf) is int:
+        return ("size",)
+    if isinstance(leaf, torch.Tensor):
+        lazy = type(leaf) is LazyTensor
+        return ("tensor", lazy, leaf.dtype, leaf.dim(), leaf.device,
+                leaf.requires_grad, lazy and views.geometry(leaf) is None)
+    if type(leaf) is float:
+        return (float, leaf.hex())      # -0.0 and nan are values of their own
+    if type(leaf) is slice:
+        # (x[:, 0]: slices are unhashable before Python 3.12)
+        return (slice, leaf.start, leaf.stop, leaf.step)
+    return (type(leaf), leaf)
 
 
 def templates(key) -> tuple:

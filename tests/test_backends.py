@@ -224,7 +224,7 @@ def test_a_captured_program_runs_once_for_all_its_outputs(name):
 
 
 def test_torchscript_plans_a_graph_unoptimized_and_leaves_the_flags_as_they_were():
-    """The legacy executor's optimization passes cost a model's first call
+    """The graph executor's optimization passes cost a model's first call
     10-16 ms and buy nothing on fastlazy's IR: every call runs the
     unoptimized plan (the executor's fallback plan; no optimized execution
     plan is ever made), and the flags switched for it are as they were."""
@@ -240,8 +240,10 @@ def test_torchscript_plans_a_graph_unoptimized_and_leaves_the_flags_as_they_were
             torch.testing.assert_close((a.sin() * 2 + a.cos()).to_eager(),
                                        a.to_eager().sin() * 2 + a.to_eager().cos())
         fn = next(reversed(graph_cache.programs.values())).call
-        state = getattr(fn, "fn", fn).get_debug_state()
-        assert not state.execution_plans and state.fallback.graph is not None
+        # the profiling executor has no optimized plan to show after three
+        # runs (its debug state asserts that it has one)
+        with pytest.raises(RuntimeError, match="optimized_plan"):
+            getattr(fn, "fn", fn).get_debug_state()
         after = (c._get_graph_executor_optimize(), c._jit_set_profiling_executor(before[1]))
         assert after == before
     finally:

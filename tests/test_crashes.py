@@ -73,3 +73,42 @@ def test_the_legacy_tensor_constructor_takes_a_lazy_tensor():
                           text=True, timeout=120)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
     assert done.stdout.strip() == "ok"
+
+
+# torch's argument parser reads the at::Tensor of any object isinstance()
+# calls a tensor where a signature lets a 0-dim tensor stand for a number:
+# remainder's (Scalar self, Tensor other) overload is tried before (Tensor,
+# Scalar), torch.full's fill_value, arange's end.
+NUMBER_PARAMETERS = textwrap.dedent("""
+    import torch, fastlazy
+    fastlazy.enable()
+    x, i, s = torch.tensor([7., -7., 3.]), torch.tensor([7, -7, 3]), torch.tensor(2.)
+    lx, li, ls = (fastlazy.lazy(t) * 1 for t in (x, i, s))
+    for got, want in [(torch.remainder(lx, 3), torch.remainder(x, 3)),
+                      (torch.remainder(3, lx), torch.remainder(3, x)),
+                      (torch.bitwise_and(li, 3), torch.bitwise_and(i, 3)),
+                      (torch.bitwise_or(3, li), torch.bitwise_or(3, i)),
+                      (torch.pow(2, lx), torch.pow(2, x)),
+                      (torch.xlogy(3, lx), torch.xlogy(3, x)),
+                      (torch.clamp(x, min=ls), torch.clamp(x, min=s)),
+                      (x.clone().fill_(ls), x.clone().fill_(s))]:
+        got = got.to_eager() if type(got) is fastlazy.LazyTensor else got
+        torch.testing.assert_close(got, want, equal_nan=True)
+    # a LazyTensor given for a number: torch's own TypeError, not a crash
+    for call in (lambda: torch.full((2,), ls), lambda: torch.arange(ls),
+                 lambda: torch.threshold(lx, 0.0, ls)):
+        try:
+            call()
+        except TypeError as exc:
+            assert "LazyTensor" in str(exc), exc
+        else:
+            raise AssertionError("a LazyTensor was taken for a number")
+    print("ok")
+""")
+
+
+def test_a_lazy_tensor_where_a_signature_takes_a_number_is_not_read_as_a_tensor():
+    done = subprocess.run([sys.executable, "-c", NUMBER_PARAMETERS], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr[-3000:]}"
+    assert done.stdout.strip() == "ok"

@@ -150,7 +150,7 @@ def _count_traces(monkeypatch):
     traced = []
     real_keep = program_templates.keep
     monkeypatch.setattr(program_templates, "keep",
-                        lambda key, *a: traced.append(key[0]) or real_keep(key, *a))
+                        lambda key, *a: traced.append(key.parts[0]) or real_keep(key, *a))
     return traced
 
 

@@ -116,6 +116,39 @@ cdef LazyTensor wrap_value(object value):
     return t
 
 
+# torch's C++ takes any object that isinstance() calls a torch.Tensor for a
+# THPVariable, and its argument parser reads such an argument's at::Tensor
+# where a signature allows a 0-dim tensor for a number (torch.remainder(x,
+# 3) tries remainder(Scalar self, Tensor other) first; torch.full's
+# fill_value): a LazyTensor there was memory read as a tensor, a crash.  So
+# a LazyTensor's first words are those of a stand-in tensor's THPVariable:
+# an empty 1-d meta tensor, which no number parameter takes (it is not
+# 0-dim), so the parser goes on to the signature whose Tensor parameter
+# hands the call to LazyTensor.__torch_function__, or raises its TypeError.
+cdef object _STANDIN = torch.empty(0, device="meta")
+cdef void *_standin_words[2]
+memcpy(_standin_words, (<char *><PyObject *>_STANDIN) + sizeof(PyObject), sizeof(_standin_words))
+
+
+cdef int size_dim(LazyTensor t, dim) except -1:
+    cdef long long d
+    cdef int nd = t.meta.ndim
+    # eager's parser takes an int, or an object with __index__ (an
+    # integer 0-dim tensor), never a float
+    dim = _operator_index(dim)
+    try:
+        d = dim
+    except OverflowError:
+        # eager's exception for a dim beyond 64 bits
+        raise ValueError("Overflow when unpacking long long") from None
+    if nd == 0:
+        nd = 1
+    if d < -nd or d >= nd:
+        raise IndexError(f"Dimension out of range (expected to be in range of "
+                         f"[{-nd}, {nd - 1}], but got {d})")
+    return d + nd if d < 0 else d
+
+
 # In the cycle collector: user code makes cycles through LazyTensors (its
 # value's attributes, a hook closing over it, a failed flush's traceback).
 # Never cleared by it (no_gc_clear): a node's owner pointer must stay valid
@@ -131,6 +164,10 @@ cdef class LazyTensor:
     (``to_eager()``, ``item()``, ``print``...) runs the pending graph once and
     keeps the result.
     """
+
+    def __cinit__(self):
+        self.variable_words[0] = _standin_words[0]
+        self.variable_words[1] = _standin_words[1]
 
     def __init__(self, *args, **kwargs):
         raise TypeError("LazyTensor is made by fastlazy.lazy(tensor) or "
@@ -150,25 +187,8 @@ cdef class LazyTensor:
     def size(self, dim=None):
         if dim is None:
             return self.shape
-        return self.meta.shape[self._wrap_dim(dim)]
+        return self.meta.shape[size_dim(self, dim)]
 
-    cdef int _wrap_dim(self, dim) except -1:
-        cdef long long d
-        cdef int nd = self.meta.ndim
-        # eager's parser takes an int, or an object with __index__ (an
-        # integer 0-dim tensor), never a float
-        dim = _operator_index(dim)
-        try:
-            d = dim
-        except OverflowError:
-            # eager's exception for a dim beyond 64 bits
-            raise ValueError("Overflow when unpacking long long") from None
-        if nd == 0:
-            nd = 1
-        if d < -nd or d >= nd:
-            raise IndexError(f"Dimension out of range (expected to be in range of "
-                             f"[{-nd}, {nd - 1}], but got {d})")
-        return d + nd if d < 0 else d
 
     @property
     def dtype(self):
