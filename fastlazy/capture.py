@@ -149,7 +149,7 @@ _NEVER_ON_FAKES = frozenset(
     if callable(getattr(torch.Tensor, name, None)))
 
 
-def _analyse(func, args, kwargs, tensors, ruled, nestable):
+def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     if getattr(func, "__wrapped__", func) in _NEVER_ON_FAKES:
         raise Unsafe("calls Python back or reads the tensor's memory (never traced)")
     if not any(type(t) is LazyTensor for t in tensors):
@@ -158,7 +158,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments")
     if len({t.device for t in tensors if t.dim() > 0}) > 1:
         raise Unsafe("tensors on several devices (eager judges)")
-    erased = program_templates.erased_key(func, args, kwargs, tensors)
+    erased = program_templates.erased_key(func, args, kwargs, tensors) if templates else None
     # 1. the call itself, on fake tensors (eager's checks, the results'
     # metadata), and 2. its aten program -- or both on meta tensors, where a
     # signature of other sizes left a template that computes these results
@@ -195,6 +195,12 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
         gm = (program_templates.first_fit(erased, lambda gm: gm(*fakes), fakes, results)[0]
               if trial is not None else program_templates.lookup(erased, mode, fakes, results))
     templated = gm is not None
+    if templated and not program_templates.fits_values(
+            erased, gm, tensors, lambda: _same_values(func, args, kwargs, tensors, gm),
+            small=_trial_takes(func, tensors)):
+        # its program computed other values than the call (a number it
+        # baked in from its own sizes), or the call is too large to check
+        return _analyse(func, args, kwargs, tensors, ruled, nestable, templates=False)
     if templated:
         constants, draws = [], []
     else:
@@ -264,7 +270,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable):
     if trial is not None and not templated:
         _forget_values(gm.graph)
     if not templated:
-        program_templates.keep(erased, gm, constants, draws)
+        program_templates.keep(erased, gm, constants, draws, [t.shape for t in tensors])
     sig.detach = (not torch.is_grad_enabled()
                   and any(t.requires_grad for t in tensors))
     sig.lowering = None       # generic.py interns the program
@@ -463,6 +469,39 @@ def _forget_values(graph):
     nodes' metadata): only its code is used from now on."""
     for node in graph.nodes:
         node.meta.pop("val", None)
+
+
+def _same_values(func, args, kwargs, tensors, gm):
+    """Do the call and program template `gm` compute the same values from
+    the same trial values (integers and bools all 1, so that a scale shows
+    in them)?  No where either raises or writes its inputs."""
+    trial = _trial_tensors(tensors, fill=1)
+    versions = [t._version for t in trial]
+    a, k = _substitute((args, kwargs), iter(trial))
+    try:
+        with torch.no_grad():
+            want = func(*a, **k)
+            if [t._version for t in trial] != versions:
+                return False
+            got = gm(*trial)
+    except Exception:     # noqa: BLE001 - the trace judges this call
+        return False
+    if [t._version for t in trial] != versions:
+        return False
+    want = [v for v in pytree.tree_leaves(want) if v is not None]
+    got = [v for v in pytree.tree_leaves(got) if v is not None]
+    return len(want) == len(got) and all(_identical(w, g) for w, g in zip(want, got))
+
+
+def _identical(a, b) -> bool:
+    """Bit for bit the same value (NaNs where the other has NaNs)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return type(a) is type(b) and a == b
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
 
 
 def _run_small(func, args, kwargs, tensors, fakes, ruled):

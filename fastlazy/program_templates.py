@@ -30,6 +30,18 @@ signature's meta runs stop.  A template is kept only from a signature that
 passed its trial run (capture._run_small), so signatures that take one
 skip theirs.  Programs that lift constants or draw
 random numbers are never templates (a constant may depend on the shapes).
+
+Nor does equal metadata prove equal values: a composite function may
+compute a number from its input's sizes and pass it to an aten op (F.kl_div
+with reduction="batchmean" divides by the batch, multilabel_soft_margin_loss
+by the width), and a template traced at one size divides by that size at
+every other.  So a template whose program passes a number to an aten op
+(other than a dim) is checked once more where it is taken at sizes that
+differ from its own in dims where it was not checked before: it and the
+call run on the same trial values, and must give the same values bit for
+bit (`fits_values`).  One that does not is dropped, with every template of
+its erased signature, whose calls are traced at each new size from then on;
+where inputs are too large for a trial run, such a template is not taken.
 """
 from __future__ import annotations
 
@@ -56,7 +68,8 @@ _lock = threading.Lock()
 _templates: dict = {}
 _meta_rejected: set = set()
 _meta_slow: set = set()
-_stats = {"reused": 0, "rejected": 0}
+_refused: set = set()
+_stats = {"reused": 0, "rejected": 0, "refused": 0}
 
 
 def erased_key(func, args, kwargs, tensors):
@@ -144,9 +157,75 @@ def _erased(leaf, shape_ints):
     return (type(leaf), leaf)
 
 
+class _Template:
+    """A kept program, the input sizes it was traced at, and the sets of
+    input dims that differed from those where its values were checked."""
+    __slots__ = ("gm", "shapes", "numbers", "checked")
+
+    def __init__(self, gm, shapes):
+        self.gm = gm
+        self.shapes = shapes
+        self.numbers = _passes_numbers(gm)
+        self.checked = set()
+
+
+# An aten argument of these names picks dims, or (a convolution's groups)
+# must agree with the weight's shape, which the metadata check compares:
+# not a number a template could have baked in unseen.
+_DIM_ARGUMENTS = frozenset(("dim", "dim0", "dim1", "dims", "start_dim", "end_dim",
+                            "source", "destination", "axis", "axis0", "axis1", "groups"))
+
+
+def _passes_numbers(gm) -> bool:
+    """Does the program give an aten op a Python number anywhere but a dim
+    argument (a number its tracing may have computed from sizes)?"""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for k, arg in enumerate(node.target._schema.arguments):
+            value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
+            if type(value) in (int, float) and arg.name not in _DIM_ARGUMENTS:
+                return True
+    return False
+
+
 def templates(key) -> tuple:
     """The templates kept for erased signature `key`, newest first."""
-    return () if key is None else _templates.get(key, ())
+    return () if key is None else tuple(t.gm for t in _templates.get(key, ()))
+
+
+def fits_values(key, gm, tensors, same_values, small) -> bool:
+    """May template `gm` of `key` compute a call on `tensors`, which it
+    computes results of the right metadata for?  Yes if its program passes
+    no number to an aten op, or its values were checked at sizes differing
+    from its own in the same dims; else `same_values()` judges where the
+    inputs are `small` enough for a trial run (a template that fails is
+    dropped with its key's others, for good), and a large call is traced."""
+    template = next((t for t in _templates.get(key, ()) if t.gm is gm), None)
+    if template is None or not template.numbers:
+        return True
+    changed = frozenset((i, d) for i, (t, shape) in enumerate(zip(tensors, template.shapes))
+                        for d, n in enumerate(shape) if t.shape[d] != n)
+    if changed in template.checked:
+        return True
+    if not small:
+        return False
+    if not same_values():
+        refuse(key)
+        return False
+    template.checked.add(changed)
+    return True
+
+
+def refuse(key):
+    """Drop `key`'s templates and keep none from now on: a template of it
+    computed other values than the call at another size."""
+    with _lock:
+        _templates.pop(key, None)
+        if len(_refused) >= MAX_TEMPLATES:
+            _refused.clear()
+        _refused.add(key)
+    _stats["refused"] += 1
 
 
 def first_fit(key, run, inputs, results, final=True):
@@ -213,18 +292,19 @@ def _remember(keys, key):
         keys.add(key)
 
 
-def keep(key, gm, constants, draws):
+def keep(key, gm, constants, draws, shapes):
     """Make a freshly traced program a template of its erased signature,
     tried first from now on: it was traced because none of the key's
     templates fit (a size-1 dim makes a transposed input contiguous, and
     its trace takes the view path where larger sizes take a copy), and the
     sizes that come next are likelier to be like this one."""
-    if key is None or constants or draws:
+    if key is None or constants or draws or key in _refused:
         return
+    template = _Template(gm, tuple(tuple(shape) for shape in shapes))
     with _lock:
         if len(_templates) >= MAX_TEMPLATES:
             _templates.clear()
-        _templates[key] = (gm, *_templates.get(key, ()))[:MAX_PER_KEY]
+        _templates[key] = (template, *_templates.get(key, ()))[:MAX_PER_KEY]
 
 
 def forget():
@@ -232,6 +312,7 @@ def forget():
         _templates.clear()
         _meta_rejected.clear()
         _meta_slow.clear()
+        _refused.clear()
 
 
 def stats() -> dict:

@@ -33,6 +33,17 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         if native is not None:
             # torch.Tensor.size(x) called unbound: LazyTensor's own method
             return native(*args, **kwargs)
+    if func in _SIZE_TAKERS:
+        sizes = _sizes_read(args)
+        if sizes is not None:
+            # sizes given as 0-dim integer tensors: read, as eager's parser
+            # reads them, so that the call is recorded as with ints (a view
+            # recorded generically from a tensor size ran eagerly, and lost
+            # its place in its base: as_strided on it read other elements)
+            method = _SIZE_TAKERS[func]
+            if method:        # through the entry point, which records ints
+                return getattr(sizes[0], func.__name__)(*sizes[1:], **kwargs)
+            return getattr(torch, func.__name__)(*sizes, **kwargs)
     if func is torch.autograd.grad:
         fallback.count(name, "gradients are computed eagerly")
         return autograd_calls.grad(func, args, kwargs)
@@ -80,6 +91,37 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
 
 
 _FLAG_SETTERS = frozenset({"Tensor.requires_grad_"})
+
+# Calls whose int arguments after the tensor are sizes (or a place: narrow's
+# start and length, as_strided's offset), which eager's parser also takes as
+# 0-dim integer tensors, reading their values (the original -> whether it is
+# a Tensor method).
+_SIZE_TAKERS = {**{getattr(torch.Tensor, name): True
+                   for name in ("view", "reshape", "expand", "repeat", "as_strided",
+                                "narrow", "unflatten")},
+                **{getattr(torch, name): False
+                   for name in ("reshape", "as_strided", "narrow", "unflatten")}}
+
+
+def _size_tensor(x):
+    return (isinstance(x, torch.Tensor) and x.dim() == 0 and not x.dtype.is_floating_point
+            and not x.dtype.is_complex and x.dtype is not torch.bool)
+
+
+def _sizes_read(args):
+    """args with each 0-dim integer tensor after the first argument (at the
+    top or in a list of sizes) read as an int, or None if there is none."""
+    if not any(_size_tensor(a) or (type(a) in (tuple, list) and any(map(_size_tensor, a)))
+               for a in args[1:]):
+        return None
+    read = [args[0]]
+    for a in args[1:]:
+        if _size_tensor(a):
+            a = int(a)
+        elif type(a) in (tuple, list):
+            a = type(a)(int(v) if _size_tensor(v) else v for v in a)
+        read.append(a)
+    return tuple(read)
 
 _inplace_params: dict = {}
 

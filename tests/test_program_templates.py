@@ -219,3 +219,42 @@ def test_a_size_one_trace_does_not_stand_in_for_the_other_sizes(monkeypatch):
         got = (fastlazy.lazy(x) * 1).t().reshape(-1)
         torch.testing.assert_close(got.to_eager(), x.t().reshape(-1))
     assert traced.count(torch.Tensor.reshape) == 2
+
+
+def _kl_batchmean(x, t):
+    return F.kl_div(F.log_softmax(x, -1), F.softmax(t, -1), reduction="batchmean")
+
+
+def _soft_margin(x, t):
+    return F.multilabel_soft_margin_loss(x, (t > 0).float())
+
+
+@pytest.mark.parametrize("call, shapes", [
+    (_kl_batchmean, [(4, 5), (6, 5), (9, 5)]),         # divides by the batch
+    (_soft_margin, [(4, 5), (4, 7), (4, 9)]),          # divides by the width
+])
+def test_a_number_computed_from_a_size_is_not_taken_from_a_template(call, shapes):
+    """Equal metadata is no proof: a composite that passes aten a number
+    computed from its input's sizes gets a template whose results have the
+    right shape and the first size's values; its values are checked, it is
+    dropped, and the call is traced at each size."""
+    before = program_templates.stats()
+    torch.manual_seed(0)
+    for shape in shapes:
+        x, t = torch.randn(shape), torch.randn(shape)
+        got = call(fastlazy.lazy(x), fastlazy.lazy(t)).to_eager()
+        torch.testing.assert_close(got, call(x, t))
+    assert _delta(before, "refused") == 1
+
+
+def test_a_templates_values_are_checked_once_per_set_of_changed_dims(monkeypatch):
+    from fastlazy import capture
+    checks = []
+    real = capture._same_values
+    monkeypatch.setattr(capture, "_same_values",
+                        lambda *a: checks.append(1) or real(*a))
+    for n in (8, 12, 16, 20):
+        x = torch.randn(n, 6)
+        got = F.rms_norm(fastlazy.lazy(x), (6,), eps=1e-3).to_eager()
+        torch.testing.assert_close(got, F.rms_norm(x, (6,), eps=1e-3))
+    assert len(checks) == 1          # rows changed each time: checked at the first

@@ -135,3 +135,17 @@ def test_a_detached_view_of_a_leaf_may_be_written(write, device):
     want = w.detach().clone()
     write(want)
     assert torch.equal(d.to_eager(), want)
+
+
+def test_sizes_given_as_integer_tensors_make_the_same_view_as_ints():
+    """HuggingFace's Longformer views with torch.div(...) results as sizes:
+    the view keeps its place in its base (as_strided on it reads the base's
+    storage there), as with ints."""
+    x = torch.arange(32.).reshape(8, 4)
+    want = x.t().view(4, 2, 4).as_strided((2, 4), (1, 4))
+    for n in (2, torch.tensor(2), fastlazy.lazy(torch.tensor(2))):
+        h = fastlazy.lazy(x).t().view(4, n, 4)
+        assert h.stride() == (1, 16, 4)
+        torch.testing.assert_close(h.as_strided((2, 4), (1, 4)).to_eager(), want)
+        r = fastlazy.lazy(x).t().reshape((4, n, 4))
+        torch.testing.assert_close(r.as_strided((2, 4), (1, 4)).to_eager(), want)
