@@ -127,6 +127,39 @@ def _module_to(original):
     return to
 
 
+def _lazy_number(x):
+    return type(x) is LazyTensor and x.dim() == 0
+
+
+def _numbers_read(original):
+    def read(*args, **kwargs):
+        """A torch factory whose numbers eager also takes as 0-dim tensors
+        (torch.arange(mask.sum()), a fill value, a size), reading their
+        values: a LazyTensor there is read too (torch's parser cannot hand
+        it to __torch_function__; it raised a TypeError)."""
+        if any(map(_lazy_number, args)) or any(map(_lazy_number, kwargs.values())) or any(
+                type(a) in (tuple, list) and any(map(_lazy_number, a)) for a in args):
+            args = tuple(_read(a) for a in args)
+            kwargs = {k: _read(v) for k, v in kwargs.items()}
+        return original(*args, **kwargs)
+    return read
+
+
+def _read(x):
+    if _lazy_number(x):
+        return x.item()
+    if type(x) in (tuple, list):
+        return type(x)(_read(v) for v in x)
+    return x
+
+
+# torch's factories whose number arguments (ends, steps, fill values, sizes)
+# eager reads from 0-dim tensors
+NUMBER_FACTORIES = ("arange", "range", "linspace", "logspace", "full", "zeros", "ones",
+                    "empty", "rand", "randn", "randint", "randperm", "eye",
+                    "tril_indices", "triu_indices")
+
+
 def wrappers():
     """(owner, attribute, make_wrapper) for every wrapper enable() installs;
     make_wrapper takes the attribute's current value."""
@@ -138,3 +171,5 @@ def wrappers():
     if hasattr(torch.nn, "Buffer"):
         yield torch.nn.Buffer, "__new__", _eager_data
     yield torch.nn.Module, "to", _module_to
+    for name in NUMBER_FACTORIES:
+        yield torch, name, _numbers_read

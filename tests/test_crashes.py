@@ -78,7 +78,8 @@ def test_the_legacy_tensor_constructor_takes_a_lazy_tensor():
 # torch's argument parser reads the at::Tensor of any object isinstance()
 # calls a tensor where a signature lets a 0-dim tensor stand for a number:
 # remainder's (Scalar self, Tensor other) overload is tried before (Tensor,
-# Scalar), torch.full's fill_value, arange's end.
+# Scalar), threshold's value, histc's bins (torch's factories read theirs:
+# fastlazy/conversions.py).
 NUMBER_PARAMETERS = textwrap.dedent("""
     import torch, fastlazy
     fastlazy.enable()
@@ -91,12 +92,16 @@ NUMBER_PARAMETERS = textwrap.dedent("""
                       (torch.pow(2, lx), torch.pow(2, x)),
                       (torch.xlogy(3, lx), torch.xlogy(3, x)),
                       (torch.clamp(x, min=ls), torch.clamp(x, min=s)),
-                      (x.clone().fill_(ls), x.clone().fill_(s))]:
+                      (x.clone().fill_(ls), x.clone().fill_(s)),
+                      # factories read a number given as a 0-dim tensor, as eager does
+                      (torch.full((2,), ls), torch.full((2,), s)),
+                      (torch.arange(li.sum()), torch.arange(i.sum())),
+                      (torch.zeros((li.sum(), 2)), torch.zeros((i.sum(), 2))),
+                      (torch.tril_indices(li.sum(), 2), torch.tril_indices(i.sum(), 2))]:
         got = got.to_eager() if type(got) is fastlazy.LazyTensor else got
         torch.testing.assert_close(got, want, equal_nan=True)
     # a LazyTensor given for a number: torch's own TypeError, not a crash
-    for call in (lambda: torch.full((2,), ls), lambda: torch.arange(ls),
-                 lambda: torch.threshold(lx, 0.0, ls)):
+    for call in (lambda: torch.threshold(lx, 0.0, ls), lambda: torch.histc(x, bins=li.sum())):
         try:
             call()
         except TypeError as exc:

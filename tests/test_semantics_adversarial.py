@@ -1152,3 +1152,23 @@ def test_a_python_bool_operand_compiles_on_the_fast_tier(case):
     want = f(t, x)
     assert got.dtype == want.dtype and torch.equal(got, want)
     assert fastlazy.metrics.counters()["compile_failures"] == before
+
+
+@pytest.mark.parametrize("op", ["&=", "|=", "^=", "<<=", ">>=", "//=", "%="])
+def test_in_place_python_operators_write_through_views(op):
+    """`v &= 3` on a view writes the base, as eager's in-place operator
+    does (without the in-place slot, Python rebinds `v` to a new tensor)."""
+    e = torch.tensor([5, 6, 7])
+    l = fastlazy.lazy(torch.tensor([5, 6, 7]))
+    ev, lv = e[1:], l[1:]
+    scope = {"ev": ev, "lv": lv}
+    exec(f"ev {op} 3\nlv {op} 3", scope)
+    assert scope["lv"] is lv
+    assert torch.equal(l.to_eager(), e)
+
+
+def test_reflected_shifts():
+    i = torch.tensor([1, 2, 4])
+    assert torch.equal((2 << fastlazy.lazy(i)).to_eager(), 2 << i)
+    assert torch.equal((16 >> fastlazy.lazy(i)).to_eager(), 16 >> i)
+
