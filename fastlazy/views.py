@@ -72,15 +72,20 @@ _PARTIAL = ("unsupported operation: some elements of the input tensor and the wr
             "performing the operation.")
 
 
-def check_write(target, operands):
+def check_write(target, operands, index=None):
     """Eager's memory-overlap checks for an in-place op on `target`, a view
     or a base of views, reading `operands`: the error eager raises for
     reading a view that partly overlaps the written one, at the call.
     True if target's own elements overlap: eager's result then depends on
     its kernel (fill_ of an expanded view succeeds, add_ raises, add_
     through unfold adds once per alias), so the caller runs the write
-    eagerly on a copy of the root's value (mutation.write_overlapping)."""
+    eagerly on a copy of the root's value (mutation.write_overlapping).
+    `index`: the call is target[index] = value, which writes only the
+    elements of target[index] (eager copies a value that is exactly those
+    elements onto themselves: `x[1:] += 1`)."""
     root, size, stride, offset = place(target)
+    if index is not None:
+        size, stride, offset = _indexed(target, size, stride, offset, index)
     if target.dtype != root.dtype and root.requires_grad:
         # eager writes the bits under the root's autograd history; a recorded
         # graph's write-back is a reinterpretation autograd cannot follow
@@ -117,6 +122,27 @@ def check_write(target, operands):
     return False
 
 
+def _basic_index(index) -> bool:
+    """Ints, slices, None and Ellipsis only (a view, not a gather)."""
+    items = index if type(index) is tuple else (index,)
+    return all(i is None or i is Ellipsis or type(i) is int
+               or (type(i) is slice and all(type(v) in (int, type(None))
+                                             for v in (i.start, i.stop, i.step)))
+               for i in items)
+
+
+def _indexed(target, size, stride, offset, index):
+    """(size, stride, offset) of target[index] in target's root, for a
+    basic index; target's own place for any other (a gather: eager's
+    index_put_ reads its values apart from the written elements)."""
+    if not _basic_index(index):
+        return size, stride, offset
+    span = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride) if n > 0)
+    region = torch.empty(span, dtype=target.dtype, device="meta").as_strided(
+        size, stride, offset)[index]
+    return tuple(region.shape), region.stride(), region.storage_offset()
+
+
 def lazy_operands(*items):
     """The LazyTensors among call arguments (inside lists and dicts too)."""
     for x in items:
@@ -128,14 +154,14 @@ def lazy_operands(*items):
             yield x
 
 
-def before_write(target, operands, through_view=False):
+def before_write(target, operands, through_view=False, index=None):
     """Eager's refusals of an in-place write to `target` reading `operands`
     (call arguments), raised at the call: a leaf that requires grad, and
     memory overlap between views of one root.  True if target's elements
-    overlap each other (check_write)."""
+    overlap each other (check_write).  `index`: a __setitem__'s."""
     check_leaf(target, through_view)
     if target.family is not None:
-        return check_write(target, list(lazy_operands(operands)))
+        return check_write(target, list(lazy_operands(operands)), index)
     return False
 
 
