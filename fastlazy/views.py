@@ -84,8 +84,6 @@ def check_write(target, operands, index=None):
     elements of target[index] (eager copies a value that is exactly those
     elements onto themselves: `x[1:] += 1`)."""
     root, size, stride, offset = place(target)
-    if index is not None:
-        size, stride, offset = _indexed(target, size, stride, offset, index)
     if target.dtype != root.dtype and root.requires_grad:
         # eager writes the bits under the root's autograd history; a recorded
         # graph's write-back is a reinterpretation autograd cannot follow
@@ -95,6 +93,8 @@ def check_write(target, operands, index=None):
             f".detach() instead")
     if overlapping(size, stride):
         return True
+    if index is not None:
+        size, stride, offset = _indexed(target, size, stride, offset, index)
     numel = 1
     for n in size:
         numel *= n
