@@ -50,7 +50,13 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
     if name in _FLAG_SETTERS:
         # (named like an in-place call, but no write: a leaf that requires
         # grad may set it, which the write checks would refuse)
-        return run_eagerly(func, name, args, kwargs, False, "sets a flag on the value")
+        out = run_eagerly(func, name, args, kwargs, False, "sets a flag on the value")
+        target = args[0] if args else kwargs.get("self")
+        if type(target) is LazyTensor and target.is_materialized:
+            # its metadata follows (ops recorded on it from now on build
+            # autograd history: a compiled graph is a training program)
+            _core.rebind_value(target, target.to_eager())
+        return out
     out = random_ops.record(func, args, kwargs)
     if out is not random_ops.NOT_HANDLED:
         return out

@@ -107,6 +107,7 @@ class TieredProgram:
         # tiers (submit, promote, decide) happen once
         self._lock = threading.Lock()
         self._constants = {}
+        self._dtypes = None         # the fast tier's results' (compiled ones must agree)
         self.call = self._run_fast
 
     def run(self, inputs):
@@ -138,6 +139,7 @@ class TieredProgram:
         out = self._fast(*inputs)
         self.fast_seconds += time.perf_counter() - start
         if self.runs >= ENGINE.hot_after and self.fast_seconds >= ENGINE.hot_seconds:
+            self._dtypes = _dtypes(out)
             self._submit(inputs)
         return out
 
@@ -244,6 +246,14 @@ class TieredProgram:
         out = candidate.call(*inputs)
         if not candidate.stale:
             candidate.times.append(time.perf_counter() - start)
+        if (candidate is not self._fast_candidate and self._dtypes is not None
+                and _dtypes(out) != self._dtypes):
+            # (inductor computes any/all of a uint8 tensor as bool)
+            candidate.stale = True
+            self.error = (f"the {candidate.name} program's results are "
+                          f"{_dtypes(out)}, the graph's {self._dtypes}: left out")
+            metrics.count_event("tier_wrong_dtypes")
+            return self._fast(*inputs)
         return out
 
     def _decide(self):
@@ -264,7 +274,8 @@ class TieredProgram:
             self.compiled_run_seconds = compiled
         else:
             self.compiled_run_seconds = ranked[0][0] if ranked else None
-            self._stay_fast("fast (compiled was slower)")
+            self._stay_fast("fast (compiled was slower)" if ranked or self.error is None
+                            else "fast (compiled results differ)")
         self._candidates = []
 
     def _frozen_changed(self, inputs, for_good):
@@ -415,6 +426,10 @@ def forget_gradients_of_gradients() -> None:
 def probe_calls() -> int:
     """Calls after a compile is done by which the graph's tier is chosen."""
     return (PROBE_WARMUP + PROBE_RUNS) * CANDIDATES + 1
+
+
+def _dtypes(outputs):
+    return tuple(getattr(o, "dtype", None) for o in outputs)
 
 
 def _typical(times):

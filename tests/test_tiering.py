@@ -848,3 +848,46 @@ def test_a_compile_under_way_at_a_fork_leaves_the_childs_graph_on_the_fast_tier(
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+def test_a_compiled_program_with_other_result_dtypes_is_left_out(auto, scripted, monkeypatch):
+    """Inductor computes any/all of a uint8 tensor as bool where eager
+    gives uint8: a candidate whose results' dtypes differ from the fast
+    tier's is dropped at its first probe run, and that run's result comes
+    from the fast tier."""
+    stand_in = scripted()
+    real_compile = stand_in.compile
+
+    def as_bool(view, replay=None, on_replay=None):
+        program = real_compile(view, replay, on_replay)
+        inner = program.call
+
+        class Call:
+            def warm(self, examples):
+                inner.warm(examples)
+
+            def __call__(self, *inputs):
+                return [o.bool() for o in inner(*inputs)]
+        program.call = Call()
+        return program
+    monkeypatch.setattr(stand_in, "compile", as_bool)
+    m = torch.tensor([[0, 2], [0, 4]], dtype=torch.uint8)
+    want = m.any(0)
+    for _ in range(3):
+        assert torch.equal(fastlazy.lazy(m).any(0).to_eager(), want)
+    assert tiering.wait(30)
+    for _ in range(tiering.probe_calls() + 3):
+        got = fastlazy.lazy(m).any(0).to_eager()
+        assert got.dtype == torch.uint8 and torch.equal(got, want)
+    entry = only_tier()
+    assert entry["tier"] == "fast (compiled results differ)", entry
+    assert fastlazy.metrics.counters()["tier_wrong_dtypes"] == 1
+
+
+def test_requires_grad_on_a_lazy_tensor_makes_its_graphs_training_graphs(auto):
+    x = fastlazy.lazy(torch.tensor([1.0, 2.0]))
+    x.requires_grad_()
+    y = x * x
+    assert y.requires_grad and x.requires_grad
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.tensor([2.0, 4.0]))
