@@ -137,12 +137,19 @@ def _numbers_read(original):
         (torch.arange(mask.sum()), a fill value, a size), reading their
         values: a LazyTensor there is read too (torch's parser cannot hand
         it to __torch_function__; it raised a TypeError)."""
-        if any(map(_lazy_number, args)) or any(map(_lazy_number, kwargs.values())) or any(
-                type(a) in (tuple, list) and any(map(_lazy_number, a)) for a in args):
-            args = tuple(_read(a) for a in args)
-            kwargs = {k: _read(v) for k, v in kwargs.items()}
+        for a in args:
+            kind = type(a)
+            if kind is LazyTensor or ((kind is tuple or kind is list)
+                                      and LazyTensor in map(type, a)):
+                return _read_numbers(original, args, kwargs)
+        if kwargs and LazyTensor in map(type, kwargs.values()):
+            return _read_numbers(original, args, kwargs)
         return original(*args, **kwargs)
     return read
+
+
+def _read_numbers(original, args, kwargs):
+    return original(*[_read(a) for a in args], **{k: _read(v) for k, v in kwargs.items()})
 
 
 def _read(x):
