@@ -42,9 +42,7 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
         raise Unsafe("writes an eager tensor (eager semantics)")
     if name == "Tensor.set_" and len(args) == 2 and not kwargs and isinstance(args[1], torch.Tensor):
         return _set(target, args[1])
-    setitem = name.endswith("__setitem__")
-    if views.before_write(target, (args[1:], kwargs), setitem,
-                          index=args[1] if setitem and len(args) > 1 else None):
+    if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
         raise Unsafe("writes through a view whose elements overlap")
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
@@ -153,9 +151,7 @@ def run_inplace(func, name, args, kwargs):
     """An in-place call run eagerly, on materialized arguments."""
     if args and type(args[0]) is LazyTensor:
         target = args[0]
-        setitem = name.endswith("__setitem__")
-        if views.before_write(target, (args[1:], kwargs), setitem,
-                              index=args[1] if setitem and len(args) > 1 else None):
+        if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
             return write_overlapping(func, name, args, kwargs)
         value = target.to_eager()
         if target.family is None and value._is_view():

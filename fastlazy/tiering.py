@@ -246,12 +246,12 @@ class TieredProgram:
         out = candidate.call(*inputs)
         if not candidate.stale:
             candidate.times.append(time.perf_counter() - start)
-        if (candidate is not self._fast_candidate and self._dtypes is not None
-                and _dtypes(out) != self._dtypes):
+        got = None if candidate is self._fast_candidate else _dtypes(out)
+        if got is not None and self._dtypes is not None and got != self._dtypes:
             # (inductor computes any/all of a uint8 tensor as bool)
             candidate.stale = True
-            self.error = (f"the {candidate.name} program's results are "
-                          f"{_dtypes(out)}, the graph's {self._dtypes}: left out")
+            self.error = (f"the {candidate.name} program's results are {got}, "
+                          f"the graph's {self._dtypes}: left out")
             metrics.count_event("tier_wrong_dtypes")
             return self._fast(*inputs)
         return out

@@ -154,13 +154,17 @@ def lazy_operands(*items):
             yield x
 
 
-def before_write(target, operands, through_view=False, index=None):
+def before_write(target, operands, setitem=False):
     """Eager's refusals of an in-place write to `target` reading `operands`
-    (call arguments), raised at the call: a leaf that requires grad, and
-    memory overlap between views of one root.  True if target's elements
-    overlap each other (check_write).  `index`: a __setitem__'s."""
-    check_leaf(target, through_view)
+    (the call's (args after the target, kwargs)), raised at the call: a
+    leaf that requires grad, and memory overlap between views of one root.
+    True if target's elements overlap each other (check_write).  `setitem`:
+    the call is target[index] = value, index the first of the args, which
+    writes through a view of target."""
+    check_leaf(target, setitem)
     if target.family is not None:
+        args = operands[0]
+        index = args[0] if setitem and args else None
         return check_write(target, list(lazy_operands(operands)), index)
     return False
 

@@ -189,7 +189,6 @@ cdef class LazyTensor:
             return self.shape
         return self.meta.shape[size_dim(self, dim)]
 
-
     @property
     def dtype(self):
         return DTYPES[self.meta.dtype]
