@@ -204,7 +204,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     if templated:
         constants, draws = [], []
     else:
-        contiguous = [type(t) is LazyTensor and views.geometry(t) is None for t in tensors]
+        contiguous = [type(t) is LazyTensor and views.traced_contiguous(t) for t in tensors]
         # the aten calls the fake run made, where they are the program (not
         # for a call functionalized: its writes become copies in make_fx's trace)
         if trial is None:

@@ -148,7 +148,7 @@ def _erased(leaf, shape_ints):
     if isinstance(leaf, torch.Tensor):
         lazy = type(leaf) is LazyTensor
         return ("tensor", lazy, leaf.dtype, leaf.dim(), leaf.device,
-                leaf.requires_grad, lazy and views.geometry(leaf) is None)
+                leaf.requires_grad, lazy and views.traced_contiguous(leaf))
     if type(leaf) is float:
         return (float, leaf.hex())      # -0.0 and nan are values of their own
     if type(leaf) is slice:

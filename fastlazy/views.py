@@ -45,6 +45,27 @@ def contiguous_strides(size):
     return tuple(stride)
 
 
+def traced_contiguous(t) -> bool:
+    """Is LazyTensor t contiguous in the fake and trial runs that trace the
+    calls it is passed to?  A root always is (a LazyTensor that is not a
+    view reports a contiguous layout); a view where its geometry is, size-1
+    dims aside, as torch judges.  Either may have another layout when its
+    graph runs -- a root made from a permuted or channels-last eager tensor,
+    a slice of one -- so programs traced on such an input make it
+    contiguous first (capture._checked): a `.contiguous()` the trace left
+    out, or a `view`, then sees what the trace saw."""
+    where = geometry(t)
+    if where is None or 0 in t.shape:
+        return True
+    expected = 1
+    for n, st in zip(reversed(t.shape), reversed(where[1])):
+        if n != 1:
+            if st != expected:
+                return False
+            expected *= n
+    return True
+
+
 def dense(size, stride):
     """Non-overlapping and dense: some permutation of the dims is contiguous."""
     dims = sorted((st, n) for n, st in zip(size, stride) if n != 1)

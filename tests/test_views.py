@@ -149,3 +149,36 @@ def test_sizes_given_as_integer_tensors_make_the_same_view_as_ints():
         torch.testing.assert_close(h.as_strided((2, 4), (1, 4)).to_eager(), want)
         r = fastlazy.lazy(x).t().reshape((4, n, 4))
         torch.testing.assert_close(r.as_strided((2, 4), (1, 4)).to_eager(), want)
+
+
+_CHANNELS_LAST_WEIGHT = torch.linspace(-1, 1, 12).reshape(4, 3, 1, 1)
+
+# Views whose fake-run geometry is contiguous (a size-1 batch) while the
+# value they view is laid out otherwise when the graph runs: a root made
+# from a permuted or channels-last tensor, a convolution's channels-last
+# result.  Eager judges the layout the value really has.
+OTHER_LAYOUTS = {
+    "channels_last_root_slice_view": (
+        lambda: torch.randn(1, 3, 4, 5).to(memory_format=torch.channels_last),
+        lambda x: x[:, 1:].contiguous().view(-1)),
+    "channels_last_conv_slice_flatten": (
+        lambda: torch.randn(1, 3, 4, 5).to(memory_format=torch.channels_last),
+        lambda x: torch.nn.functional.conv2d(x, _CHANNELS_LAST_WEIGHT)[:, 1:].flatten()),
+    "permuted_root_slice_einsum": (   # HuggingFace's Mamba2 at batch 1
+        lambda: torch.randn(1, 2, 3, 1, 2).permute(0, 2, 1, 3, 4),
+        lambda x: torch.einsum("bclhn,bchpn->bclhp",
+                               torch.linspace(-1, 1, 16).reshape(1, 2, 2, 2, 2), x[:, :-1])),
+    "permuted_root_slice_reshape": (
+        lambda: torch.randn(1, 2, 3, 4).permute(0, 2, 3, 1),
+        lambda x: x[:, 1:].reshape(1, -1)),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_LAYOUTS))
+def test_views_of_values_laid_out_otherwise_compute_eagers_values(name):
+    make, fn = OTHER_LAYOUTS[name]
+    torch.manual_seed(0)
+    x = make()
+    want = fn(x)
+    got = fn(fastlazy.lazy(x)).to_eager()
+    assert torch.equal(got, want)
