@@ -237,6 +237,7 @@ cdef class LazyTensor:
     cdef int32_t slot         # external slot of our value in that segment
     cdef public object family # views.Family (a base with live views) or
                               # views.Member (a view of one), else None
+    cdef dict attributes      # what user code set on it (t.tag = 1), or None
     cdef object __weakref__
 
 

@@ -150,3 +150,36 @@ def test_unbound_tensor_methods_take_a_lazy_tensor(call):
         assert torch.equal(got, want)
     else:
         assert got == want
+
+
+def test_attributes_of_its_own_as_an_eager_tensor_takes():
+    """torch._dynamo.mark_static_address sets one (HuggingFace's recurrent
+    caches: Mamba, Mamba2, Jamba); each tensor has its own, and setting,
+    reading or deleting one computes nothing."""
+    x = fastlazy.lazy(torch.ones(3)) * 2
+    y = fastlazy.lazy(torch.ones(3)) * 3
+    torch._dynamo.mark_static_address(x)
+    assert x._dynamo_static_input_type == "unguarded"
+    assert getattr(y, "_dynamo_static_input_type", None) is None
+    x.tag = [1]
+    y.tag = [2]
+    assert (x.tag, y.tag) == ([1], [2])
+    del x.tag
+    with pytest.raises(AttributeError):
+        x.tag
+    with pytest.raises(AttributeError):
+        del x.tag
+    with pytest.raises(AttributeError):
+        x.shape = (3,)                 # eager's own refusal of a read-only attribute
+    assert fastlazy.metrics.counters()["flushes"] == 0
+    assert torch.equal(x.to_eager(), torch.full((3,), 2.0))
+
+
+def test_requires_grad_assignment_is_eagers():
+    x = fastlazy.lazy(torch.ones(3))
+    x.requires_grad = True
+    assert x.requires_grad and (x * 2).requires_grad
+    with pytest.raises(RuntimeError, match="must be a bool"):
+        x.requires_grad = 1
+    with pytest.raises(RuntimeError, match="leaf variables"):
+        (x * 2).requires_grad = False

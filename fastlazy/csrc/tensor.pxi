@@ -149,6 +149,41 @@ cdef int size_dim(LazyTensor t, dim) except -1:
     return d + nd if d < 0 else d
 
 
+cdef extern from "Python.h":
+    int PyObject_GenericSetAttr(object o, object name, PyObject *value) except -1
+
+
+@cython.final
+cdef class UserAttribute:
+    """An attribute name user code set on some LazyTensor: each instance
+    holds its own value (or has none, and reading it raises eager's
+    AttributeError)."""
+    cdef str name
+
+    def __cinit__(self, str name):
+        self.name = name
+
+    def __get__(self, obj, owner):
+        if obj is None:
+            return self
+        attributes = (<LazyTensor>obj).attributes
+        if attributes is None or self.name not in attributes:
+            raise AttributeError(f"'LazyTensor' object has no attribute '{self.name}'")
+        return attributes[self.name]
+
+    def __set__(self, obj, value):
+        cdef LazyTensor t = <LazyTensor>obj
+        if t.attributes is None:
+            t.attributes = {}
+        t.attributes[self.name] = value
+
+    def __delete__(self, obj):
+        attributes = (<LazyTensor>obj).attributes
+        if attributes is None or self.name not in attributes:
+            raise AttributeError(self.name)
+        del attributes[self.name]
+
+
 # In the cycle collector: user code makes cycles through LazyTensors (its
 # value's attributes, a hook closing over it, a failed flush's traceback).
 # Never cleared by it (no_gc_clear): a node's owner pointer must stay valid
@@ -172,6 +207,23 @@ cdef class LazyTensor:
     def __init__(self, *args, **kwargs):
         raise TypeError("LazyTensor is made by fastlazy.lazy(tensor) or "
                         "tensor.to('lazy'), not constructed directly")
+
+    # Attributes of its own (t.tag = 1; torch._dynamo.mark_static_address,
+    # which HuggingFace's recurrent caches call), as an eager tensor takes
+    # them.  Not in an instance __dict__: a type with one loses CPython's
+    # specialized method calls (x.add(y) about 15 ns slower).  Each name
+    # set becomes a data descriptor of the type (UserAttribute) reading the
+    # instance's own `attributes`.
+    def __setattr__(self, str name, value):
+        cdef PyTypeObject *tp
+        if not hasattr(LazyTensor, name):
+            tp = <PyTypeObject*>LazyTensor
+            (<dict>tp.tp_dict)[name] = UserAttribute(name)
+            PyType_Modified(tp)
+        PyObject_GenericSetAttr(self, name, <PyObject*>value)
+
+    def __delattr__(self, str name):
+        PyObject_GenericSetAttr(self, name, NULL)
 
     def __dealloc__(self):
         if (self.seg is not None and self.seg.state == SEG_RECORDING
@@ -220,6 +272,12 @@ cdef class LazyTensor:
         if self.value is not None:
             return self.value.requires_grad
         return bool(self.meta.requires_grad)
+
+    @requires_grad.setter
+    def requires_grad(self, value):
+        if type(value) is not bool:
+            raise RuntimeError("requires_grad must be a bool")
+        self.requires_grad_(value)
 
     @property
     def is_lazy(self):
