@@ -12,10 +12,10 @@ import atexit
 import functools
 import os
 
-from fastlazy import (_core, autograd_calls, backends, capture, compile_process,
-                      compile_worker, failures, fx_threads, generic, graph_cache,
-                      inference_saves, lazy_device, metrics, mutation, optable, recompiles,
-                      route, sites, tensor_methods, tiering, views)
+from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
+                      failures, fx_threads, generic, graph_cache, host_checks, inference_saves,
+                      lazy_device, metrics, mutation, optable, recompiles, route, sites,
+                      tensor_methods, tiering, views)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -48,6 +48,7 @@ def boot() -> None:
         return
     _core.install(hooks())
     optable.register(_core.register_op)
+    host_checks.define()
     tensor_methods.install_lazy_tensor_methods()
     metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
     metrics.fusion_listing = graph_cache.fusion

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, program_templates, trial_tensors, views
+from fastlazy import _core, host_checks, program_templates, trial_tensors, views
 from fastlazy.aten_recorder import Recorder, no_dropout
 from fastlazy.symbolic_sizes import make_sizes_symbolic
 from fastlazy._core import LazyTensor
@@ -636,6 +636,7 @@ def _checked(program, contiguous):
                 raise Unsafe(f"{target}: {reason}")
         if target is torch.ops.aten._local_scalar_dense.default:
             raise Unsafe("reads a tensor's value")
+    host_checks.keep(graph)
     _differentiable_copies(graph)
     make_sizes_symbolic(graph)         # (before the nodes below, which have no metadata)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]

@@ -746,6 +746,44 @@ def test_reading_a_failed_tensor_keeps_the_exception_type():
             t.to_eager()
 
 
+# -- torch's linear algebra checks its kernel's info on the host ----------
+
+_SINGULAR = torch.tensor([[1., 2.], [2., 4.]])
+_LINALG = {
+    "inv": torch.linalg.inv,
+    "inverse": torch.inverse,
+    "solve": lambda a: torch.linalg.solve(a, torch.ones(2)),
+    "matrix_power_-1": lambda a: torch.linalg.matrix_power(a, -1),
+    "cholesky": torch.linalg.cholesky,
+    "lu_factor": lambda a: torch.linalg.lu_factor(a).LU,
+}
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "inductor"],
+                         indirect=True)
+@pytest.mark.parametrize("name", list(_LINALG))
+def test_linalg_errors_surface_when_the_result_is_read(name, backend):
+    f = _LINALG[name]
+    good = torch.tensor([[4., 1.], [1., 3.]])
+    torch.testing.assert_close(f(fastlazy.lazy(good)).to_eager(), f(good))
+    bad = torch.zeros(2, 2) if name == "lu_factor" else _SINGULAR
+    with pytest.raises(RuntimeError) as want:
+        f(bad)
+    got = f(fastlazy.lazy(bad))                # (recorded: trial values are regular)
+    for _ in range(2):
+        with pytest.raises(type(want.value), match=str(want.value)[:30].replace("[", ".")):
+            got.to_eager()
+
+
+def test_linalg_results_train_through_their_check():
+    a = torch.tensor([[4., 1.], [1., 3.]], requires_grad=True)
+    torch.linalg.inv(a).sum().backward()
+    want = a.grad.clone()
+    a.grad = None
+    torch.linalg.inv(fastlazy.lazy(a)).sum().backward()
+    torch.testing.assert_close(a.grad, want)
+
+
 # -- writes through views whose elements overlap; in-place reshapes; set_ --
 
 @cases(lambda lz: lz(torch.ones(1, 4)).expand(3, 4).zero_(),

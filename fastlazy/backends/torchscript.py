@@ -90,9 +90,11 @@ class _IR:
         self.lines.append(f"  {name} : {type} = prim::ListConstruct({', '.join(items)})")
         return name
 
-    def call(self, aten, args, type="Tensor"):
+    def call(self, op, args, type="Tensor"):
+        """`op`: an aten op's name, or another namespace's op qualified."""
         out = self.fresh()
-        self.lines.append(f"  {out} : {type} = aten::{aten}({', '.join(args)})")
+        op = op if "::" in op else "aten::" + op
+        self.lines.append(f"  {out} : {type} = {op}({', '.join(args)})")
         return out
 
 
@@ -334,13 +336,13 @@ def _emit_call(ir, call, ref, inplace):
             args.append(_bool_number(ir, arg.name, value, kwargs.get("dtype")))
         else:
             args.append(_ir_value(ir, value, arg, ref))
-    name = schema.name.split("::", 1)[1]
+    name = schema.name.removeprefix("aten::")
     returns = [_ir_type(r.type) for r in schema.returns]
     if len(returns) == 1:
         return ir.call(name, args, type=returns[0])
     outs = tuple(ir.fresh() for _ in returns)
     typed = ", ".join(f"{o} : {t}" for o, t in zip(outs, returns))
-    ir.lines.append(f"  {typed} = aten::{name}({', '.join(args)})")
+    ir.lines.append(f"  {typed} = {name if '::' in name else 'aten::' + name}({', '.join(args)})")
     return outs
 
 
