@@ -13,9 +13,9 @@ import functools
 import os
 
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
-                      failures, fx_threads, generic, graph_cache, host_checks, inference_saves,
-                      lazy_device, metrics, mutation, optable, recompiles, route, sites,
-                      tensor_methods, tiering, views)
+                      detached_writes, failures, fx_threads, generic, graph_cache, host_checks,
+                      inference_saves, lazy_device, metrics, mutation, optable, recompiles, route,
+                      sites, tensor_methods, tiering, views)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -49,6 +49,7 @@ def boot() -> None:
     _core.install(hooks())
     optable.register(_core.register_op)
     host_checks.define()
+    detached_writes.define()
     tensor_methods.install_lazy_tensor_methods()
     metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
     metrics.fusion_listing = graph_cache.fusion

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy import _core, generic, views
+from fastlazy import _core, detached_writes, generic, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 from fastlazy.fallback import materialize
@@ -241,15 +241,19 @@ def _scatter_into(root, view, size, stride, offset):
     return written.view(root.dtype).view(root.shape)
 
 
+def _scatter_detached(root, view, size, stride, offset):
+    return detached_writes.scatter(root, view, size, stride, offset, _scatter_into)
+
+
 def after_mutation(t):
     """t was just rebound by an in-place op: carry the write to its root
     and to every other view of that root."""
     family = t.family
     if type(family) is Member:
         root = family.root
-        new_root = generic.record(_scatter_into, (root, t, family.size, family.stride,
-                                                  family.offset), {}, "view write-back",
-                                  track_views=False)
+        new_root = generic.record(_scatter_detached if family.detached else _scatter_into,
+                                  (root, t, family.size, family.stride, family.offset), {},
+                                  "view write-back", track_views=False)
         _core.adopt(root, new_root)
         members, skip = family.family.members, t
     else:

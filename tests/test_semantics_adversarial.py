@@ -784,6 +784,35 @@ def test_linalg_results_train_through_their_check():
     torch.testing.assert_close(a.grad, want)
 
 
+# -- writes through a detached view: autograd does not see them ----------
+
+_DETACHED_WRITES = {
+    "detach_slice_zero_": lambda y: y.detach()[:1].zero_(),
+    "data_slice_mul_": lambda y: y.data[1:].mul_(5),
+    "detach_setitem": lambda y: y.detach().__setitem__(1, -4.0),
+    "data_whole_fill_": lambda y: y.data.fill_(3),
+}
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "inductor"],
+                         indirect=True)
+@pytest.mark.parametrize("name", list(_DETACHED_WRITES))
+def test_a_write_through_a_detached_view_keeps_the_gradient_whole(name, backend):
+    """Eager writes y's memory and y keeps its grad_fn: the gradient flows
+    to x through every element, the written ones too."""
+    def run(lz):
+        x = torch.tensor([1., 2., 3.], requires_grad=True)
+        y = lz(x) * 2
+        _DETACHED_WRITES[name](y)
+        (y * y).sum().backward()       # (mul saves y: the written values)
+        return y.detach(), x.grad
+
+    want = run(lambda t: t)
+    got = run(fastlazy.lazy)
+    torch.testing.assert_close(got[0].to_eager(), want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
 # -- writes through views whose elements overlap; in-place reshapes; set_ --
 
 @cases(lambda lz: lz(torch.ones(1, 4)).expand(3, 4).zero_(),
