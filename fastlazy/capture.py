@@ -667,11 +667,20 @@ class CapturedProgram:
     backends lower the graph, programs are interned by program_key, and a
     program template judged at another size runs by walking its graph
     (a few nodes, run once or twice per new signature)."""
-    __slots__ = ("graph", "_module")
+    __slots__ = ("graph", "_module", "_key")
 
     def __init__(self, graph):
         self.graph = graph
         self._module = None
+        self._key = None
+
+    @property
+    def key(self):
+        """program_key of its graph, made once: a template's program is
+        interned again by every signature that takes it (20-40 us a key)."""
+        if self._key is None:
+            self._key = program_key(self.graph)
+        return self._key
 
     @property
     def module(self) -> torch.fx.GraphModule:

@@ -240,7 +240,7 @@ def _analyse(func, args, kwargs, tensors, name, ruled):
 
 
 def _intern(gm, name):
-    key = capture.program_key(gm.graph)
+    key = gm.key if type(gm) is capture.CapturedProgram else capture.program_key(gm.graph)
     with _lock:
         while key not in _lowering_ids:
             index = len(_lowerings)
