@@ -162,7 +162,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     # 1. the call itself, on fake tensors (eager's checks, the results'
     # metadata), and 2. its aten program -- or both on meta tensors, where a
     # signature of other sizes left a template that computes these results
-    on_meta = (None if program_templates.meta_is_slow(erased) and _trial_takes(func, tensors)
+    on_meta = (_trial_judged(erased, func, args, kwargs, tensors)
+               if program_templates.meta_is_slow(erased) and _trial_takes(func, tensors)
                else _meta_run(erased, func, args, kwargs, tensors))
     fakes, out, gm = on_meta or (None, None, None)
     # 1b. or once for real, on trial values, where that run's aten calls are
@@ -319,6 +320,28 @@ def _meta_judged(erased, func, args, kwargs, tensors):
     if disagreed and gm is None:
         program_templates.meta_rejected(erased)
     return metas, out, gm
+
+
+def _trial_judged(erased, func, args, kwargs, tensors):
+    """As _meta_run, for a signature whose meta runs are slow (addmm, cat,
+    sdpa: Python meta kernels): the call and its templates run on trial
+    values instead, without the aten recorder, which only a signature no
+    template fits needs (its trial run follows); None where there is no
+    template, the call raises there, or none fits."""
+    if not program_templates.templates(erased):
+        return None
+    trial = _trial_tensors(tensors)
+    a, k = _substitute((args, kwargs), iter(trial))
+    try:
+        out = func(*a, **k)
+    except Exception:     # noqa: BLE001 - the trial run judges, and raises Unsafe
+        return None
+    results = [v for v in pytree.tree_leaves(out) if v is not None]
+    if not all(isinstance(v, torch.Tensor) for v in results):
+        return None
+    gm = program_templates.first_fit(erased, lambda gm: gm(*trial), trial, results,
+                                     final=False)[0]
+    return None if gm is None else (trial, out, gm)
 
 
 def _meta_empty(shape, dtype, device, requires_grad=False):

@@ -17,7 +17,8 @@ requires_grad and whether it is a LazyTensor laid out contiguously, the
 grad mode and default dtype) is kept as a template.  A later signature
 with the same erased key runs the template instead of tracing -- on meta
 tensors beside a meta run of the call itself where both run there
-(capture.py), else on the fake tensors of the call's fake run -- and
+(capture.py), on trial values beside the call's own run where its meta
+runs are slow, else on the fake tensors of the call's fake run -- and
 takes it only if the template computes exactly the results the call gave:
 as many, each with the same shape, strides, storage offset, dtype,
 requires_grad and aliasing of the inputs.

@@ -128,13 +128,16 @@ def test_signatures_whose_meta_run_was_slow_are_judged_by_a_trial_run(monkeypatc
     """A meta run slower than a trial run (a Python meta decomposition)
     hands its erased signature's later calls to trial runs, which judge
     the template on real values: no more meta runs, the template still
-    taken, eager's values."""
+    taken, eager's values -- and no aten recording, which only a signature
+    without a template needs."""
     from fastlazy import capture
     monkeypatch.setattr(capture, "META_SLOW_SECONDS", 0.0)
-    meta_runs = []
-    real_meta = capture._meta_judged
+    meta_runs, recorded = [], []
+    real_meta, real_recorded = capture._meta_judged, capture._recorded_trial
     monkeypatch.setattr(capture, "_meta_judged",
                         lambda *a: meta_runs.append(a[1]) or real_meta(*a))
+    monkeypatch.setattr(capture, "_recorded_trial",
+                        lambda *a, **k: recorded.append(a[0]) or real_recorded(*a, **k))
     before = program_templates.stats()
     for channels in (3, 5, 7, 9):
         x = torch.randn(1, channels, 6, 6)
@@ -142,6 +145,7 @@ def test_signatures_whose_meta_run_was_slow_are_judged_by_a_trial_run(monkeypatc
         torch.testing.assert_close(got, F.adaptive_avg_pool2d(x, 2))
     assert len(meta_runs) == 1            # the second size's; slow, so no more
     assert _delta(before, "reused") == 3
+    assert len(recorded) == 1             # the first size's, which made the template
 
 
 def _count_traces(monkeypatch):
