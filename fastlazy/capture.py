@@ -722,8 +722,12 @@ class CapturedProgram:
             if node.op == "placeholder":
                 values[node] = next(given)
             elif node.op == "call_function":
-                values[node] = node.target(*torch.fx.node.map_arg(node.args, values.__getitem__),
-                                           **torch.fx.node.map_arg(node.kwargs, values.__getitem__))
+                # (an aten op's own callable: OpOverload.__call__ is patched to
+                # watch for writes, which a run on fake, meta or trial tensors
+                # cannot make)
+                op = getattr(node.target, "_op", node.target)
+                values[node] = op(*torch.fx.node.map_arg(node.args, values.__getitem__),
+                                  **torch.fx.node.map_arg(node.kwargs, values.__getitem__))
             else:
                 return torch.fx.node.map_arg(node.args[0], values.__getitem__)
         raise AssertionError("a captured program without an output")
