@@ -167,8 +167,10 @@ def run_inplace(func, name, args, kwargs):
         if func(clone, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
             return NotImplemented     # x += None: Python goes on to raise TypeError
         if _leaf_under_no_grad(target):
-            # eager writes the leaf itself: it stays a leaf that requires grad
+            # eager writes the leaf itself: it stays a leaf that requires
+            # grad, with its gradient (an optimizer's step, then p.grad read)
             clone.requires_grad_(True)
+            clone.grad = value.grad
         _core.rebind_value(target, clone)
         if target.family is not None:
             after_mutation(target)
@@ -241,6 +243,25 @@ def _scatter_into(root, view, size, stride, offset):
     return written.view(root.dtype).view(root.shape)
 
 
+def _grad_leaf(t):
+    """A materialized leaf that requires grad (a parameter)."""
+    return t.requires_grad and t.is_materialized and t.to_eager().is_leaf
+
+
+def _write_leaf(root, view, where):
+    """A write through `p.data` or `p.detach()` of a leaf that requires
+    grad (a hand-written optimizer step): eager writes the leaf's memory,
+    and it stays a leaf that requires grad, with its gradient.  So the
+    write runs now, into a copy made such a leaf."""
+    value = root.to_eager()
+    with torch.no_grad():
+        written = _scatter_into(value.detach(), view.to_eager().detach(), where.size,
+                                where.stride, where.offset)
+    written.requires_grad_(True)
+    written.grad = value.grad
+    _core.rebind_value(root, written)
+
+
 def _scatter_detached(root, view, size, stride, offset):
     return detached_writes.scatter(root, view, size, stride, offset, _scatter_into)
 
@@ -251,10 +272,13 @@ def after_mutation(t):
     family = t.family
     if type(family) is Member:
         root = family.root
-        new_root = generic.record(_scatter_detached if family.detached else _scatter_into,
-                                  (root, t, family.size, family.stride, family.offset), {},
-                                  "view write-back", track_views=False)
-        _core.adopt(root, new_root)
+        if family.detached and _grad_leaf(root):
+            _write_leaf(root, t, family)
+        else:
+            new_root = generic.record(_scatter_detached if family.detached else _scatter_into,
+                                      (root, t, family.size, family.stride, family.offset),
+                                      {}, "view write-back", track_views=False)
+            _core.adopt(root, new_root)
         members, skip = family.family.members, t
     else:
         root, members, skip = t, family.members, None

@@ -813,6 +813,54 @@ def test_a_write_through_a_detached_view_keeps_the_gradient_whole(name, backend)
     torch.testing.assert_close(got[1], want[1])
 
 
+def _step_through_data(p):
+    (p * p).sum().backward()
+    p.data.add_(p.grad, alpha=-0.1)
+
+
+def _loop_through_data(p):
+    for _ in range(3):
+        (p * p).sum().backward()
+        p.data.add_(p.grad, alpha=-0.1)
+        p.grad.zero_()
+
+
+def _step_under_no_grad(p):
+    (p * p).sum().backward()
+    with torch.no_grad():
+        p.sub_(0.5 * p.grad)
+
+
+def _write_through_detach_under_no_grad(p):
+    (p * p).sum().backward()
+    with torch.no_grad():
+        p.detach()[1:].sub_(1.0)
+
+
+@pytest.mark.parametrize("update", [_step_through_data, _loop_through_data, _step_under_no_grad,
+                                    _write_through_detach_under_no_grad],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_hand_written_update_of_a_lazy_parameter_keeps_it_a_leaf_with_its_grad(update):
+    """torch_xla-style training (parameters are LazyTensors): an update
+    through p.data, p.detach() or under no_grad writes the leaf, which
+    stays a leaf that requires grad, its gradient kept."""
+    def run(lz):
+        p = lz(torch.tensor([1., 2., 3.])).requires_grad_()
+        update(p)
+        grad = None if p.grad is None else p.grad.to_eager() if type(p.grad) is LazyTensor \
+            else p.grad
+        value = p.detach()
+        return (value.to_eager() if type(value) is LazyTensor else value, p.is_leaf,
+                p.requires_grad, grad)
+
+    want, got = run(lambda t: t), run(fastlazy.lazy)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:3] == want[1:3]
+    assert (got[3] is None) == (want[3] is None)
+    if want[3] is not None:
+        torch.testing.assert_close(got[3], want[3])
+
+
 # -- writes through views whose elements overlap; in-place reshapes; set_ --
 
 @cases(lambda lz: lz(torch.ones(1, 4)).expand(3, 4).zero_(),
