@@ -121,8 +121,13 @@ cdef object _entry_type = type(fl_entry_new(sys.intern, "probe", -1, 0))
 # -- making LazyTensors --
 
 def lazy(value):
-    """A LazyTensor holding `value` (an eager tensor; not copied, never
-    mutated: in-place ops on the LazyTensor rebind it to a new node)."""
+    """A LazyTensor holding `value` (an eager tensor; never mutated: in-place
+    ops on the LazyTensor rebind it to a new node).  Not copied, unless it
+    is laid out other than contiguously or channels-last (permuted, a slice
+    with steps): a LazyTensor that is not a view is traced as contiguous,
+    and its views are placed in its contiguous layout, so such a value is
+    made contiguous first.  (Channels-last is kept: the ops that take it
+    run eager's channels-last kernels on it.)"""
     if type(value) is LazyTensor:
         return value
     if not isinstance(value, TensorType):
@@ -130,6 +135,10 @@ def lazy(value):
     if value.layout is not _strided:
         raise TypeError(f"fastlazy cannot hold a tensor of layout {value.layout} (a "
                         f"LazyTensor's metadata is strided); keep it eager")
+    if not value.is_contiguous() and not (
+            value.dim() == 4 and value.is_contiguous(memory_format=_torch.channels_last)
+            or value.dim() == 5 and value.is_contiguous(memory_format=_torch.channels_last_3d)):
+        value = value.contiguous()
     return wrap_value(value)
 
 

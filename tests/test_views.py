@@ -171,6 +171,9 @@ OTHER_LAYOUTS = {
     "permuted_root_slice_reshape": (
         lambda: torch.randn(1, 2, 3, 4).permute(0, 2, 3, 1),
         lambda x: x[:, 1:].reshape(1, -1)),
+    "permuted_root_last_dim_slice_reshape": (     # no size-1 dim: traced non-contiguous
+        lambda: torch.randn(2, 3, 4).permute(2, 0, 1),
+        lambda x: x[..., 1:].reshape(8, 2)),
 }
 
 
