@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from fastlazy import _core, fallback, route
+from fastlazy import _core, fallback, route, views
 from fastlazy._core import LazyTensor
 from fastlazy.patching import FORM_CALL, FORM_INPLACE, entry_points, qualname
 
@@ -35,6 +35,8 @@ def attribute(name):
         # through it (x.data.add_(1), x.data[0] = v) show in x, as in eager
         def get(self):
             return route.call(torch.Tensor.detach, "Tensor.data", (self,), {}, False)
+        get.__name__ = name
+        return property(get, _set_data, doc="Tensor.data.")
     elif name == "grad":
         # the gradient autograd accumulated into the value: the tensor
         # itself, so that x.grad.zero_() and x.grad[0] = v write it (and
@@ -52,6 +54,29 @@ def attribute(name):
             return fallback.wrap_result(getattr(self.to_eager(), name))
     get.__name__ = name
     return property(get, doc=f"Tensor.{name}.")
+
+
+def _set_data(self, value):
+    """x.data = t: x holds t's memory from now on, its autograd identity
+    kept (a leaf that requires grad stays one, with its gradient), as in
+    eager.  Refused where eager's result would be shared memory fastlazy
+    does not follow: x a view or the base of live views, or x carrying
+    autograd history."""
+    if self.family is not None and (type(self.family) is not views.Family
+                                    or len(self.family.members)):
+        raise RuntimeError("fastlazy: `x.data = t` on a LazyTensor that is a view or has live "
+                           "views is not supported; assign it before taking views")
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"data must be a Tensor, not {type(value).__name__}")
+    old = self.to_eager()
+    if old.requires_grad and not old.is_leaf:
+        raise RuntimeError("fastlazy: `x.data = t` on a LazyTensor with autograd history is "
+                           "not supported; use x.detach() or assign it on the leaf")
+    new = fallback.materialize(value).detach()
+    if old.requires_grad:
+        new.requires_grad_(True)
+        new.grad = old.grad
+    _core.rebind_value(self, new)
 
 
 def lazy_to(self, args, kwargs):

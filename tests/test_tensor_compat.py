@@ -183,3 +183,30 @@ def test_requires_grad_assignment_is_eagers():
         x.requires_grad = 1
     with pytest.raises(RuntimeError, match="leaf variables"):
         (x * 2).requires_grad = False
+
+
+def test_data_assignment_keeps_a_leaf_and_its_grad_as_eager_does():
+    def run(lz):
+        p = lz(torch.tensor([1., 2., 3.])).requires_grad_()
+        (p * p).sum().backward()
+        p.data = torch.full((3,), 5.0)
+        (p * 1).sum().backward()
+        return p.detach(), p.is_leaf, p.grad
+
+    want, got = run(lambda t: t), run(fastlazy.lazy)
+    assert torch.equal(got[0].to_eager(), want[0]) and got[1] == want[1]
+    assert torch.equal(got[2], want[2])                 # [2, 4, 6] + 1
+    with pytest.raises(RuntimeError, match="live views"):
+        x = fastlazy.lazy(torch.ones(3))
+        view = x[1:]
+        x.data = torch.zeros(3)
+    del view
+
+
+def test_deepcopy_keeps_the_attributes():
+    import copy
+    x = fastlazy.lazy(torch.ones(2)) * 2
+    x.tag = {"k": [1]}
+    y = copy.deepcopy(x)
+    assert y.tag == {"k": [1]} and y.tag is not x.tag
+    assert torch.equal(y.to_eager(), x.to_eager())

@@ -149,6 +149,9 @@ cdef int size_dim(LazyTensor t, dim) except -1:
     return d + nd if d < 0 else d
 
 
+from copy import deepcopy as _deepcopy
+
+
 cdef extern from "Python.h":
     int PyObject_GenericSetAttr(object o, object name, PyObject *value) except -1
 
@@ -449,7 +452,10 @@ cdef class LazyTensor:
     def __deepcopy__(self, memo):
         # a LazyTensor of a copy of the value (copies stay lazy, as the
         # results of every other op on a LazyTensor do)
-        return wrap_value(materialize(self).__deepcopy__(memo))
+        cdef LazyTensor t = wrap_value(materialize(self).__deepcopy__(memo))
+        if self.attributes:
+            t.attributes = _deepcopy(self.attributes, memo)
+        return t
 
     def to(self, *args, **kwargs):
         return _hooks.tensor_to(self, args, kwargs)
