@@ -98,28 +98,31 @@ def test_special_values_pass_through_like_eager(isa):
     assert_same(got, want)
 
 
-def _strided_row():
-    return torch.randn(1, 10)[:, ::2]
+def _whole(x):
+    return x
 
 
 CASES_FOR_TORCH = {
-    # the kernel takes one contiguous row of float32 and a contiguous 2-d weight
-    "two rows": (lambda: torch.randn(2, 5), lambda: torch.randn(4, 5)),
-    "strided row": (_strided_row, lambda: torch.randn(4, 5)),
-    "transposed weight": (lambda: torch.randn(1, 5), lambda: torch.randn(5, 4).t()),
-    "weight over 2^20 elements": (lambda: torch.randn(1, 1100), lambda: torch.randn(1000, 1100)),
+    # the kernel takes one contiguous row of float32 and a contiguous 2-d
+    # weight; (x, weight, the view of x the layer is given)
+    "two rows": (lambda: torch.randn(2, 5), lambda: torch.randn(4, 5), _whole),
+    "strided row": (lambda: torch.randn(1, 10), lambda: torch.randn(4, 5),
+                    lambda x: x[:, ::2]),
+    "transposed weight": (lambda: torch.randn(1, 5), lambda: torch.randn(5, 4).t(), _whole),
+    "weight over 2^20 elements": (lambda: torch.randn(1, 1100), lambda: torch.randn(1000, 1100),
+                                  _whole),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES_FOR_TORCH))
 def test_other_calls_are_torch_bit_for_bit(case):
-    make_x, make_w = CASES_FOR_TORCH[case]
+    make_x, make_w, view = CASES_FOR_TORCH[case]
     x, w = make_x(), make_w()
     b = torch.randn(w.shape[0])
     with torch.no_grad():
-        got, runs = kernel_runs(lambda: F.relu(F.linear(fastlazy.lazy(x), w, b)))
+        got, runs = kernel_runs(lambda: F.relu(F.linear(view(fastlazy.lazy(x)), w, b)))
     assert runs == 0
-    assert torch.equal(got, F.relu(F.linear(x, w, b)))
+    assert torch.equal(got, F.relu(F.linear(view(x), w, b)))
 
 
 def test_float64_and_autograd_stay_with_torch():
