@@ -11,6 +11,7 @@ import functools
 import torch
 import torch.fx
 
+from fastlazy import host_checks
 from fastlazy.backends.base import Input, builtin, resolve, run_key
 
 
@@ -59,6 +60,7 @@ def build_fx(view):
         env[("node", node.index)] = value
         meta[("node", node.index)] = (node.dtype, len(node.shape), None)
     graph.output(tuple(env[("node", i)] for i in view.outputs))
+    host_checks.keep_kernel_checks(graph)
     return graph
 
 

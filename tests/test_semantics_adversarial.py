@@ -775,6 +775,24 @@ def test_linalg_errors_surface_when_the_result_is_read(name, backend):
             got.to_eager()
 
 
+@pytest.mark.parametrize("backend", ["torchscript", "inductor"], indirect=True)
+def test_binary_cross_entropy_checks_its_input_on_a_fused_backend_too(backend):
+    """Eager's kernel raises for an input outside [0, 1]; inductor's
+    decomposition of it returned NaN."""
+    target = torch.tensor([1., 0., 1.])
+    w = torch.tensor([0.2, 0.5, 0.9], requires_grad=True)
+    want = F.binary_cross_entropy(w * 1, target)
+    want.backward()
+    want_grad, w.grad = w.grad, None
+    got = F.binary_cross_entropy(fastlazy.lazy(w) * 1, target)
+    got.backward()
+    torch.testing.assert_close(got.to_eager(), want)
+    torch.testing.assert_close(w.grad, want_grad)
+    for bad in ([1.5, 0.5, 0.5], [float("nan"), 0.5, 0.5]):
+        with pytest.raises(RuntimeError, match="between 0 and 1"):
+            F.binary_cross_entropy(fastlazy.lazy(torch.tensor(bad)) * 1, target).to_eager()
+
+
 def test_linalg_results_train_through_their_check():
     a = torch.tensor([[4., 1.], [1., 3.]], requires_grad=True)
     torch.linalg.inv(a).sum().backward()
