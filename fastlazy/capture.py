@@ -215,6 +215,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
             gm, constants, draws = _checked(recorded, contiguous), (), ()
         else:
             gm, constants, draws = _trace(func, args, kwargs, examples, contiguous)
+        host_checks.keep_argument_checks(func, args, kwargs, gm.graph)
     if len(tensors) + len(constants) + len(draws) > MAX_INPUTS:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments, constants and random draws")
     outputs = list(gm.graph.nodes)[-1].args[0]

@@ -23,9 +23,14 @@ binary_cross_entropy raises for an input outside [0, 1] in eager and on
 the fast tier, and inductor's decomposition returns NaN.  Graphs for
 inductor (inductor_graph.py) pass such an input through
 `fastlazy::in_range(x, low, high, message)` first: eager's check, then a
-copy of x.
+copy of x.  And a composite function may check its arguments' values on
+the host before any kernel (F.one_hot reads its classes' min and max),
+which the program its fake run records lacks: FUNCTION_CHECKS puts the
+same checks at the start of its program.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.fx
@@ -50,8 +55,14 @@ def _checked_backward(ctx, grad):
     return grad, None, None, None
 
 
-def _in_range(x: torch.Tensor, low: float, high: float, message: str) -> torch.Tensor:
-    if not bool(((x >= low) & (x <= high)).all()):       # (NaN is outside, as in eager)
+def _in_range(x: torch.Tensor, low: Optional[float], high: Optional[float],
+              message: str) -> torch.Tensor:
+    inside = torch.ones_like(x, dtype=torch.bool)
+    if low is not None:
+        inside &= x >= low
+    if high is not None:
+        inside &= x <= high
+    if not bool(inside.all()):                            # (NaN is outside, as in eager)
         raise RuntimeError(message)
     return x.clone()
 
@@ -81,6 +92,39 @@ def define() -> None:
     op = torch.library.custom_op("fastlazy::in_range", mutates_args=())(_in_range)
     op.register_fake(_in_range_fake)
     op.register_autograd(_in_range_backward)
+
+
+def _one_hot_checks(args, kwargs):
+    num_classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    if type(num_classes) is not int or num_classes < 0:
+        return ()          # (classes counted from the data: the call runs eagerly)
+    return ((0, 0.0, None, "Class values must be non-negative."),
+            (0, None, float(num_classes - 1), "Class values must be smaller than num_classes."))
+
+
+# function -> its calls' checks of tensor arguments' values, made on the
+# host (one_hot reads its input's min and max): (tensor argument, low,
+# high, eager's message), in eager's order
+FUNCTION_CHECKS = {torch.nn.functional.one_hot: _one_hot_checks}
+
+
+def keep_argument_checks(func, args, kwargs, graph: torch.fx.Graph) -> None:
+    """Put FUNCTION_CHECKS' checks of a call of `func` at the start of its
+    program `graph` (whose placeholders are the call's tensor arguments),
+    in place: the program a fake run records has none of them."""
+    rule = FUNCTION_CHECKS.get(getattr(func, "__wrapped__", func))
+    if rule is None:
+        return
+    values = [n for n in graph.nodes if n.op == "placeholder"]
+    last = values[-1]
+    for index, low, high, message in rule(args, kwargs):
+        source = values[index]
+        with graph.inserting_after(last):
+            checked = graph.call_function(torch.ops.fastlazy.in_range.default,
+                                          (source, low, high, message))
+        checked.meta["val"] = source.meta.get("val")
+        source.replace_all_uses_with(checked, delete_user_cb=lambda user: user is not checked)
+        values[index] = last = checked
 
 
 def keep_kernel_checks(graph: torch.fx.Graph) -> None:

@@ -793,6 +793,20 @@ def test_binary_cross_entropy_checks_its_input_on_a_fused_backend_too(backend):
             F.binary_cross_entropy(fastlazy.lazy(torch.tensor(bad)) * 1, target).to_eager()
 
 
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "inductor"],
+                         indirect=True)
+def test_one_hot_checks_its_classes_when_read(backend):
+    """Eager reads the classes' min and max on the host; the program a fake
+    run records has no such check, and gave a row of zeros."""
+    ok = torch.tensor([2, 0, 1])
+    torch.testing.assert_close(F.one_hot(fastlazy.lazy(ok) * 1, 3).to_eager(),
+                               F.one_hot(ok, 3))
+    for bad, message in (([3, 0, 1], "smaller than num_classes"), ([-1, 0, 1], "non-negative")):
+        got = F.one_hot(fastlazy.lazy(torch.tensor(bad)) * 1, 3)
+        with pytest.raises(RuntimeError, match=message):
+            got.to_eager()
+
+
 def test_linalg_results_train_through_their_check():
     a = torch.tensor([[4., 1.], [1., 3.]], requires_grad=True)
     torch.linalg.inv(a).sum().backward()
