@@ -37,11 +37,3 @@ def define() -> None:
     op = torch.library.custom_op("fastlazy::written_under", mutates_args=())(_written_under)
     op.register_fake(_written_under_fake)
     op.register_autograd(_written_under_backward)
-
-
-def scatter(root, view, size, stride, offset, scatter_into):
-    """`root` with `view` written at its place (scatter_into(root, view, size,
-    stride, offset)), as autograd sees a write through a detached view:
-    not at all."""
-    written = scatter_into(root.detach(), view.detach(), size, stride, offset)
-    return torch.ops.fastlazy.written_under(root, written)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy import _core, detached_writes, generic, views
+from fastlazy import _core, generic, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 from fastlazy.fallback import materialize
@@ -123,9 +123,7 @@ def _leaf_under_no_grad(target):
     (an optimizer's update, `with torch.no_grad(): p.add_(1)`): eager
     writes the leaf, which stays a leaf that requires grad, so the write
     runs eagerly on a copy that is made one (run_inplace)."""
-    if not target.requires_grad or torch.is_grad_enabled() or not target.is_materialized:
-        return False
-    return target.family is None and target.to_eager().is_leaf
+    return not torch.is_grad_enabled() and target.family is None and _grad_leaf(target)
 
 
 def _functional(func):
@@ -263,7 +261,10 @@ def _write_leaf(root, view, where):
 
 
 def _scatter_detached(root, view, size, stride, offset):
-    return detached_writes.scatter(root, view, size, stride, offset, _scatter_into)
+    """_scatter_into as autograd sees a write through a detached view: not
+    at all (fastlazy/detached_writes.py)."""
+    written = _scatter_into(root.detach(), view.detach(), size, stride, offset)
+    return torch.ops.fastlazy.written_under(root, written)
 
 
 def after_mutation(t):

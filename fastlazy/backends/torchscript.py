@@ -336,13 +336,12 @@ def _emit_call(ir, call, ref, inplace):
             args.append(_bool_number(ir, arg.name, value, kwargs.get("dtype")))
         else:
             args.append(_ir_value(ir, value, arg, ref))
-    name = schema.name.removeprefix("aten::")
     returns = [_ir_type(r.type) for r in schema.returns]
     if len(returns) == 1:
-        return ir.call(name, args, type=returns[0])
+        return ir.call(schema.name, args, type=returns[0])
     outs = tuple(ir.fresh() for _ in returns)
     typed = ", ".join(f"{o} : {t}" for o, t in zip(outs, returns))
-    ir.lines.append(f"  {typed} = {name if '::' in name else 'aten::' + name}({', '.join(args)})")
+    ir.lines.append(f"  {typed} = {schema.name}({', '.join(args)})")
     return outs
 
 
