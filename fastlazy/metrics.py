@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from fastlazy import _core, _steps, recompiles, sites
+from fastlazy import _core, _steps, recompiles, sites, step_executor
 
 # Re-entrant: a finalizer run by an allocation inside the lock may call
 # back into fastlazy (read a LazyTensor: a flush) on this very thread.
@@ -86,6 +86,7 @@ def counters() -> dict:
     fallbacks, empty_flushes, flush_reason.<reason>, fallback.<op>,
     compiles, compile_seconds, cache_size, cache_evictions, compile_failures,
     deep_graphs (graphs deeper than the backend takes, run natively),
+    executor_refusals (graphs the step executor could not run),
     kernel_layers (linear layers computed by the native backend's one-row
     kernel; 0 means torch computed every one).
     """
@@ -101,6 +102,9 @@ def counters() -> dict:
         d["cache_evictions"] = _events["cache_evictions"]
         d["compile_failures"] = _events["compile_failures"]
         d["deep_graphs"] = _events["deep_graphs"]
+        # graphs the step executor could not take (they ran on TorchScript's
+        # interpreter): a node without an operator to call
+        d["executor_refusals"] = _events["executor_refusals"]
         # the tiered engine (fastlazy.tiering): background compiles queued,
         # done and failed, graphs promoted to the compiled tier, and runs
         # on the fast tier while a compile of their graph was under way;
@@ -213,6 +217,9 @@ def explain() -> str:
     fused = _fusion_lines()
     if fused:
         lines += ["", *fused]
+    why_not = step_executor.why_not()
+    if why_not:
+        lines += ["", f"graphs run on TorchScript's interpreter: fastlazy's step executor is {why_not}"]
     return "\n".join(lines)
 
 

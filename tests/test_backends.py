@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import fastlazy
-from fastlazy import backends, graph_cache
+from fastlazy import backends, graph_cache, step_executor
 from fastlazy.backends import torchscript
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
@@ -227,13 +227,16 @@ def test_torchscript_plans_a_graph_unoptimized_and_leaves_the_flags_as_they_were
     """The graph executor's optimization passes cost a model's first call
     10-16 ms and buy nothing on fastlazy's IR: every call runs the
     unoptimized plan (the executor's fallback plan; no optimized execution
-    plan is ever made), and the flags switched for it are as they were."""
+    plan is ever made), and the flags switched for it are as they were.
+    (With fastlazy's step executor off: the interpreter's path.)"""
     c = torch._C
     before = (c._get_graph_executor_optimize(), c._jit_set_profiling_executor(True))
     c._jit_set_profiling_executor(before[1])
     backend = fastlazy.backend()
     fastlazy.mark_step()
     fastlazy.set_backend("torchscript")
+    executor = step_executor.enabled()
+    step_executor.set_enabled(False)
     try:
         for _ in range(3):          # (the executor plans again when the flag changes)
             a = fastlazy.lazy(torch.rand(5))
@@ -249,3 +252,20 @@ def test_torchscript_plans_a_graph_unoptimized_and_leaves_the_flags_as_they_were
     finally:
         fastlazy.mark_step()
         fastlazy.set_backend(backend)
+        step_executor.set_enabled(executor)
+
+
+def test_torchscript_without_the_step_executor_agrees_with_eager():
+    """The interpreter's path (graphs that fuse, and builds without the
+    step executor) gives the same values as the executor's."""
+    executor = step_executor.enabled()
+    step_executor.set_enabled(False)
+    try:
+        a, b = torch.randn(6, 5), torch.rand(5)
+        for s in (0.75, -2.0):
+            compare(program(fastlazy.lazy(a), fastlazy.lazy(b), s), program(a, b, s), exact=True)
+        fn = next(reversed(graph_cache.programs.values())).call
+        assert isinstance(fn, torchscript._unoptimized)
+    finally:
+        fastlazy.mark_step()
+        step_executor.set_enabled(executor)

@@ -3,10 +3,12 @@ executor.
 
 With CUDA tensors (or a torch built with LLVM) the profiling executor runs it
 and NNC (TensorExpr) fuses the elementwise chains.  On CPU without LLVM (PyPI
-wheels) nothing can fuse, so the graph is made cheap to interpret instead:
+wheels) nothing can fuse, so the graph is made cheap to run instead: in-place
+aten variants reuse the storage of intermediates nobody else reads, and
+fastlazy's step executor (fastlazy.step_executor) runs the IR, calling
+ATen's CPU kernels directly where it can; where that executor is not built,
 the graph executor's unoptimized plan (no profiling or guard nodes: see
-_unoptimized) and in-place aten variants that reuse the storage of
-intermediates nobody else reads.  (CPU fusion
+_unoptimized).  (CPU fusion
 without LLVM is possible through NNC's IR evaluator, which torch's flags
 `_jit_override_can_fuse_on_cpu(True)` and `_jit_set_te_must_use_llvm_cpu(False)`
 allow: it interprets the fused loops, far slower than aten's kernels, so it
@@ -23,6 +25,7 @@ import weakref
 
 import torch
 
+from fastlazy import metrics, step_executor
 from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, as_written,
                                     exact_scalars, reusable, run_key, written_form)
 
@@ -155,9 +158,11 @@ class TorchScriptBackend(Backend):
             ir.lines.append(f"  %outs : ({types}) = prim::TupleConstruct({', '.join(outs)})")
             outs = ["%outs"]
         text = "\n".join([f"graph({', '.join(params)}):", *ir.lines, f"  return ({outs[0]})"])
-        fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
-        if view.grad or not fuses:
-            fn = _unoptimized(fn)
+        fn = _executor_program(text) if not fuses else None
+        if fn is None:
+            fn = torch._C._create_function_from_graph("fastlazy_graph", torch._C.parse_ir(text))
+            if view.grad or not fuses:
+                fn = _unoptimized(fn)
         return TorchScriptProgram(slots, fn, len(view.outputs) == 1, text, fuses=fuses,
                                   grad=view.grad)
 
@@ -418,6 +423,18 @@ def _ir_value(ir, value, arg, ref):
         # the IR's constant syntax has no inf/nan: build it from a string
         return ir.call("Float", [ir.constant(repr(value))], type="float")
     return ir.constant(value)
+
+
+def _executor_program(text):
+    """The graph on fastlazy's step executor, where it is on and can run
+    every node; else None (the interpreter runs it)."""
+    if not step_executor.enabled():
+        return None
+    try:
+        return step_executor.compile(text)
+    except RuntimeError:
+        metrics.count_event("executor_refusals")
+        return None
 
 
 class _unoptimized:

@@ -1,0 +1,50 @@
+# distutils: language = c++
+"""The step executor (csrc/step_executor.h): a graph in TorchScript IR run
+step by step, ATen's CPU kernels called directly where they can be.  Built
+only where torch was importable when fastlazy was built (see
+fastlazy/step_executor.py, which loads it)."""
+from libcpp.memory cimport shared_ptr, make_shared
+from libcpp.string cimport string
+
+
+cdef extern from "step_executor.h" namespace "fastlazy" nogil:
+    cdef cppclass CStepProgram "fastlazy::StepProgram":
+        CStepProgram(const string& ir) except +
+        long long steps()
+        long long direct_steps()
+        long long direct_calls()
+        long long boxed_calls()
+
+    object run_program "fastlazy_run" (CStepProgram& program, tuple args) with gil
+
+
+cdef class StepProgram:
+    """A compiled graph: `program(*inputs)` returns its output (a tensor,
+    or a tuple of them) as the TorchScript function made from the same IR
+    would."""
+    cdef shared_ptr[CStepProgram] program
+    cdef readonly str ir
+
+    def __cinit__(self, str ir):
+        self.program = make_shared[CStepProgram](<string>ir.encode())
+        self.ir = ir
+
+    def __call__(self, *inputs):
+        return run_program(self.program.get()[0], inputs)
+
+    @property
+    def steps(self):
+        """Steps (nodes other than constants) of the graph."""
+        return self.program.get().steps()
+
+    @property
+    def direct_steps(self):
+        """Steps that call an ATen CPU kernel directly where a run allows."""
+        return self.program.get().direct_steps()
+
+    @property
+    def calls(self):
+        """Steps called over all runs: {"direct": calling the CPU kernel,
+        "boxed": through the dispatcher}."""
+        return {"direct": self.program.get().direct_calls(),
+                "boxed": self.program.get().boxed_calls()}

@@ -1,0 +1,394 @@
+// The step executor: runs a graph (TorchScript IR, as the TorchScript
+// backend emits it) as a flat list of steps over a register file, without
+// the TorchScript interpreter.
+//
+// Each node is one step.  A step calls the node's boxed operator (the
+// Operation the interpreter would call), or, for the ops in DIRECT_OPS,
+// ATen's CPU kernel itself (at::cpu::<op>): no dispatcher, no boxing.  A
+// direct call skips the dispatch keys a recorded, already-checked graph of
+// plain CPU tensors does not need (Autograd, ADInplaceOrView, autocast), so
+// a run uses direct calls only where those keys would do nothing: every
+// tensor input a plain dense CPU tensor (no conjugate or negative bit, no
+// subclass, not an inference tensor), no dispatch key forced on by the
+// thread (a TorchDispatchMode, functorch) and autocast off, and autograd
+// with nothing to record (grad mode off, or no input requiring grad).  Any
+// other run calls every step boxed, as the interpreter does.  An in-place
+// direct call bumps its tensor's version, as ADInplaceOrView does.
+//
+// A register is released after its last use, as the interpreter drops
+// values, so a dead intermediate's buffer returns to the allocator.
+#pragma once
+
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/ir/irparser.h>
+#include <torch/csrc/utils/python_numbers.h>
+
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/exp_cpu_dispatch.h>
+#include <ATen/ops/gelu_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/neg_cpu_dispatch.h>
+#include <ATen/ops/relu_cpu_dispatch.h>
+#include <ATen/ops/rsqrt_cpu_dispatch.h>
+#include <ATen/ops/sigmoid_cpu_dispatch.h>
+#include <ATen/ops/silu_cpu_dispatch.h>
+#include <ATen/ops/sub_cpu_dispatch.h>
+#include <ATen/ops/tanh_cpu_dispatch.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace fastlazy {
+
+using c10::IValue;
+
+struct Frame;
+struct Step;
+using DirectCall = void (*)(Frame&, const Step&);
+
+struct Step {
+  torch::jit::Operation op = torch::jit::Operation(nullptr);  // the boxed call
+  DirectCall direct = nullptr;   // the CPU kernel's call, where there is one
+  std::vector<int32_t> ins;      // >= 0: a register; < 0: ~index of a constant
+  std::vector<int32_t> outs;     // registers
+  std::vector<int32_t> release;  // registers read for the last time here
+  std::vector<bool> last_use;    // per input: its register is released after this step
+};
+
+struct Frame {
+  std::vector<IValue> regs;
+  const std::vector<IValue>* consts;
+  const IValue& at(int32_t k) const { return k >= 0 ? regs[k] : (*consts)[~k]; }
+  const at::Tensor& tensor(const Step& s, int i) const { return at(s.ins[i]).toTensor(); }
+};
+
+// -- direct calls: one line per op, the op's CPU kernel with its schema's
+// arguments.  In-place ones return their first argument.
+
+inline void set_out(Frame& f, const Step& s, at::Tensor&& t) { f.regs[s.outs[0]] = std::move(t); }
+
+inline void written(Frame& f, const Step& s) {
+  f.tensor(s, 0).unsafeGetTensorImpl()->bump_version();
+  f.regs[s.outs[0]] = f.at(s.ins[0]);
+}
+
+inline at::Tensor& self_of(Frame& f, const Step& s) {
+  return const_cast<at::Tensor&>(f.tensor(s, 0));
+}
+
+#define FL_T(i) f.tensor(s, i)
+#define FL_S(i) f.at(s.ins[i]).toScalar()
+#define FL_FUNCTIONAL(expr) [](Frame& f, const Step& s) { set_out(f, s, expr); }
+#define FL_INPLACE(expr) [](Frame& f, const Step& s) { expr; written(f, s); }
+
+struct DirectOp {
+  const char* name;
+  const char* overload;
+  DirectCall call;
+};
+
+inline const std::vector<DirectOp>& direct_ops() {
+  static const std::vector<DirectOp> ops = {
+    {"aten::add", "Tensor", FL_FUNCTIONAL(at::cpu::add(FL_T(0), FL_T(1), FL_S(2)))},
+    {"aten::add_", "Tensor", FL_INPLACE(at::cpu::add_(self_of(f, s), FL_T(1), FL_S(2)))},
+    {"aten::sub", "Tensor", FL_FUNCTIONAL(at::cpu::sub(FL_T(0), FL_T(1), FL_S(2)))},
+    {"aten::sub_", "Tensor", FL_INPLACE(at::cpu::sub_(self_of(f, s), FL_T(1), FL_S(2)))},
+    {"aten::mul", "Tensor", FL_FUNCTIONAL(at::cpu::mul(FL_T(0), FL_T(1)))},
+    {"aten::mul_", "Tensor", FL_INPLACE(at::cpu::mul_(self_of(f, s), FL_T(1)))},
+    {"aten::div", "Tensor", FL_FUNCTIONAL(at::cpu::div(FL_T(0), FL_T(1)))},
+    {"aten::div_", "Tensor", FL_INPLACE(at::cpu::div_(self_of(f, s), FL_T(1)))},
+    {"aten::neg", "", FL_FUNCTIONAL(at::cpu::neg(FL_T(0)))},
+    {"aten::neg_", "", FL_INPLACE(at::cpu::neg_(self_of(f, s)))},
+    {"aten::exp", "", FL_FUNCTIONAL(at::cpu::exp(FL_T(0)))},
+    {"aten::exp_", "", FL_INPLACE(at::cpu::exp_(self_of(f, s)))},
+    {"aten::rsqrt", "", FL_FUNCTIONAL(at::cpu::rsqrt(FL_T(0)))},
+    {"aten::rsqrt_", "", FL_INPLACE(at::cpu::rsqrt_(self_of(f, s)))},
+    {"aten::sigmoid", "", FL_FUNCTIONAL(at::cpu::sigmoid(FL_T(0)))},
+    {"aten::sigmoid_", "", FL_INPLACE(at::cpu::sigmoid_(self_of(f, s)))},
+    {"aten::tanh", "", FL_FUNCTIONAL(at::cpu::tanh(FL_T(0)))},
+    {"aten::tanh_", "", FL_INPLACE(at::cpu::tanh_(self_of(f, s)))},
+    {"aten::relu", "", FL_FUNCTIONAL(at::cpu::relu(FL_T(0)))},
+    {"aten::relu_", "", FL_INPLACE(at::cpu::relu_(self_of(f, s)))},
+    {"aten::silu", "", FL_FUNCTIONAL(at::cpu::silu(FL_T(0)))},
+    {"aten::silu_", "", FL_INPLACE(at::cpu::silu_(self_of(f, s)))},
+    {"aten::gelu", "", FL_FUNCTIONAL(at::cpu::gelu(FL_T(0), f.at(s.ins[1]).toStringView()))},
+    {"aten::gelu_", "", FL_INPLACE(at::cpu::gelu_(self_of(f, s), f.at(s.ins[1]).toStringView()))},
+    {"aten::mm", "", FL_FUNCTIONAL(at::cpu::mm(FL_T(0), FL_T(1)))},
+    {"aten::bmm", "", FL_FUNCTIONAL(at::cpu::bmm(FL_T(0), FL_T(1)))},
+    {"aten::addmm", "", FL_FUNCTIONAL(at::cpu::addmm(FL_T(0), FL_T(1), FL_T(2), FL_S(3), FL_S(4)))},
+  };
+  return ops;
+}
+
+#undef FL_T
+#undef FL_S
+#undef FL_FUNCTIONAL
+#undef FL_INPLACE
+
+inline DirectCall direct_call_for(const c10::OperatorName& name) {
+  for (const auto& op : direct_ops()) {
+    if (name.name == op.name && name.overload_name == op.overload) {
+      return op.call;
+    }
+  }
+  return nullptr;
+}
+
+// The dispatch keys of a plain dense CPU tensor (what a direct call's
+// inputs must have, exactly).
+inline c10::DispatchKeySet plain_cpu_keys() {
+  static const c10::DispatchKeySet keys = [] {
+    c10::AutoGradMode grad(true);
+    return at::empty({0}).key_set();
+  }();
+  return keys;
+}
+
+enum InputKind : int8_t { IN_TENSOR, IN_INT, IN_FLOAT, IN_COMPLEX };
+
+class StepProgram {
+ public:
+  explicit StepProgram(const std::string& ir) {
+    auto graph = std::make_shared<torch::jit::Graph>();
+    torch::jit::parseIR(ir, graph.get());
+    build(*graph);
+  }
+
+  int64_t steps() const { return static_cast<int64_t>(steps_.size()); }
+  int64_t direct_steps() const { return direct_steps_; }
+  int64_t direct_calls() const { return direct_calls_; }
+  int64_t boxed_calls() const { return boxed_calls_; }
+
+  // args: a tuple of the graph's inputs in order.  A new reference to the
+  // graph's output (a tensor, or a tuple of them), or NULL with the Python
+  // error set.
+  PyObject* run(PyObject* args) {
+    HANDLE_TH_ERRORS
+    Frame f;
+    f.consts = &consts_;
+    f.regs.resize(nregs_);
+    bool direct = direct_steps_ > 0 && direct_allowed();
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (n != static_cast<Py_ssize_t>(inputs_.size())) {
+      throw std::runtime_error("fastlazy step executor: wrong number of inputs");
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject* arg = PyTuple_GET_ITEM(args, i);
+      IValue& reg = f.regs[inputs_[i]];
+      switch (input_kinds_[i]) {
+        case IN_TENSOR: {
+          if (!THPVariable_Check(arg)) {
+            throw torch::TypeError("fastlazy step executor: input " + std::to_string(i) +
+                                   " is not a tensor");
+          }
+          const at::Tensor& t = THPVariable_Unpack(arg);
+          // forward-mode AD's tangents come from the autograd kernels, which
+          // a direct call skips (every intermediate of such a run has them)
+          if (direct && t._fw_grad(0).defined()) direct = false;
+          reg = t;
+          break;
+        }
+        case IN_INT:
+          reg = static_cast<int64_t>(THPUtils_unpackLong(arg));
+          break;
+        case IN_FLOAT:
+          reg = THPUtils_unpackDouble(arg);
+          break;
+        case IN_COMPLEX: {
+          Py_complex c = PyComplex_AsCComplex(arg);
+          if (PyErr_Occurred()) throw python_error();
+          reg = c10::complex<double>(c.real, c.imag);
+          break;
+        }
+      }
+    }
+    IValue out;
+    {
+      pybind11::gil_scoped_release no_gil;
+      execute(f, direct);
+      out = std::move(f.regs[output_]);
+    }
+    return wrap(out);
+    END_HANDLE_TH_ERRORS
+  }
+
+ private:
+  std::vector<IValue> consts_;
+  std::vector<Step> steps_;
+  std::vector<int32_t> inputs_;
+  std::vector<InputKind> input_kinds_;
+  int32_t output_ = 0;
+  int32_t nregs_ = 0;
+  int64_t direct_steps_ = 0;
+  // steps called each way, over all runs (not exact where threads run the
+  // program at once: a statistic)
+  int64_t direct_calls_ = 0;
+  int64_t boxed_calls_ = 0;
+
+  static bool direct_allowed() {
+    auto tls = c10::impl::tls_local_dispatch_key_set();
+    return (tls.included_ - c10::default_included_set).empty() &&
+           c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutocastCPU);
+  }
+
+  void build(torch::jit::Graph& graph) {
+    std::unordered_map<const torch::jit::Value*, int32_t> where;
+    auto reg = [&](const torch::jit::Value* v) {
+      auto found = where.find(v);
+      if (found != where.end()) return found->second;
+      int32_t k = nregs_++;
+      where.emplace(v, k);
+      return k;
+    };
+    for (const torch::jit::Value* v : graph.inputs()) {
+      inputs_.push_back(reg(v));
+      auto kind = v->type()->kind();
+      if (kind == c10::TypeKind::TensorType) {
+        input_kinds_.push_back(IN_TENSOR);
+      } else if (kind == c10::TypeKind::IntType) {
+        input_kinds_.push_back(IN_INT);
+      } else if (kind == c10::TypeKind::FloatType) {
+        input_kinds_.push_back(IN_FLOAT);
+      } else if (kind == c10::TypeKind::ComplexType) {
+        input_kinds_.push_back(IN_COMPLEX);
+      } else {
+        throw std::runtime_error("fastlazy step executor: no input of type " +
+                                 v->type()->str());
+      }
+    }
+    for (torch::jit::Node* node : graph.nodes()) {
+      if (node->kind() == c10::prim::Constant) {
+        auto value = torch::jit::toIValue(node->output());
+        if (!value) throw std::runtime_error("fastlazy step executor: constant without a value");
+        where.emplace(node->output(), ~static_cast<int32_t>(consts_.size()));
+        consts_.push_back(std::move(*value));
+        continue;
+      }
+      Step step;
+      for (const torch::jit::Value* v : node->inputs()) step.ins.push_back(reg(v));
+      for (const torch::jit::Value* v : node->outputs()) step.outs.push_back(reg(v));
+      const c10::FunctionSchema* schema = node->maybeSchema();
+      if (schema != nullptr && node->outputs().size() == 1) {
+        step.direct = direct_call_for(schema->operator_name());
+      }
+      direct_steps_ += step.direct != nullptr;
+      step.op = node->getOperation();
+      steps_.push_back(std::move(step));
+    }
+    output_ = reg(graph.outputs()[0]);
+    if (output_ < 0) throw std::runtime_error("fastlazy step executor: a constant output");
+    // each register's last reader releases it (the output is never released)
+    std::vector<int32_t> last(nregs_, -1);
+    for (size_t i = 0; i < steps_.size(); i++) {
+      for (int32_t k : steps_[i].ins) if (k >= 0) last[k] = static_cast<int32_t>(i);
+    }
+    for (size_t i = 0; i < steps_.size(); i++) {
+      Step& step = steps_[i];
+      for (int32_t k : step.ins) {
+        bool dies = k >= 0 && k != output_ && last[k] == static_cast<int32_t>(i);
+        step.last_use.push_back(dies);
+        if (dies && std::find(step.release.begin(), step.release.end(), k) == step.release.end()) {
+          step.release.push_back(k);
+        }
+      }
+    }
+  }
+
+  // May step call its kernel directly?  Each tensor it reads must be a
+  // plain dense CPU tensor (exactly those dispatch keys: no conjugate or
+  // negative bit, no subclass, not an inference tensor), and none may
+  // require grad where grad mode would record it.
+  static bool plain_operands(const Frame& f, const Step& step, c10::DispatchKeySet keys,
+                             bool grad) {
+    for (int32_t k : step.ins) {
+      const IValue& v = f.at(k);
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (t.key_set() != keys || (grad && t.requires_grad())) return false;
+      }
+    }
+    return true;
+  }
+
+  void execute(Frame& f, bool direct) {
+    torch::jit::Stack stack;
+    const c10::DispatchKeySet keys = plain_cpu_keys();
+    const bool grad = c10::GradMode::is_enabled();
+    for (Step& step : steps_) {
+      if (direct && step.direct != nullptr && plain_operands(f, step, keys, grad)) {
+        step.direct(f, step);
+        direct_calls_++;
+      } else {
+        boxed_calls_++;
+        stack.clear();
+        for (size_t i = 0; i < step.ins.size(); i++) {
+          int32_t k = step.ins[i];
+          // a value read for the last time moves onto the stack: the
+          // callee holds the only reference, as under the interpreter
+          if (step.last_use[i] && std::count(step.ins.begin(), step.ins.end(), k) == 1) {
+            stack.push_back(std::move(f.regs[k]));
+          } else {
+            stack.push_back(f.at(k));
+          }
+        }
+        step.op(stack);
+        for (size_t i = 0; i < step.outs.size(); i++) {
+          f.regs[step.outs[i]] = std::move(stack[i]);
+        }
+      }
+      for (int32_t k : step.release) f.regs[k] = IValue();
+    }
+  }
+
+  static PyObject* wrap(const IValue& out) {
+    if (out.isTensor()) return THPVariable_Wrap(out.toTensor());
+    if (out.isTuple()) {
+      const auto& items = out.toTupleRef().elements();
+      PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+      if (tuple == nullptr) return nullptr;
+      for (size_t i = 0; i < items.size(); i++) {
+        PyObject* item = wrap(items[i]);
+        if (item == nullptr) {
+          Py_DECREF(tuple);
+          return nullptr;
+        }
+        PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), item);
+      }
+      return tuple;
+    }
+    if (out.isTensorList()) {
+      auto list = out.toTensorList();
+      PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(list.size()));
+      if (tuple == nullptr) return nullptr;
+      for (size_t i = 0; i < list.size(); i++) {
+        PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), THPVariable_Wrap(list.get(i)));
+      }
+      return tuple;
+    }
+    throw std::runtime_error("fastlazy step executor: an output of type " + out.tagKind());
+  }
+};
+
+}  // namespace fastlazy
+
+// For Cython: a method call as a function, with the reference it returns.
+inline PyObject* fastlazy_run(fastlazy::StepProgram& program, PyObject* args) {
+  return program.run(args);
+}

@@ -1,0 +1,73 @@
+"""The step executor, where it can run: the C++ extension fastlazy._executor
+(csrc/step_executor.h) built for the torch imported.
+
+It runs the TorchScript backend's graphs (the IR that backend emits) that no
+fuser acts on: one step per node over a register file, in place of
+TorchScript's interpreter, and ATen's CPU kernel called directly (no
+dispatcher) for the ops of its direct table where a run's inputs allow (see
+the header).  The interpreter stays for graphs that fuse (NNC on CUDA, or
+on CPU where fusion is switched on) and where the executor is not built:
+`why_not()` says why.
+
+FASTLAZY_EXECUTOR=0 in the environment, or `set_enabled(False)`, runs every
+graph compiled afterwards on the interpreter (for comparison and debugging).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _load():
+    """(the extension module, None), or (None, why it is not there)."""
+    try:
+        from fastlazy import _executor_build
+    except ImportError:
+        return None, ("not built: torch was not importable when fastlazy was built "
+                      "(pip's isolated build); `pip install --no-build-isolation` "
+                      "into an environment with torch builds it")
+    if _executor_build.TORCH_VERSION != torch.__version__:
+        return None, (f"built for torch {_executor_build.TORCH_VERSION}, not the torch "
+                      f"{torch.__version__} imported: rebuild fastlazy")
+    try:
+        from fastlazy import _executor
+    except ImportError as exc:
+        return None, f"cannot be loaded: {exc}"
+    return _executor, None
+
+
+_module, _why_not = _load()
+_enabled = _module is not None and os.environ.get("FASTLAZY_EXECUTOR", "1") != "0"
+
+
+def available() -> bool:
+    """Was the executor built, for this torch?"""
+    return _module is not None
+
+
+def enabled() -> bool:
+    """Will graphs compiled from now on run on the executor?"""
+    return _enabled
+
+
+def set_enabled(on: bool) -> None:
+    """Run graphs compiled from now on on the executor (if available) or on
+    TorchScript's interpreter.  Graphs compiled already keep theirs."""
+    global _enabled
+    if on and _module is None:
+        raise RuntimeError(f"fastlazy's step executor is {_why_not}")
+    _enabled = bool(on)
+
+
+def why_not() -> str | None:
+    """Why graphs run on the interpreter (None where the executor is on)."""
+    if _module is None:
+        return _why_not
+    return None if _enabled else "switched off (FASTLAZY_EXECUTOR=0 or set_enabled(False))"
+
+
+def compile(ir: str):
+    """A StepProgram for the graph in TorchScript IR `ir`.  RuntimeError if
+    a node has no operator to run it (the caller keeps the interpreter)."""
+    return _module.StepProgram(ir)

@@ -1,0 +1,296 @@
+"""fastlazy's step executor (fastlazy/csrc/step_executor.h): the TorchScript
+backend's graphs run step by step, ATen's CPU kernels called directly where
+a run's inputs allow, and every other run as the interpreter would run it.
+Eager is the oracle, bit for bit (the same kernels run)."""
+import threading
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fastlazy
+from fastlazy import graph_cache, metrics, step_executor
+
+pytestmark = pytest.mark.skipif(not step_executor.available(),
+                                reason=f"step executor {step_executor.why_not()}")
+
+
+def graph(body, inputs=2):
+    """IR of a graph over `inputs` tensors %a, %b, ... whose last line
+    defines %out."""
+    params = ", ".join(f"%{'abcd'[i]} : Tensor" for i in range(inputs))
+    return f"graph({params}):\n{body}\n  return (%out)"
+
+
+def run(ir, *inputs):
+    """The executor's output and whether the run called any kernel directly."""
+    program = step_executor.compile(ir)
+    out = program(*inputs)
+    return out, program.calls["direct"] > 0
+
+
+ONE = "  %one : int = prim::Constant[value=1]()\n"
+
+# (IR body, eager's computation): one per entry of the executor's direct table
+DIRECT = [
+    (ONE + "  %out : Tensor = aten::add(%a, %b, %one)", lambda a, b: a + b),
+    (ONE + "  %t : Tensor = aten::add(%a, %b, %one)\n  %out : Tensor = aten::add_(%t, %b, %one)",
+     lambda a, b: (a + b).add_(b)),
+    ("  %two : float = prim::Constant[value=2.5]()\n  %out : Tensor = aten::sub(%a, %b, %two)",
+     lambda a, b: torch.sub(a, b, alpha=2.5)),
+    (ONE + "  %t : Tensor = aten::mul(%a, %b)\n  %out : Tensor = aten::sub_(%t, %a, %one)",
+     lambda a, b: (a * b).sub_(a)),
+    ("  %t : Tensor = aten::div(%a, %b)\n  %out : Tensor = aten::mul_(%t, %b)",
+     lambda a, b: (a / b).mul_(b)),
+    ("  %t : Tensor = aten::mul(%a, %b)\n  %out : Tensor = aten::div_(%t, %a)",
+     lambda a, b: (a * b).div_(a)),
+    ("  %t : Tensor = aten::neg(%a)\n  %out : Tensor = aten::neg_(%t)", lambda a, b: (-a).neg_()),
+    ("  %t : Tensor = aten::exp(%a)\n  %out : Tensor = aten::exp_(%t)", lambda a, b: a.exp().exp_()),
+    ("  %t : Tensor = aten::rsqrt(%a)\n  %out : Tensor = aten::rsqrt_(%t)",
+     lambda a, b: a.rsqrt().rsqrt_()),
+    ("  %t : Tensor = aten::sigmoid(%a)\n  %out : Tensor = aten::sigmoid_(%t)",
+     lambda a, b: a.sigmoid().sigmoid_()),
+    ("  %t : Tensor = aten::tanh(%a)\n  %out : Tensor = aten::tanh_(%t)",
+     lambda a, b: a.tanh().tanh_()),
+    (ONE + "  %s : Tensor = aten::sub(%a, %b, %one)\n  %t : Tensor = aten::relu(%s)\n"
+     "  %out : Tensor = aten::relu_(%t)",
+     lambda a, b: (a - b).relu().relu_()),
+    ("  %t : Tensor = aten::silu(%a)\n  %out : Tensor = aten::silu_(%t)",
+     lambda a, b: torch.nn.functional.silu(torch.nn.functional.silu(a), inplace=True)),
+    ('  %s : str = prim::Constant[value="tanh"]()\n  %t : Tensor = aten::gelu(%a, %s)\n'
+     '  %out : Tensor = aten::gelu_(%t, %s)',
+     lambda a, b: torch.ops.aten.gelu_(torch.nn.functional.gelu(a, approximate="tanh"),
+                                       approximate="tanh")),
+    ("  %out : Tensor = aten::mm(%a, %b)", lambda a, b: a @ b),
+    ("  %ab : Tensor = aten::unsqueeze(%a, %z)\n  %bb : Tensor = aten::unsqueeze(%b, %z)\n"
+     "  %out : Tensor = aten::bmm(%ab, %bb)",
+     lambda a, b: torch.bmm(a[None], b[None])),
+    ("  %h : float = prim::Constant[value=0.5]()\n  %out : Tensor = aten::addmm(%a, %a, %b, %h, %h)",
+     lambda a, b: torch.addmm(a, a, b, beta=0.5, alpha=0.5)),
+]
+
+
+@pytest.mark.parametrize("body,eager", DIRECT, ids=lambda v: v.split("aten::")[-1].split("(")[0]
+                         if isinstance(v, str) else "")
+def test_each_direct_op_gives_eagers_values_on_both_paths(body, eager):
+    """Each op of the direct table, called directly (plain inputs) and boxed
+    (inputs requiring grad, grad mode on): eager's values bit for bit."""
+    body = "  %z : int = prim::Constant[value=0]()\n" + body
+    ir = graph(body)
+    a, b = torch.rand(6, 6) + 0.5, torch.rand(6, 6) + 0.5
+    expected = eager(a, b)
+    out, direct = run(ir, a, b)
+    assert direct
+    assert torch.equal(out, expected) and out.dtype == expected.dtype
+    ga, gb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    if body.rsplit("aten::", 1)[-1].split("(")[0].endswith("_"):
+        return     # an in-place op on a result that requires grad: eager's own rules
+    out, direct = run(ir, ga, gb)
+    assert not direct
+    assert torch.equal(out.detach(), expected) and out.grad_fn is not None
+
+
+def test_the_chain_runs_directly_through_fastlazy():
+    """The TorchScript backend hands its graphs to the executor; an
+    inference chain's runs call the kernels directly and equal eager's."""
+    before = fastlazy.backend()
+    fastlazy.set_backend("torchscript")
+    try:
+        xs = [torch.rand(8, 8) + 0.5 for _ in range(4)]
+        lz = [fastlazy.lazy(x) for x in xs]
+        for _ in range(3):
+            out = (lz[0] + lz[1]).mul(lz[2]).div(lz[3]).sub(lz[1]).to_eager()
+        assert torch.equal(out, (xs[0] + xs[1]).mul(xs[2]).div(xs[3]).sub(xs[1]))
+        program = next(reversed(graph_cache.programs.values())).call
+        assert isinstance(program, step_executor._module.StepProgram)
+        assert program.direct_steps == program.steps == 4
+        assert program.calls == {"direct": 12, "boxed": 0}
+    finally:
+        fastlazy.mark_step()
+        fastlazy.set_backend(before)
+
+
+def test_a_conjugate_view_is_read_through_the_dispatcher():
+    """A conjugate view carries a bit the kernels do not read (eager
+    resolves it in the dispatcher): the step reading it runs boxed."""
+    a = torch.randn(4, dtype=torch.complex64)
+    b = torch.randn(4, dtype=torch.complex64)
+    ir = graph("  %out : Tensor = aten::mul(%a, %b)")
+    out, direct = run(ir, a.conj(), b)
+    assert torch.equal(out, a.conj() * b)
+    # an intermediate conjugate view made inside the graph
+    ir = graph("  %c : Tensor = aten::conj(%a)\n  %out : Tensor = aten::mul(%c, %b)")
+    out, _ = run(ir, a, b)
+    assert torch.equal(out, a.conj() * b)
+
+
+def test_autocast_and_dispatch_modes_see_every_op():
+    """Under autocast the ops cast as eager's do; a TorchDispatchMode sees
+    every op of the graph."""
+    a, b = torch.rand(4, 4), torch.rand(4, 4)
+    ir = graph("  %out : Tensor = aten::mm(%a, %b)")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, direct = run(ir, a, b)
+        expected = a @ b
+    assert not direct
+    assert out.dtype == expected.dtype == torch.bfloat16 and torch.equal(out, expected)
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    ir = graph("  %one : int = prim::Constant[value=1]()\n"
+               "  %t : Tensor = aten::add(%a, %b, %one)\n  %out : Tensor = aten::relu_(%t)")
+    with Record():
+        out, direct = run(ir, a, b)
+    assert not direct
+    assert seen == ["aten.add.Tensor", "aten.relu_.default"]
+    assert torch.equal(out, (a + b).relu_())
+
+
+def test_gradients_and_in_place_writes_keep_eagers_bookkeeping():
+    """A run whose inputs require grad builds eager's autograd history; an
+    in-place direct call on an input bumps its version as eager's does."""
+    a, b = torch.rand(3, 3, requires_grad=True), torch.rand(3, 3)
+    ir = graph("  %out : Tensor = aten::mm(%a, %b)")
+    out, direct = run(ir, a, b)
+    assert not direct
+    out.sum().backward()
+    assert torch.equal(a.grad, torch.ones(3, 3) @ b.t())
+    with torch.no_grad():          # nothing to record: direct
+        out, direct = run(ir, a, b)
+    assert direct and out.grad_fn is None and not out.requires_grad
+
+    x, y = torch.rand(3), torch.rand(3)
+    expected = x + y
+    version = x._version
+    ir = graph("  %one : int = prim::Constant[value=1]()\n  %out : Tensor = aten::add_(%a, %b, %one)")
+    out, direct = run(ir, x, y)
+    assert direct and x._version == version + 1
+    assert torch.equal(x, expected) and out.data_ptr() == x.data_ptr()
+
+
+def test_inference_tensors_take_eagers_path():
+    """An inference tensor's keys differ from a plain tensor's: its steps run
+    boxed, with eager's outcome (an in-place update of one outside inference
+    mode is refused)."""
+    with torch.inference_mode():
+        x = torch.rand(3)
+    y = torch.rand(3)
+    ir = graph("  %one : int = prim::Constant[value=1]()\n  %out : Tensor = aten::add(%a, %b, %one)")
+    out, direct = run(ir, x, y)
+    assert torch.equal(out, x + y)
+    ir = graph("  %one : int = prim::Constant[value=1]()\n  %out : Tensor = aten::add_(%a, %b, %one)")
+    with pytest.raises(RuntimeError, match="[Ii]nference"):
+        x.add_(y)
+    with pytest.raises(RuntimeError, match="[Ii]nference"):
+        run(ir, x, y)
+
+
+def test_errors_are_pythons_exceptions_and_leave_inputs_intact():
+    """A kernel's error is a Python exception of eager's type, not a
+    crash; a wrong input is refused by type."""
+    a, b = torch.rand(2, 3), torch.rand(4, 5)
+    ir = graph("  %out : Tensor = aten::mm(%a, %b)")
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        run(ir, a, b)
+    with pytest.raises(TypeError, match="not a tensor"):
+        run(ir, a, 3)
+    idx = graph("  %z : int = prim::Constant[value=7]()\n"
+                "  %out : Tensor = aten::select(%a, %z, %z)", inputs=1)
+    with pytest.raises(IndexError):
+        run(idx, a)
+    assert a.shape == (2, 3)
+
+
+def test_dead_intermediates_are_released_during_the_run():
+    """A register is released after its last read: a chain of n steps holds
+    about two intermediates at a time, not n."""
+    n = 40
+    lines = ["  %one : int = prim::Constant[value=1]()", "  %v0 : Tensor = aten::add(%a, %b, %one)"]
+    lines += [f"  %v{i} : Tensor = aten::add(%v{i - 1}, %b, %one)" for i in range(1, n)]
+    lines.append(f"  %out : Tensor = aten::mul(%v{n - 1}, %b)")
+    ir = graph("\n".join(lines))
+    a, b = torch.rand(256, 1024), torch.rand(256, 1024)     # 1 MiB each
+    peak = []
+
+    class Peak(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            import gc
+            out = func(*args, **(kwargs or {}))
+            peak.append(sum(1 for o in gc.get_objects() if type(o) is torch.Tensor
+                            and o.shape == (256, 1024)))
+            return out
+
+    # counting live tensors needs Python objects per step: the boxed path
+    # under a dispatch mode runs the same step list and release plan
+    with Peak():
+        out, _ = run(ir, a, b)
+    expected = a + b
+    for _ in range(1, n):
+        expected = expected + b
+    assert torch.equal(out, expected * b)
+    assert max(peak) <= 6, max(peak)
+
+
+def test_threads_run_one_program_at_once():
+    """One program called from several threads at the same time: each run
+    has its own registers."""
+    ir = graph("  %one : int = prim::Constant[value=1]()\n"
+               "  %t : Tensor = aten::add(%a, %b, %one)\n  %out : Tensor = aten::mul_(%t, %b)")
+    program = step_executor.compile(ir)
+    inputs = [(torch.rand(64, 64), torch.rand(64, 64)) for _ in range(4)]
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            a, b = inputs[k]
+            for _ in range(300):
+                results[k] = program(a, b)
+        except Exception as exc:      # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for k, (a, b) in enumerate(inputs):
+        assert torch.equal(results[k], (a + b) * b)
+
+
+def test_a_graph_the_executor_refuses_runs_on_the_interpreter(monkeypatch):
+    """A graph with a node the executor has no operator for runs on the
+    interpreter, counted; `why_not` and explain() name a disabled executor."""
+    with pytest.raises(RuntimeError):
+        step_executor.compile("graph(%a : Tensor):\n  %out : Tensor = aten::no_such_op(%a)\n"
+                              "  return (%out)")
+
+    def refuse(ir):
+        raise RuntimeError("no operator")
+
+    monkeypatch.setattr(step_executor, "compile", refuse)
+    before = fastlazy.backend()
+    fastlazy.set_backend("torchscript")
+    metrics.reset()
+    try:
+        x = torch.rand(5)
+        out = (fastlazy.lazy(x) * 3 + 1).to_eager()
+        assert torch.equal(out, x * 3 + 1)
+        assert metrics.counters()["executor_refusals"] == 1
+        program = next(reversed(graph_cache.programs.values())).call
+        assert not isinstance(program, step_executor._module.StepProgram)
+    finally:
+        fastlazy.mark_step()
+        fastlazy.set_backend(before)
+    step_executor.set_enabled(False)
+    try:
+        assert "switched off" in step_executor.why_not()
+        assert "step executor is switched off" in fastlazy.explain()
+    finally:
+        step_executor.set_enabled(True)
+    assert step_executor.why_not() is None
