@@ -294,3 +294,36 @@ def test_a_graph_the_executor_refuses_runs_on_the_interpreter(monkeypatch):
     finally:
         step_executor.set_enabled(True)
     assert step_executor.why_not() is None
+
+
+def test_lists_and_tuples_the_backend_emits():
+    """prim::ListConstruct (of sizes read at run time, of tensors, of
+    optional tensors; a list of constants is folded) and prim::TupleConstruct
+    have no operator: the executor builds them as the interpreter does."""
+    a, b = torch.rand(4, 6), torch.rand(4, 6)
+    sizes = graph("  %z : int = prim::Constant[value=0]()\n  %m : int = prim::Constant[value=-1]()\n"
+                  "  %o : int = prim::Constant[value=1]()\n"
+                  "  %s : int = aten::size(%a, %z)\n"
+                  "  %l : int[] = prim::ListConstruct(%s, %m, %o)\n"
+                  "  %t : Tensor = aten::unsqueeze(%a, %m)\n"
+                  "  %u : Tensor = aten::view(%t, %l)\n"
+                  "  %c : int[] = prim::ListConstruct(%m)\n"
+                  "  %out : Tensor = aten::view(%u, %c)", inputs=1)
+    for x in (a, torch.rand(3, 5)):
+        out, _ = run(sizes, x)
+        assert torch.equal(out, x.reshape(-1))
+    cat = graph("  %z : int = prim::Constant[value=0]()\n"
+                "  %l : Tensor[] = prim::ListConstruct(%a, %b)\n"
+                "  %out : Tensor = aten::cat(%l, %z)")
+    out, _ = run(cat, a, b)
+    assert torch.equal(out, torch.cat([a, b]))
+    index = graph("  %l : Tensor?[] = prim::ListConstruct(%b)\n"
+                  "  %out : Tensor = aten::index(%a, %l)")
+    i = torch.tensor([2, 0, 2])
+    out, _ = run(index, a, i)
+    assert torch.equal(out, a[i])
+    pair = ("graph(%a : Tensor, %b : Tensor):\n  %one : int = prim::Constant[value=1]()\n"
+            "  %x : Tensor = aten::add(%a, %b, %one)\n  %y : Tensor = aten::mul(%a, %b)\n"
+            "  %out : (Tensor, Tensor) = prim::TupleConstruct(%x, %y)\n  return (%out)")
+    out = step_executor.compile(pair)(a, b)
+    assert type(out) is tuple and torch.equal(out[0], a + b) and torch.equal(out[1], a * b)

@@ -281,6 +281,15 @@ class StepProgram {
         consts_.push_back(std::move(*value));
         continue;
       }
+      if (node->kind() == c10::prim::ListConstruct && constant_inputs(node, where)) {
+        // a list of constants (sizes, strides) is itself one
+        std::vector<IValue> items;
+        for (const torch::jit::Value* v : node->inputs()) items.push_back(consts_[~where.at(v)]);
+        auto type = node->output()->type()->expect<c10::ListType>();
+        where.emplace(node->output(), ~static_cast<int32_t>(consts_.size()));
+        consts_.push_back(make_list(*type, items));
+        continue;
+      }
       Step step;
       for (const torch::jit::Value* v : node->inputs()) step.ins.push_back(reg(v));
       for (const torch::jit::Value* v : node->outputs()) step.outs.push_back(reg(v));
@@ -289,7 +298,7 @@ class StepProgram {
         step.direct = direct_call_for(schema->operator_name());
       }
       direct_steps_ += step.direct != nullptr;
-      step.op = node->getOperation();
+      step.op = operation_of(node);
       steps_.push_back(std::move(step));
     }
     output_ = reg(graph.outputs()[0]);
@@ -309,6 +318,47 @@ class StepProgram {
         }
       }
     }
+  }
+
+  static bool constant_inputs(const torch::jit::Node* node,
+                              const std::unordered_map<const torch::jit::Value*, int32_t>& where) {
+    for (const torch::jit::Value* v : node->inputs()) {
+      auto found = where.find(v);
+      if (found == where.end() || found->second >= 0) return false;
+    }
+    return true;
+  }
+
+  static IValue make_list(const c10::ListType& type, const std::vector<IValue>& items) {
+    c10::List<IValue> list(type.getElementType());
+    list.reserve(items.size());
+    for (const IValue& item : items) list.push_back(item);
+    return list;
+  }
+
+  // The operation a node's step calls boxed: its operator's, or, for the
+  // two prim nodes the TorchScript backend emits that have no operator
+  // (the interpreter runs them as instructions of its own), the same work.
+  static torch::jit::Operation operation_of(const torch::jit::Node* node) {
+    size_t n = node->inputs().size();
+    if (node->kind() == c10::prim::ListConstruct) {
+      auto type = node->output()->type()->expect<c10::ListType>();
+      return torch::jit::Operation([type, n](torch::jit::Stack& stack) {
+        std::vector<IValue> items(std::make_move_iterator(stack.end() - n),
+                                  std::make_move_iterator(stack.end()));
+        stack.resize(stack.size() - n);
+        stack.emplace_back(make_list(*type, items));
+      });
+    }
+    if (node->kind() == c10::prim::TupleConstruct) {
+      return torch::jit::Operation([n](torch::jit::Stack& stack) {
+        std::vector<IValue> items(std::make_move_iterator(stack.end() - n),
+                                  std::make_move_iterator(stack.end()));
+        stack.resize(stack.size() - n);
+        stack.emplace_back(c10::ivalue::Tuple::create(std::move(items)));
+      });
+    }
+    return node->getOperation();
   }
 
   // May step call its kernel directly?  Each tensor it reads must be a
