@@ -14,6 +14,7 @@ graph compiled afterwards on the interpreter (for comparison and debugging).
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -22,13 +23,13 @@ import torch
 def _load():
     """(the extension module, None), or (None, why it is not there)."""
     try:
-        from fastlazy import _executor_build
+        build = importlib.import_module("fastlazy._executor_build")
     except ImportError:
         return None, ("not built: torch was not importable when fastlazy was built "
                       "(pip's isolated build); `pip install --no-build-isolation` "
                       "into an environment with torch builds it")
-    if _executor_build.TORCH_VERSION != torch.__version__:
-        return None, (f"built for torch {_executor_build.TORCH_VERSION}, not the torch "
+    if build.TORCH_VERSION != torch.__version__:
+        return None, (f"built for torch {build.TORCH_VERSION}, not the torch "
                       f"{torch.__version__} imported: rebuild fastlazy")
     try:
         from fastlazy import _executor

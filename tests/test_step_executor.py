@@ -327,3 +327,22 @@ def test_lists_and_tuples_the_backend_emits():
             "  %out : (Tensor, Tensor) = prim::TupleConstruct(%x, %y)\n  return (%out)")
     out = step_executor.compile(pair)(a, b)
     assert type(out) is tuple and torch.equal(out[0], a + b) and torch.equal(out[1], a * b)
+
+
+@pytest.mark.parametrize("record,why", [
+    (None, "not built"),
+    ("0.0.1", "built for torch 0.0.1"),
+])
+def test_an_executor_built_for_another_torch_is_not_loaded(monkeypatch, record, why):
+    """The build records the torch it compiled against: no record (an
+    isolated build, where torch was not importable) or another version
+    leaves the extension unloaded, and says why."""
+    import sys
+    import types
+    if record is None:
+        monkeypatch.setitem(sys.modules, "fastlazy._executor_build", None)
+    else:
+        monkeypatch.setitem(sys.modules, "fastlazy._executor_build",
+                            types.SimpleNamespace(TORCH_VERSION=record))
+    module, reason = step_executor._load()
+    assert module is None and why in reason
