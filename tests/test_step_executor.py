@@ -346,3 +346,25 @@ def test_an_executor_built_for_another_torch_is_not_loaded(monkeypatch, record, 
                             types.SimpleNamespace(TORCH_VERSION=record))
     module, reason = step_executor._load()
     assert module is None and why in reason
+
+
+def test_a_first_run_in_inference_mode_leaves_later_runs_direct():
+    """The plain keys a direct call's operands must have are taken once per
+    process, outside inference mode whatever the first run's mode (an
+    inference tensor lacks the autograd keys, and taking those would send
+    every later plain tensor through the dispatcher)."""
+    import subprocess
+    import sys
+    code = (
+        "import torch\n"
+        "from fastlazy import step_executor\n"
+        "ir = ('graph(%a : Tensor, %b : Tensor):\\n  %one : int = prim::Constant[value=1]()\\n'\n"
+        "      '  %out : Tensor = aten::add(%a, %b, %one)\\n  return (%out)')\n"
+        "p = step_executor.compile(ir)\n"
+        "with torch.inference_mode():\n"
+        "    p(torch.rand(3), torch.rand(3))\n"
+        "q = step_executor.compile(ir)\n"
+        "q(torch.rand(3), torch.rand(3))\n"
+        "print(q.calls['direct'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "1", out.stdout + out.stderr

@@ -25,6 +25,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -155,7 +156,9 @@ inline DirectCall direct_call_for(const c10::OperatorName& name) {
 // inputs must have, exactly).
 inline c10::DispatchKeySet plain_cpu_keys() {
   static const c10::DispatchKeySet keys = [] {
-    c10::AutoGradMode grad(true);
+    // made outside inference mode, whatever the first run's mode: an
+    // inference tensor lacks the autograd keys
+    c10::InferenceMode normal(false);
     return at::empty({0}).key_set();
   }();
   return keys;
