@@ -21,6 +21,7 @@ import math
 import operator
 import pathlib
 import sys
+import threading
 import zlib
 
 import pytest
@@ -614,3 +615,22 @@ class fastlazy_disabled:
     def __exit__(self, *exc):
         if self.was:
             fastlazy.enable()
+
+
+def run_in_threads(work, n):
+    """work(k) for k in range(n), each on its own thread, all at once; the
+    exceptions they raised (an empty list if none did)."""
+    errors = []
+
+    def run(k):
+        try:
+            work(k)
+        except Exception as exc:      # noqa: BLE001 - returned to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

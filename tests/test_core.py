@@ -7,6 +7,7 @@ import torch
 
 import fastlazy
 from fastlazy import _core
+from helpers import run_in_threads
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
 
@@ -274,24 +275,15 @@ def test_failed_graph_leaves_other_tensors_usable():
 def test_threads_record_and_materialize():
     inputs = [torch.rand(16, 16) for _ in range(4)]
     results = [None] * 4
-    errors = []
 
     def work(k):
-        try:
-            x = fastlazy.lazy(inputs[k])
-            for i in range(200):
-                y = (x * 1.5 + i).sub(x).div(2)
-                if i % 10 == 0:
-                    results[k] = y.to_eager()
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        x = fastlazy.lazy(inputs[k])
+        for i in range(200):
+            y = (x * 1.5 + i).sub(x).div(2)
+            if i % 10 == 0:
+                results[k] = y.to_eager()
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not run_in_threads(work, 4)
     for k in range(4):
         assert torch.allclose(results[k], (inputs[k] * 1.5 + 190).sub(inputs[k]).div(2))
 

@@ -3,7 +3,6 @@ AVX2 and portable versions) against eager, the cases it must leave to torch,
 the buffers it keeps between calls, and the torchscript backend handing it
 batch-1 graphs.  (The differential suite runs every op on the native backend
 through helpers.BACKENDS.)"""
-import threading
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from torch import nn
 import fastlazy
 from fastlazy import _steps
 from fastlazy._core import LazyTensor
-from helpers import assert_same
+from helpers import assert_same, run_in_threads
 
 # every test runs on the native backend (conftest's backend fixture), with
 # fastlazy enabled and its counters zeroed
@@ -185,24 +184,13 @@ def test_threads_running_one_program_at_once():
     inputs = [torch.randn(1, 64) for _ in range(8)]
     with torch.no_grad():
         want = [model(x) for x in inputs]
-    errors = []
-
     def worker(k):
-        try:
-            with torch.no_grad():
-                for _ in range(200):
-                    got = model(fastlazy.lazy(inputs[k])).to_eager()
-                    if not torch.allclose(got, want[k], rtol=1e-5, atol=1e-6):
-                        errors.append(f"thread {k}: wrong result")
-                        return
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"thread {k}: {exc!r}")
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+        with torch.no_grad():
+            for _ in range(200):
+                got = model(fastlazy.lazy(inputs[k])).to_eager()
+                assert torch.allclose(got, want[k], rtol=1e-5, atol=1e-6), f"thread {k}"
+
+    assert not run_in_threads(worker, len(inputs))
 
 
 def test_torchscript_hands_batch_one_graphs_to_the_kernel(monkeypatch):

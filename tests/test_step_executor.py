@@ -2,14 +2,13 @@
 backend's graphs run step by step, ATen's CPU kernels called directly where
 a run's inputs allow, and every other run as the interpreter would run it.
 Eager is the oracle, bit for bit (the same kernels run)."""
-import threading
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastlazy
 from fastlazy import graph_cache, metrics, step_executor
+from helpers import run_in_threads
 
 pytestmark = pytest.mark.skipif(not step_executor.available(),
                                 reason=f"step executor {step_executor.why_not()}")
@@ -243,22 +242,14 @@ def test_threads_run_one_program_at_once():
                "  %t : Tensor = aten::add(%a, %b, %one)\n  %out : Tensor = aten::mul_(%t, %b)")
     program = step_executor.compile(ir)
     inputs = [(torch.rand(64, 64), torch.rand(64, 64)) for _ in range(4)]
-    results, errors = {}, []
+    results = {}
 
     def work(k):
-        try:
-            a, b = inputs[k]
-            for _ in range(300):
-                results[k] = program(a, b)
-        except Exception as exc:      # noqa: BLE001 (reported below)
-            errors.append(exc)
+        a, b = inputs[k]
+        for _ in range(300):
+            results[k] = program(a, b)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not run_in_threads(work, 4)
     for k, (a, b) in enumerate(inputs):
         assert torch.equal(results[k], (a + b) * b)
 
