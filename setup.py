@@ -6,8 +6,8 @@ where torch can be imported while building: `pip install
 --no-build-isolation` into an environment that has torch.  pip's default
 isolated build has no torch, and fastlazy then runs its graphs on
 TorchScript's interpreter instead (fastlazy.step_executor says which).  The
-build records the torch it was compiled against; another torch at run time
-leaves the executor unloaded."""
+executor holds the version of the torch it was compiled against; another
+torch at run time leaves it unused."""
 import os
 import sys
 
@@ -24,11 +24,11 @@ optimize = ["-O3"] if not debug else ["-O0", "-g"]
 def extension(name, **options):
     """fastlazy.<name> from fastlazy/<name>.pyx, with the build's flags."""
     options.setdefault("extra_compile_args", []).extend(optimize)
+    options.setdefault("define_macros", []).extend([("CYTHON_TRACE", "1")] if debug else [])
     return Extension(
         f"fastlazy.{name}",
         [f"fastlazy/{name}.pyx"],
         include_dirs=["fastlazy", "fastlazy/csrc", *options.pop("include_dirs", [])],
-        define_macros=[("CYTHON_TRACE", "1")] if debug else [],
         **options,
     )
 
@@ -46,13 +46,13 @@ def step_executor():
               "the step executor is not built; graphs run on TorchScript's interpreter. "
               "Build with `pip install --no-build-isolation` to have it.", file=sys.stderr)
         return None
-    with open(os.path.join("fastlazy", "_executor_build.py"), "w") as f:
-        f.write('"""Written by setup.py: the torch the step executor was built against."""\n'
-                f"TORCH_VERSION = {torch.__version__!r}\n")
     library_dirs = cpp_extension.library_paths()
     return extension(
         "_executor",
         language="c++",
+        # the torch it is compiled against, which fastlazy.step_executor
+        # compares with the torch imported before using it
+        define_macros=[("FASTLAZY_TORCH_VERSION", f'"{torch.__version__}"')],
         include_dirs=cpp_extension.include_paths(),
         library_dirs=library_dirs,
         libraries=["c10", "torch", "torch_cpu", "torch_python"],
@@ -69,5 +69,10 @@ executor = step_executor()
 if executor is not None:
     extensions.append(executor)
 
-setup(ext_modules=cythonize(extensions, compiler_directives=directives,
-                            annotate=debug))
+modules = cythonize(extensions, compiler_directives=directives, annotate=debug)
+for module in modules:
+    # a torch whose headers the executor does not compile against (another
+    # release's C++ API) costs the executor, not the build (set after
+    # cythonize, which does not carry the flag over)
+    module.optional = module.name == "fastlazy._executor"
+setup(ext_modules=modules)

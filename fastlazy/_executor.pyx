@@ -7,6 +7,15 @@ from libcpp.memory cimport shared_ptr, make_shared
 from libcpp.string cimport string
 
 
+cdef extern from *:
+    const char *FASTLAZY_TORCH_VERSION     # defined by setup.py
+
+
+# the torch this module was compiled against (fastlazy.step_executor uses
+# it only under that torch)
+TORCH_VERSION = FASTLAZY_TORCH_VERSION.decode()
+
+
 cdef extern from "step_executor.h" namespace "fastlazy" nogil:
     cdef cppclass CStepProgram "fastlazy::StepProgram":
         CStepProgram(const string& ir) except +

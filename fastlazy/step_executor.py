@@ -23,19 +23,18 @@ import torch
 def _load():
     """(the extension module, None), or (None, why it is not there)."""
     try:
-        build = importlib.import_module("fastlazy._executor_build")
-    except ImportError:
-        return None, ("not built: torch was not importable when fastlazy was built "
-                      "(pip's isolated build); `pip install --no-build-isolation` "
-                      "into an environment with torch builds it")
-    if build.TORCH_VERSION != torch.__version__:
-        return None, (f"built for torch {build.TORCH_VERSION}, not the torch "
-                      f"{torch.__version__} imported: rebuild fastlazy")
-    try:
-        from fastlazy import _executor
+        module = importlib.import_module("fastlazy._executor")
     except ImportError as exc:
-        return None, f"cannot be loaded: {exc}"
-    return _executor, None
+        return None, ("not built: torch was not importable when fastlazy was built "
+                      "(pip's isolated build; `pip install --no-build-isolation` into an "
+                      "environment with torch builds it), or its compile failed (see the "
+                      f"build's output) ({exc})")
+    # checked before any use: a module compiled against another torch's
+    # C++ API may load and then misread that torch's objects
+    if module.TORCH_VERSION != torch.__version__:
+        return None, (f"built for torch {module.TORCH_VERSION}, not the torch "
+                      f"{torch.__version__} imported: rebuild fastlazy")
+    return module, None
 
 
 _module, _why_not = _load()
