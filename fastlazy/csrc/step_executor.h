@@ -3,17 +3,18 @@
 // the TorchScript interpreter.
 //
 // Each node is one step.  A step calls the node's boxed operator (the
-// Operation the interpreter would call), or, for the ops in DIRECT_OPS,
+// Operation the interpreter would call), or, for the ops of direct_ops(),
 // ATen's CPU kernel itself (at::cpu::<op>): no dispatcher, no boxing.  A
 // direct call skips the dispatch keys a recorded, already-checked graph of
 // plain CPU tensors does not need (Autograd, ADInplaceOrView, autocast), so
-// a run uses direct calls only where those keys would do nothing: every
-// tensor input a plain dense CPU tensor (no conjugate or negative bit, no
-// subclass, not an inference tensor), no dispatch key forced on by the
-// thread (a TorchDispatchMode, functorch) and autocast off, and autograd
-// with nothing to record (grad mode off, or no input requiring grad).  Any
-// other run calls every step boxed, as the interpreter does.  An in-place
-// direct call bumps its tensor's version, as ADInplaceOrView does.
+// it is made only where those keys would do nothing: for the run, no
+// dispatch key forced on by the thread (a TorchDispatchMode, functorch),
+// autocast off and no input carrying a forward-mode tangent; for the step,
+// every tensor it reads a plain dense CPU tensor (no conjugate or negative
+// bit, no subclass, not an inference tensor) requiring no grad where grad
+// mode is on.  Any other step is called boxed, as the interpreter calls it.
+// An in-place direct call bumps its tensor's version, as ADInplaceOrView
+// does.
 //
 // A register is released after its last use, as the interpreter drops
 // values, so a dead intermediate's buffer returns to the allocator.
@@ -70,7 +71,7 @@ struct Step {
   std::vector<int32_t> ins;      // >= 0: a register; < 0: ~index of a constant
   std::vector<int32_t> outs;     // registers
   std::vector<int32_t> release;  // registers read for the last time here
-  std::vector<bool> last_use;    // per input: its register is released after this step
+  std::vector<bool> moves;       // per input: read for the last time, and once: moved to the callee
 };
 
 struct Frame {
@@ -290,7 +291,7 @@ class StepProgram {
         for (const torch::jit::Value* v : node->inputs()) items.push_back(consts_[~where.at(v)]);
         auto type = node->output()->type()->expect<c10::ListType>();
         where.emplace(node->output(), ~static_cast<int32_t>(consts_.size()));
-        consts_.push_back(make_list(*type, items));
+        consts_.push_back(make_list(*type, std::move(items)));
         continue;
       }
       Step step;
@@ -315,7 +316,8 @@ class StepProgram {
       Step& step = steps_[i];
       for (int32_t k : step.ins) {
         bool dies = k >= 0 && k != output_ && last[k] == static_cast<int32_t>(i);
-        step.last_use.push_back(dies);
+        bool once = std::count(step.ins.begin(), step.ins.end(), k) == 1;
+        step.moves.push_back(dies && once);
         if (dies && std::find(step.release.begin(), step.release.end(), k) == step.release.end()) {
           step.release.push_back(k);
         }
@@ -332,11 +334,19 @@ class StepProgram {
     return true;
   }
 
-  static IValue make_list(const c10::ListType& type, const std::vector<IValue>& items) {
+  static IValue make_list(const c10::ListType& type, std::vector<IValue> items) {
     c10::List<IValue> list(type.getElementType());
     list.reserve(items.size());
-    for (const IValue& item : items) list.push_back(item);
+    for (IValue& item : items) list.push_back(std::move(item));
     return list;
+  }
+
+  // The top n values of the stack, taken off it in order.
+  static std::vector<IValue> take_top(torch::jit::Stack& stack, size_t n) {
+    std::vector<IValue> items(std::make_move_iterator(stack.end() - n),
+                              std::make_move_iterator(stack.end()));
+    stack.resize(stack.size() - n);
+    return items;
   }
 
   // The operation a node's step calls boxed: its operator's, or, for the
@@ -347,18 +357,12 @@ class StepProgram {
     if (node->kind() == c10::prim::ListConstruct) {
       auto type = node->output()->type()->expect<c10::ListType>();
       return torch::jit::Operation([type, n](torch::jit::Stack& stack) {
-        std::vector<IValue> items(std::make_move_iterator(stack.end() - n),
-                                  std::make_move_iterator(stack.end()));
-        stack.resize(stack.size() - n);
-        stack.emplace_back(make_list(*type, items));
+        stack.emplace_back(make_list(*type, take_top(stack, n)));
       });
     }
     if (node->kind() == c10::prim::TupleConstruct) {
       return torch::jit::Operation([n](torch::jit::Stack& stack) {
-        std::vector<IValue> items(std::make_move_iterator(stack.end() - n),
-                                  std::make_move_iterator(stack.end()));
-        stack.resize(stack.size() - n);
-        stack.emplace_back(c10::ivalue::Tuple::create(std::move(items)));
+        stack.emplace_back(c10::ivalue::Tuple::create(take_top(stack, n)));
       });
     }
     return node->getOperation();
@@ -395,7 +399,7 @@ class StepProgram {
           int32_t k = step.ins[i];
           // a value read for the last time moves onto the stack: the
           // callee holds the only reference, as under the interpreter
-          if (step.last_use[i] && std::count(step.ins.begin(), step.ins.end(), k) == 1) {
+          if (step.moves[i]) {
             stack.push_back(std::move(f.regs[k]));
           } else {
             stack.push_back(f.at(k));
