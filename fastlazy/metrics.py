@@ -120,7 +120,9 @@ def tiers() -> list:
     """Per cached graph, oldest first: its tier with the tiered engine
     ("fast", "compiling", "probation", "hot", "fast (compile failed)",
     "fast (compiled was slower)"), runs, background compile time, the two
-    tiers' measured run times, and any compile error."""
+    tiers' probed times (`timed`: "run", or "period" for a training graph,
+    timed from one of its runs to the next, its backward included), and
+    any compile error."""
     return tier_listing()
 
 

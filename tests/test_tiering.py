@@ -46,10 +46,12 @@ def auto(monkeypatch):
 class Scripted:
     """Stands in for the inductor backend: its programs compute the graph
     with the eager backend, after `compile_seconds` (on the compile thread),
-    `run_seconds` per call, or raising `fail` when compiled."""
+    `run_seconds` per call and `backward_seconds` in the backward of each
+    result that requires grad, or raising `fail` when compiled."""
 
-    def __init__(self, compile_seconds=0.0, run_seconds=0.0, fail=None):
+    def __init__(self, compile_seconds=0.0, run_seconds=0.0, fail=None, backward_seconds=0.0):
         self.compile_seconds, self.run_seconds, self.fail = compile_seconds, run_seconds, fail
+        self.backward_seconds = backward_seconds
         self.compiled = threading.Event()
 
     def compile(self, view, replay=None, on_replay=None):
@@ -66,9 +68,27 @@ class Scripted:
             def __call__(self, *inputs):
                 if scripted.run_seconds:
                     time.sleep(scripted.run_seconds)
-                return eager.call(*inputs)
+                out = eager.call(*inputs)
+                if scripted.backward_seconds:
+                    out = [_SlowBackward.apply(o, scripted.backward_seconds)
+                           if o.requires_grad else o for o in out]
+                return out
 
         return Program(eager.slots, Call(), False, "scripted")
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward takes `seconds` more."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
 
 
 @pytest.fixture
@@ -95,6 +115,23 @@ def only_tier():
     return entry
 
 
+def _slow_fast_tier(monkeypatch, seconds):
+    """The fast tier's runs made `seconds` slower."""
+    real = backends.get("torchscript").compile
+
+    def slow(view):
+        program = real(view)
+        inner = program.call
+
+        def call(*inputs):
+            time.sleep(seconds)
+            return inner(*inputs)
+        program.call = call
+        program._first_call = None
+        return program
+    monkeypatch.setattr(backends.get("torchscript"), "compile", slow)
+
+
 def test_auto_is_the_default_backend(monkeypatch):
     monkeypatch.delenv("FASTLAZY_BACKEND", raising=False)
     assert backends.default_name() == "auto"
@@ -109,19 +146,7 @@ def test_unknown_backend_names_every_choice():
 def test_a_hot_graph_moves_to_the_faster_compiled_tier(auto, scripted, monkeypatch):
     scripted()
     # the fast tier made slower than the compiled one: the switch must happen
-    real = backends.get("torchscript").compile
-
-    def slow_fast_tier(view):
-        program = real(view)
-        inner = program.call
-
-        def call(*inputs):
-            time.sleep(0.002)
-            return inner(*inputs)
-        program.call = call
-        program._first_call = None
-        return program
-    monkeypatch.setattr(backends.get("torchscript"), "compile", slow_fast_tier)
+    _slow_fast_tier(monkeypatch, 0.002)
     a, b = torch.randn(4, 5), torch.randn(4, 5)
     for k in range(3):
         torch.testing.assert_close(run(a, b, float(k)), graph(a, b, float(k)))
@@ -187,6 +212,32 @@ def test_a_slower_compiled_program_is_dropped(auto, scripted):
     assert entry["tier"] == "fast (compiled was slower)", entry
     assert entry["compiled_run_seconds"] > entry["fast_run_seconds"]
     assert fastlazy.metrics.counters()["tier_promotions"] == 0
+
+
+def test_a_training_graph_is_judged_with_its_backward(auto, scripted, monkeypatch):
+    """A compiled training graph whose run is faster than the fast tier's
+    but whose backward costs more than that saves: the step is slower on
+    it, and the probe, timing a training graph from one of its runs to the
+    next, keeps the fast tier."""
+    scripted(backward_seconds=0.012)
+    _slow_fast_tier(monkeypatch, 0.004)
+    w = torch.randn(5, 3, requires_grad=True)
+    x = torch.randn(4, 5)
+
+    def step(a):
+        w.grad = None
+        (a @ w).relu().sum().backward()
+        return w.grad
+    for _ in range(2):
+        step(fastlazy.lazy(x))
+    assert tiering.wait(30)
+    for _ in range(tiering.probe_calls()):
+        got = step(fastlazy.lazy(x))
+        torch.testing.assert_close(got, step(x))
+    entry = only_tier()
+    assert entry["timed"] == "period"
+    assert entry["tier"] == "fast (compiled was slower)", entry
+    assert entry["compiled_run_seconds"] > entry["fast_run_seconds"] + 0.004
 
 
 def test_no_call_waits_for_a_compile(auto, scripted):
