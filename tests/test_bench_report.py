@@ -64,3 +64,19 @@ def test_plots_are_redrawn_from_the_committed_tables(tmp_path):
     assert report.main(["--replot", *map(str, TABLES), "--out", str(tmp_path)]) == 0
     for name in ("speedup.png", "w4_speedup.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_interleaved_w4_alternates_the_steps_call_by_call(monkeypatch):
+    """benchmarks/w4_interleaved.py's rounds call eager's step and
+    fastlazy's in turn (the machine's drift then falls on both alike),
+    each at least the round's minimum number of times."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))      # its workloads, zoo
+    spec = importlib.util.spec_from_file_location("w4_interleaved",
+                                                  ROOT / "benchmarks" / "w4_interleaved.py")
+    interleaved = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(interleaved)
+    order = []
+    times = interleaved._round([lambda: order.append("eager"), lambda: order.append("lazy")],
+                               seconds=0.0, calls=3)
+    assert order == ["eager", "lazy"] * 3
+    assert [len(t) for t in times] == [3, 3] and all(s >= 0 for t in times for s in t)

@@ -1,0 +1,132 @@
+"""W4's steady-state ratios to eager (targets P9 and P12), timed call by
+call in one process: eager's step, then fastlazy's, then eager's again, so
+that the machine's drift (on a shared 2-core machine a model's call time
+moves by 20 % between runs an hour apart, and by several per cent between
+blocks a second apart) falls on both alike.  report.py times each contender
+in a run of its own, one after the other, which suits absolute times and
+first calls; this script is the judge of the ratios.
+
+Per W4 row (batch 1): the module built once; eager's step and fastlazy's
+(the default engine) as report.py makes them (workloads.Contender.w4_step),
+warmed up, fastlazy's settled (every hot graph compiled in the background and
+its tier chosen); then ROUNDS rounds of CALLS calls of each, alternating,
+each call timed.  A round's ratio is eager's median call over fastlazy's; the
+table gives the median of the rounds' ratios and their range.  fastlazy stays
+enabled throughout: eager's calls, whose tensors are not LazyTensors, go
+through its patched entry points straight to torch (about 10 ns a call:
+P4).  Training rows share one module between the two steps (each trains it;
+the graphs' shapes do not change).
+
+    python benchmarks/w4_interleaved.py [--models resnet18,gpt2] [--modes infer,train]
+        [--rounds 5] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import workloads
+import zoo
+
+ROUNDS = 5
+ROUND_SECONDS = 1.0       # each contender's share of a round, about
+MIN_CALLS = 10
+WARMUP_CALLS = 20
+
+
+def _round(steps, seconds: float, calls: int) -> list[list[float]]:
+    """The steps called in turn until each has `calls` calls and the round
+    has lasted `seconds` per step: each step's call times."""
+    times = [[] for _ in steps]
+    deadline = time.perf_counter() + seconds * len(steps)
+    while len(times[0]) < calls or time.perf_counter() < deadline:
+        for step, timed in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            timed.append(time.perf_counter() - start)
+    return times
+
+
+def measure(name: str, mode: str, rounds: int) -> dict:
+    """eager's and fastlazy's round medians (seconds), the ratios of
+    eager's to fastlazy's, and fastlazy's tiers once settled."""
+    import fastlazy
+    model, size = zoo.MODELS[name], zoo.SIZES[1]
+    x, target = model.inputs(size)
+    module = model.build(size, mode)
+    eager = workloads.contender_named("eager")
+    lazy = workloads.contender_named("fastlazy[auto]")
+    eager_step, _ = eager.w4_step(model, module, x, target, mode)
+    with lazy.session():
+        lazy_step, _ = lazy.w4_step(model, module, x, target, mode)
+        for _ in range(WARMUP_CALLS):
+            eager_step()
+            lazy_step()
+        lazy.settle([lazy_step])
+        tiers = fastlazy.graph_cache.tier_summary()
+        if mode == zoo.INFER:
+            # the settled program computes eager's output (as report.py checks)
+            torch.testing.assert_close(lazy_step(), eager_step(), **lazy.settled_w4_tolerance)
+        medians = {"eager": [], "fastlazy": []}
+        for _ in range(rounds):
+            e, f = _round([eager_step, lazy_step], ROUND_SECONDS, MIN_CALLS)
+            medians["eager"].append(statistics.median(e))
+            medians["fastlazy"].append(statistics.median(f))
+    ratios = [e / f for e, f in zip(medians["eager"], medians["fastlazy"])]
+    return {"model": name, "mode": mode, "medians": medians, "ratios": ratios, "tiers": tiers}
+
+
+def _row(r: dict) -> str:
+    ratios = r["ratios"]
+    what = "inference" if r["mode"] == zoo.INFER else "training step"
+    return (f"| W4 {r['model']} batch 1 {what} "
+            f"| {statistics.median(r['medians']['eager']) * 1e3:.3g} ms "
+            f"| {statistics.median(r['medians']['fastlazy']) * 1e3:.3g} ms "
+            f"| **{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) "
+            f"| {r['tiers']} |")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python benchmarks/w4_interleaved.py",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(m.name for m in zoo.W4))
+    parser.add_argument("--modes", default=f"{zoo.INFER},{zoo.TRAIN}")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--out", help="also write the table to this file")
+    args = parser.parse_args(argv)
+    missing = zoo.missing_library()
+    if missing:
+        sys.exit(missing)
+    torch.set_num_threads(1)
+    lines = ["| workload | eager (median call) | fastlazy[auto] (median call) "
+             "| eager / fastlazy (rounds' range) | fastlazy's graphs |",
+             "|---|---|---|---|---|"]
+    results = []
+    for name in args.models.split(","):
+        for mode in zoo.MODELS[name].modes:
+            if mode in args.modes.split(","):
+                results.append(measure(name, mode, args.rounds))
+                lines.append(_row(results[-1]))
+                print(lines[-1], file=sys.stderr, flush=True)
+    lines.append("")
+    for mode in (zoo.INFER, zoo.TRAIN):
+        ratios = [statistics.median(r["ratios"]) for r in results if r["mode"] == mode]
+        if ratios:
+            geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            lines.append(f"{mode}: geometric mean {geomean:.2f}x eager over {len(ratios)} "
+                         f"rows, lowest {min(ratios):.2f}x  ")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
