@@ -184,3 +184,36 @@ MORE_MODELS = {
 def test_more_modules_match_eager_and_record(name, train, device):
     assert_matches_eager(*MORE_MODELS[name], train, device)
     assert not metrics.fallbacks_by_op, dict(metrics.fallbacks_by_op)
+
+
+def _encoder():
+    layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0,
+                                       batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2)
+
+
+def test_transformer_encoder_with_a_padding_mask_gives_eagers_zeros():
+    """In inference with a padding mask, eager's TransformerEncoder runs on a
+    nested tensor and pads its output with zeros; a LazyTensor input gets
+    the same output (recorded lazily, it took the ordinary path, whose
+    padded positions hold values), and the call is counted as run eagerly.
+    Without a mask, or in training, it is recorded."""
+    torch.manual_seed(0)
+    encoder = _encoder().eval()
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False, False, False, True, True], [False, False, False, False, True]])
+    with torch.no_grad():
+        want = encoder(x, src_key_padding_mask=pad)
+        assert (want[0, 3:] == 0).all()                        # eager's fast path
+        got = encoder(fastlazy.lazy(x), src_key_padding_mask=fastlazy.lazy(pad))
+        assert type(got) is fastlazy.LazyTensor
+        torch.testing.assert_close(got.to_eager(), want)
+        assert dict(metrics.fallbacks_by_op) == {"TransformerEncoder.forward": 1}
+        metrics.reset()
+        unmasked = encoder(fastlazy.lazy(x))
+        torch.testing.assert_close(unmasked.to_eager(), encoder(x), rtol=1e-4, atol=1e-5)
+    encoder.train()
+    lazy_out = encoder(fastlazy.lazy(x), src_key_padding_mask=pad)
+    torch.testing.assert_close(lazy_out.to_eager(), encoder(x, src_key_padding_mask=pad),
+                               rtol=1e-4, atol=1e-5)
+    assert not metrics.fallbacks_by_op, dict(metrics.fallbacks_by_op)

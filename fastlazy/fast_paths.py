@@ -1,0 +1,87 @@
+"""torch modules whose eager fast path computes other values than their
+ordinary path, and which a LazyTensor would send down the ordinary one.
+
+`nn.TransformerEncoder` in inference with a `src_key_padding_mask` runs its
+layers on a nested tensor built from the mask, and pads the result back
+with zeros: its output is 0.0 at every padded position.  Among the many
+conditions it checks first is `torch.overrides.has_torch_function` of its
+tensor arguments, which a LazyTensor makes true, so recorded lazily it takes
+the ordinary path, whose padded positions hold the layers' values (the
+other positions agree).  With a LazyTensor argument, where the fast path is
+possible at all (inference, a padding mask, nested tensors in use, torch's
+MHA fast path on), the forward runs on the arguments' values: the module
+itself then decides its path exactly as eager does, and its result comes
+back as a LazyTensor.  The call is counted as a fallback (explain()).
+
+Whether those fast paths exist at all is decided when a layer is built:
+`nn.TransformerEncoderLayer` takes them only for an activation that `is`
+`F.relu` or `F.gelu`, and while fastlazy is enabled those names hold its
+entry points, so a layer built then with the default activation (torch's
+own `F.relu`, bound when the class was defined) would lose them -- for
+eager tensors too, and its encoder with it.  A layer built while fastlazy
+is enabled takes them as eager would: its activation is compared with the
+functions fastlazy's entries wrap.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from fastlazy import fallback
+from fastlazy._core import LazyTensor
+
+
+def _encoder_forward(forward):
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def call(self, *args, **kwargs):
+        if self.training or not _has_lazy(args, kwargs):
+            return forward(self, *args, **kwargs)
+        given = signature.bind(self, *args, **kwargs).arguments
+        if (given.get("src_key_padding_mask") is not None
+                and getattr(self, "use_nested_tensor", False)
+                and torch.backends.mha.get_fastpath_enabled()):
+            fallback.count("TransformerEncoder.forward",
+                           "its nested-tensor fast path pads with zeros (run on the values)")
+            return fallback.run(forward, (self, *args), kwargs)
+        return forward(self, *args, **kwargs)
+    return call
+
+
+def _has_lazy(args, kwargs) -> bool:
+    return any(type(v) is LazyTensor for v in args) or any(
+        type(v) is LazyTensor for v in kwargs.values())
+
+
+def _layer_init(init):
+    @functools.wraps(init)
+    def call(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if getattr(self, "activation_relu_or_gelu", None) == 0:
+            activation = _unwrapped(self.activation)
+            functional = torch.nn.functional
+            if activation is _unwrapped(functional.relu):
+                self.activation_relu_or_gelu = 1
+            elif activation is _unwrapped(functional.gelu):
+                self.activation_relu_or_gelu = 2
+    return call
+
+
+def _unwrapped(function):
+    """The torch function a fastlazy entry point wraps; anything else as it is."""
+    return getattr(function, "__wrapped__", function)
+
+
+def python_patches():
+    """(owner, attr, replacement) for each module this torch has."""
+    patches = []
+    encoder = getattr(torch.nn, "TransformerEncoder", None)
+    if encoder is not None:
+        patches.append((encoder, "forward", _encoder_forward(vars(encoder)["forward"])))
+    layer = getattr(torch.nn, "TransformerEncoderLayer", None)
+    if layer is not None:
+        patches.append((layer, "__init__", _layer_init(vars(layer)["__init__"])))
+    return patches
