@@ -116,6 +116,17 @@ cpdef enum:  # AttrLayout
     ATTR_CHOICE_SHIFT = 24
 
 
+# How a view's values follow from its place in its root's storage
+# (Member.flags; a generic signature's view result carries its own):
+#   DETACHED: a view of a .detach() -- autograd does not see writes through it
+#   CONJ: the values are the conjugates of the elements at that place (a
+#         conj() view: eager's conjugate bit); for a real view of a complex
+#         root (x.conj().imag) the elements that are imaginary parts negated
+cpdef enum ViewFlag:
+    VIEW_DETACHED = 1
+    VIEW_CONJ = 2
+
+
 # Python scalar kinds (an operand's `scalar`, and the low bits of a scalar
 # slot's key).
 cpdef enum ScalarType:

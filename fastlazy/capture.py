@@ -253,9 +253,15 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
             i = aliased[0]
             if type(tensors[i]) is not LazyTensor:
                 raise Unsafe("returns a view of an eager tensor (eager semantics)")
-            detached = fakes[i].requires_grad and not leaf.requires_grad
+            # how its values follow from its place (ViewFlag): a detached
+            # view, a conj() view (eager's conjugate bit, which the place
+            # alone does not say: writes through it and refreshes after a
+            # write to its root conjugate, mutation.py)
+            flags = ((_core.ViewFlag.VIEW_DETACHED if fakes[i].requires_grad and not leaf.requires_grad
+                      else 0)
+                     | (_core.ViewFlag.VIEW_CONJ if leaf.is_conj() != fakes[i].is_conj() else 0))
             sig.kinds.append(("view", i, (tuple(leaf.shape), leaf.stride(),
-                                          leaf.storage_offset()), detached))
+                                          leaf.storage_offset()), flags))
         else:
             sig.kinds.append(("new",))
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))

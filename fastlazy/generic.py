@@ -170,7 +170,7 @@ def _publish(prepared, sig, kind, form=None):
     view = kind[0] == "view"
     _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
                           tuple(sig.constants or ()), kind[1] if view else -1,
-                          kind[2] if view else None, bool(kind[3]) if view else False, form)
+                          kind[2] if view else None, kind[3] if view else 0, form)
 
 
 def _tuple_form(sig):

@@ -90,7 +90,7 @@ def _set(target, source):
     if type(alias.family) is Member:
         _leave(alias.family.family, alias)
     alias.family = None
-    views.attach(target, source, views.place(source)[1:], False)
+    views.attach(target, source, views.place(source)[1:], 0)
     return target
 
 
@@ -191,6 +191,9 @@ def write_overlapping(func, name, args, kwargs):
     root = where.root
     base = root.to_eager().clone(memory_format=torch.contiguous_format)
     view = _storage_as(base, target.dtype).as_strided(where.size, where.stride, where.offset)
+    if where.conj:
+        view = view.conj() if view.is_complex() else (
+            torch._neg_view(view) if _imaginary(where.offset) else view)
     if where.detached:
         view = view.detach()
     if func(view, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
@@ -225,15 +228,37 @@ def _storage_as(value, dtype):
     return value.reshape(-1).view(dtype)
 
 
-def _view_of(root, size, stride, offset, detached, dtype):
+def _view_of(root, size, stride, offset, detached, dtype, conj=False):
     # the root's value may have any layout at run time; the geometry is in
     # its contiguous layout
     base = _storage_as(root.clone(memory_format=torch.contiguous_format), dtype)
-    value = base.as_strided(size, stride, offset)
+    value = _conjugated(base.as_strided(size, stride, offset), offset, conj)
     return value.detach() if detached else value
 
 
-def _scatter_into(root, view, size, stride, offset):
+def _conjugated(value, offset, conj):
+    """The values of a view with the VIEW_CONJ flag from the elements at its
+    place, or (the same map: it is its own inverse) the elements to write
+    there from a written view's values: conjugates for a complex view;
+    for a real view of a complex root (x.conj().imag) the imaginary parts
+    negated -- its elements are all real parts or all imaginary ones (eager
+    refuses view_as_real of a conj() view), which the offset's parity
+    tells."""
+    if not conj:
+        return value
+    if value.is_complex():
+        return value.conj()
+    return -value if _imaginary(offset) else value
+
+
+def _imaginary(offset):
+    """Whether a real view of a complex root, at this offset in real
+    elements, holds imaginary parts."""
+    return offset % 2 == 1
+
+
+def _scatter_into(root, view, size, stride, offset, conj=False):
+    view = _conjugated(view, offset, conj)
     base = root.clone(memory_format=torch.contiguous_format)
     if view.dtype == root.dtype:
         return torch.as_strided_scatter(base, view, size, stride, offset)
@@ -254,16 +279,16 @@ def _write_leaf(root, view, where):
     value = root.to_eager()
     with torch.no_grad():
         written = _scatter_into(value.detach(), view.to_eager().detach(), where.size,
-                                where.stride, where.offset)
+                                where.stride, where.offset, where.conj)
     written.requires_grad_(True)
     written.grad = value.grad
     _core.rebind_value(root, written)
 
 
-def _scatter_detached(root, view, size, stride, offset):
+def _scatter_detached(root, view, size, stride, offset, conj=False):
     """_scatter_into as autograd sees a write through a detached view: not
     at all (fastlazy/detached_writes.py)."""
-    written = _scatter_into(root.detach(), view.detach(), size, stride, offset)
+    written = _scatter_into(root.detach(), view.detach(), size, stride, offset, conj)
     return torch.ops.fastlazy.written_under(root, written)
 
 
@@ -277,8 +302,8 @@ def after_mutation(t):
             _write_leaf(root, t, family)
         else:
             new_root = generic.record(_scatter_detached if family.detached else _scatter_into,
-                                      (root, t, family.size, family.stride, family.offset),
-                                      {}, "view write-back", track_views=False)
+                                      (root, t, family.size, family.stride, family.offset,
+                                       family.conj), {}, "view write-back", track_views=False)
             _core.adopt(root, new_root)
         members, skip = family.family.members, t
     else:
@@ -288,6 +313,7 @@ def after_mutation(t):
             continue
         where = view.family
         fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
-                                          where.detached, view.dtype), {}, "view refresh",
+                                          where.detached, view.dtype, where.conj), {},
+                               "view refresh",
                                track_views=False)
         _core.adopt(view, fresh)

@@ -28,6 +28,76 @@ def test_mutation_through_views(name, device):
     assert torch.equal(got.to_eager(), want)
 
 
+def _write_through_conj_then_read(x):
+    c = x.conj()
+    c.mul_(2)
+    return x, c
+
+
+def _write_base_then_read_conj(x):
+    c = x.conj()
+    x.add_(1 + 2j)
+    return x, c
+
+
+def _write_base_then_read_conj_imag(x):
+    i = x.conj().imag
+    x.mul_(1j)
+    return x, i
+
+
+def _write_through_conj_slice(x):
+    c = x.conj()[1:]
+    c.mul_(1j)
+    return x, c
+
+
+def _setitem_through_conj(x):
+    c = x.conj()
+    c[0] = 1 + 3j
+    return x, c
+
+
+def _conj_of_conj(x):
+    cc = x.conj().conj()
+    cc.mul_(1j)
+    return x, cc
+
+
+def _adjoint_write(x):
+    m = x.view(2, 3).mH
+    m.mul_(1j)
+    return x, m
+
+
+def _write_conj_then_real_view(x):
+    r = x.conj().real
+    c = x.conj()
+    c.sub_(2j)
+    return x, r
+
+
+CONJ_PROGRAMS = {f.__name__.lstrip("_"): f for f in (
+    _write_through_conj_then_read, _write_base_then_read_conj, _write_base_then_read_conj_imag,
+    _write_through_conj_slice, _setitem_through_conj, _conj_of_conj, _adjoint_write,
+    _write_conj_then_real_view)}
+
+
+@pytest.mark.parametrize("name", list(CONJ_PROGRAMS))
+def test_conj_views_carry_writes_as_eager(name, device):
+    """x.conj() is a view whose values are the conjugates of x's (eager's
+    conjugate bit): a write through it writes conjugates into x, and a
+    write to x shows in it conjugated -- as do its slices, its adjoint
+    (mH) and its real and imaginary parts."""
+    fn = CONJ_PROGRAMS[name]
+    base = torch.randn(6, dtype=torch.complex64, device=device)
+    want = fn(base.clone())
+    got = fn(fastlazy.lazy(base.clone()) * 1)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.to_eager().resolve_conj().resolve_neg(),
+                                   w.resolve_conj().resolve_neg(), rtol=0, atol=0)
+
+
 def test_lazy_made_from_a_tensor_is_never_written_by_direct_inplace(device):
     t = torch.ones(3, device=device)
     x = fastlazy.lazy(t)

@@ -51,21 +51,32 @@ cdef class Family:
 
 @cython.final
 cdef class Member:
-    """On a view: its root and its place in the root's storage (size,
-    stride, offset relative to the root's contiguous layout)."""
+    """On a view: its root, its place in the root's storage (size,
+    stride, offset relative to the root's contiguous layout) and how its
+    values follow from the elements there (flags: ViewFlag)."""
     cdef public object root
     cdef public object family
-    cdef public bint detached
+    cdef public int flags
     cdef public int64_t offset
     cdef int ndim
     cdef int64_t size_[MAX_NDIM]
     cdef int64_t stride_[MAX_NDIM]
 
-    def __init__(self, root, family, geometry, detached):
+    def __init__(self, root, family, geometry, int flags):
         self.root = root
         self.family = family
         self.size, self.stride, self.offset = geometry
-        self.detached = detached
+        self.flags = flags
+
+    @property
+    def detached(self):
+        """A view of a .detach(): autograd does not see writes through it."""
+        return bool(self.flags & VIEW_DETACHED)
+
+    @property
+    def conj(self):
+        """Its values are conjugated (a conj() view; see ViewFlag)."""
+        return bool(self.flags & VIEW_CONJ)
 
     @property
     def size(self):
@@ -110,14 +121,17 @@ cdef inline int64_t root_numel_as(Member m, int dtype) noexcept:
 
 
 cdef int attach_view(LazyTensor view, object base, int ndim, int64_t *size,
-                     int64_t *stride, int64_t offset, bint detached) except -1:
+                     int64_t *stride, int64_t offset, int flags) except -1:
     """Make `view` (just recorded from `base`) a view of base's root, at
-    the given place in the root's storage."""
+    the given place in the root's storage; `flags` (ViewFlag) say how its
+    values follow from base's: composed with base's own (a view of a
+    detached view is detached; a conj() of a conj() view is not conjugated)."""
     cdef Member m
     family = (<LazyTensor>base).family
     if type(family) is Member:
         root = (<Member>family).root
-        detached = detached or (<Member>family).detached
+        flags = ((flags | (<Member>family).flags) & VIEW_DETACHED) | (
+            (flags ^ (<Member>family).flags) & VIEW_CONJ)
     else:
         root = base
     if type((<LazyTensor>root).family) is not Family:
@@ -125,7 +139,7 @@ cdef int attach_view(LazyTensor view, object base, int ndim, int64_t *size,
     m = Member.__new__(Member)
     m.root = root
     m.family = (<LazyTensor>root).family
-    m.detached = detached
+    m.flags = flags
     m.offset = offset
     m.ndim = ndim
     memcpy(m.size_, size, ndim * sizeof(int64_t))
@@ -135,9 +149,10 @@ cdef int attach_view(LazyTensor view, object base, int ndim, int64_t *size,
     return 0
 
 
-def attach(LazyTensor view, LazyTensor base, where, bint detached):
+def attach(LazyTensor view, LazyTensor base, where, int flags):
     """Make `view` (just recorded from `base`) a view of base's root;
-    `where`: its (size, stride, offset) in the root's storage."""
+    `where`: its (size, stride, offset) in the root's storage; `flags`:
+    ViewFlag, relative to base."""
     cdef int64_t size[MAX_NDIM]
     cdef int64_t stride[MAX_NDIM]
     sz, st, offset = where
@@ -146,7 +161,7 @@ def attach(LazyTensor view, LazyTensor base, where, bint detached):
     for i in range(len(sz)):
         size[i] = sz[i]
         stride[i] = st[i]
-    attach_view(view, base, len(sz), size, stride, offset, detached)
+    attach_view(view, base, len(sz), size, stride, offset, flags)
 
 
 def geometry(t):

@@ -97,7 +97,7 @@ cdef class GenericHit:
     cdef tuple constants        # eager tensors the program reads, appended as inputs
     cdef int view_of            # the result is a view of tensors[view_of]; -1: not a view
     cdef int returns_input      # the result is tensors[returns_input] itself; -1: a node
-    cdef bint detached_view
+    cdef int view_flags
     cdef int view_ndim          # the view's place in its root's storage
     cdef int64_t view_size[MAX_NDIM]
     cdef int64_t view_stride[MAX_NDIM]
@@ -120,7 +120,7 @@ memset(_hit_cache, 0, sizeof(_hit_cache))
 
 
 def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple constants,
-                    int view_of, where, bint detached_view, tuple tuple_form=None):
+                    int view_of, where, int view_flags, tuple tuple_form=None):
     """Record later calls of the signature the core described as `prepared`
     (the key, tensors and flat key it handed to fastlazy.generic) in C.
     tuple_form: (length, position) of a call that returns a tuple holding
@@ -144,7 +144,7 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
     hit.flags = NODE_DETACH if detach else 0
     hit.constants = constants
     hit.view_of = view_of
-    hit.detached_view = detached_view
+    hit.view_flags = view_flags
     if view_of >= 0:
         size, stride, offset = where
         if len(size) > MAX_NDIM or len(stride) != len(size):
@@ -181,7 +181,7 @@ cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
         h = GenericHit.__new__(GenericHit)
         memcpy(&h.meta, &hit.meta, sizeof(Meta))
         h.attr, h.flags, h.constants = hit.attr, hit.flags, hit.constants
-        h.view_of, h.detached_view, h.view_ndim = hit.view_of, hit.detached_view, hit.view_ndim
+        h.view_of, h.view_flags, h.view_ndim = hit.view_of, hit.view_flags, hit.view_ndim
         h.returns_input = hit.returns_input
         h.tuple_len, h.tuple_at = hit.tuple_len, hit.tuple_at
         memcpy(h.view_size, hit.view_size, sizeof(hit.view_size))
@@ -227,7 +227,7 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
         if type(base) is not LazyTensor:
             raise SystemError("fastlazy: a generic view of an eager tensor")
         attach_view(out, base, hit.view_ndim, hit.view_size, hit.view_stride,
-                    hit.view_offset, hit.detached_view)
+                    hit.view_offset, hit.view_flags)
     counters[C_GENERIC] += 1
     if hit.tuple_len:
         result = PyTuple_New(hit.tuple_len)
