@@ -136,7 +136,9 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         view = sig.kinds[0][0] == "view"
         if view and track_views:
             views.attach(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
-        if prepared and len(sig.recorded) == 1 and not sig.draws:
+        if view and sig.kinds[0][3] & _CONJ:
+            _resolve_conj(t)
+        elif prepared and len(sig.recorded) == 1 and not sig.draws:
             # the core records this signature's later calls itself
             _publish(prepared, sig, sig.kinds[0])
         return t
@@ -160,8 +162,30 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         t = next(new)
         if kind[0] == "view" and track_views:
             views.attach(t, tensors[kind[1]], kind[2], kind[3])
+        if kind[0] == "view" and kind[3] & _CONJ:
+            _resolve_conj(t)
         flat.append(t)
     return sig.sequence(flat) if sig.sequence is not None else pytree.tree_unflatten(flat, sig.spec)
+
+
+_CONJ = _core.ViewFlag.VIEW_CONJ
+
+
+def _resolve_conj(t):
+    """t, a conj() view, holds its values physically conjugated from now
+    on.  The op's program leaves eager's conjugate bit on its result when
+    the graph runs, which the programs of later calls were not traced
+    with (they see plain values on fake tensors: `.imag` traced as
+    view_as_real, which refuses a conjugate bit).  Views stay views by
+    their place and flags (views.py), not by sharing storage.  (Such a
+    signature is never handed to the core: its later calls come here.)"""
+    _core.adopt(t, record(_physical, (t,), {}, "conj() resolved", track_views=False))
+
+
+def _physical(t):
+    # t's logical values, with no conjugate bit, whether or not t has one
+    # when the graph runs (a fused backend computes conj() as values)
+    return torch.conj_physical(t.conj())
 
 
 def _publish(prepared, sig, kind, form=None):
