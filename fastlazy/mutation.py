@@ -261,9 +261,25 @@ def _scatter_into(root, view, size, stride, offset, conj=False):
     view = _conjugated(view, offset, conj)
     base = root.clone(memory_format=torch.contiguous_format)
     if view.dtype == root.dtype:
-        return torch.as_strided_scatter(base, view, size, stride, offset)
-    written = torch.as_strided_scatter(_storage_as(base, view.dtype), view, size, stride, offset)
+        return _scattered(base, view, size, stride, offset)
+    written = _scattered(_storage_as(base, view.dtype), view, size, stride, offset)
     return written.view(root.dtype).view(root.shape)
+
+
+def _scattered(base, view, size, stride, offset):
+    """as_strided_scatter(base, view, ...), with eager's gradients where
+    autograd records it: torch's as_strided_scatter hands its input's
+    gradient to the elements it overwrote and none to the others (torch
+    2.13: x.grad [1, 10, 0] for an upstream gradient [1, 10, 100] with
+    the first two overwritten), so the untouched elements are taken from
+    `base` by a mask and the written ones from a scatter into zeros."""
+    if not (torch.is_grad_enabled() and (base.requires_grad or view.requires_grad)):
+        return torch.as_strided_scatter(base, view, size, stride, offset)
+    kept = torch.as_strided_scatter(
+        torch.ones(base.shape, dtype=torch.bool, device=base.device),
+        torch.zeros(size, dtype=torch.bool, device=base.device), size, stride, offset)
+    written = torch.as_strided_scatter(torch.zeros_like(base), view, size, stride, offset)
+    return torch.where(kept, base, written)
 
 
 def _grad_leaf(t):

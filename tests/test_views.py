@@ -270,3 +270,31 @@ def test_reads_of_a_conj_view_are_eagers(read, device):
     got = read(fastlazy.lazy(x).conj())
     torch.testing.assert_close(got.to_eager().resolve_conj().resolve_neg(),
                                want.resolve_conj().resolve_neg())
+
+
+GRAD_PROGRAMS = {
+    "slice_mul_": lambda y: y[0:2].mul_(2),
+    "setitem": lambda y: y.__setitem__(1, y[0] * 3),
+    "transpose_add_": lambda y: y.view(2, 3).t()[1].add_(y.view(2, 3).t()[0]),
+    "strided_zero_": lambda y: y[::2].zero_(),
+    "conj_mul_": lambda y: y.conj()[1:].mul_(1j),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAD_PROGRAMS))
+def test_writes_through_views_give_eagers_gradients(name, device):
+    """A write through a view of an intermediate in a training graph: the
+    written elements' gradients reach what was written, the others' reach
+    the intermediate as it was (torch's as_strided_scatter, which carries
+    the write back, hands its input's gradient to the overwritten elements
+    instead: x.grad [12, 12, 0] where eager gives [8, 8, 2])."""
+    dtype = torch.complex64 if name.startswith("conj") else torch.float32
+    x0 = torch.randn(6, dtype=dtype, device=device)
+    grads = []
+    for lazy in (False, True):
+        x = x0.clone().requires_grad_(True)
+        y = (fastlazy.lazy(x) if lazy else x) * 1
+        GRAD_PROGRAMS[name](y)
+        (y.abs() ** 2 * torch.arange(1.0, 7.0, device=device)).sum().backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[1], grads[0])
