@@ -142,8 +142,13 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             # the core records this signature's later calls itself
             _publish(prepared, sig, sig.kinds[0])
         return t
+    resolves = getattr(func, "__name__", None) in _RESOLVERS
+    if resolves and sig.kinds[0][0] == "input" and _has_bit(tensors[sig.kinds[0][1]]):
+        # eager copies a tensor whose bit it resolves (a conj() view): a
+        # write to the copy must not reach the view's root
+        return record(torch.clone, (tensors[sig.kinds[0][1]],), {}, name)
     if (prepared and not sig.recorded and not sig.draws and len(sig.kinds) == 1
-            and sig.kinds[0][0] == "input" and sig.spec.is_leaf()):
+            and sig.kinds[0][0] == "input" and sig.spec.is_leaf() and not resolves):
         # the call returns a tensor argument itself: so do its later calls,
         # from the core
         _core.publish_input(prepared, sig.kinds[0][1])
@@ -169,6 +174,18 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
 
 
 _CONJ = _core.ViewFlag.VIEW_CONJ
+# calls that return their argument itself unless it has eager's conjugate
+# (or negative) bit, which a LazyTensor keeps as its view's VIEW_CONJ flag
+_RESOLVERS = frozenset({"resolve_conj", "resolve_neg"})
+
+
+def _has_bit(t):
+    """Would eager's value of LazyTensor t have its conjugate bit, or (an
+    imaginary part of a conj() view, x.conj().imag) its negative bit?"""
+    where = t.family
+    if type(where) is not views.Member or not where.conj:
+        return False
+    return t.dtype.is_complex or where.offset % 2 == 1
 
 
 def _resolve_conj(t):

@@ -77,10 +77,20 @@ def _write_conj_then_real_view(x):
     return x, r
 
 
+def _resolved_copies_are_not_views(x):
+    r = x.conj().resolve_conj()           # a copy: eager resolves the bit
+    r.mul_(2)
+    i = x.conj().imag.resolve_neg()       # a copy too
+    i.mul_(3)
+    same = x.resolve_conj()               # no bit: x itself
+    same.add_(1)
+    return x, r, i
+
+
 CONJ_PROGRAMS = {f.__name__.lstrip("_"): f for f in (
     _write_through_conj_then_read, _write_base_then_read_conj, _write_base_then_read_conj_imag,
     _write_through_conj_slice, _setitem_through_conj, _conj_of_conj, _adjoint_write,
-    _write_conj_then_real_view)}
+    _write_conj_then_real_view, _resolved_copies_are_not_views)}
 
 
 @pytest.mark.parametrize("name", list(CONJ_PROGRAMS))
