@@ -182,10 +182,7 @@ _RESOLVERS = frozenset({"resolve_conj", "resolve_neg"})
 def _has_bit(t):
     """Would eager's value of LazyTensor t have its conjugate bit, or (an
     imaginary part of a conj() view, x.conj().imag) its negative bit?"""
-    where = t.family
-    if type(where) is not views.Member or not where.conj:
-        return False
-    return t.dtype.is_complex or where.offset % 2 == 1
+    return t.is_conj() or t.is_neg()
 
 
 def _resolve_conj(t):

@@ -137,8 +137,25 @@ def install_lazy_tensor_methods():
     _install_table_methods()
     _install_other_methods()
     _install_numpy_protocol()
+    # eager's conjugate and negative bits, which a LazyTensor keeps on its
+    # view (views.py: VIEW_CONJ), answered without computing the value
+    _core.set_method("is_conj", _is_conj)
+    _core.set_method("is_neg", _is_neg)
     for query in ("is_complex", "is_floating_point", "numel"):
         _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
+
+
+def _is_conj(self):
+    """Tensor.is_conj(): a conj() view of a complex tensor."""
+    where = self.family
+    return type(where) is views.Member and where.conj and self.dtype.is_complex
+
+
+def _is_neg(self):
+    """Tensor.is_neg(): the imaginary parts of a conj() view (x.conj().imag)."""
+    where = self.family
+    return (type(where) is views.Member and where.conj and not self.dtype.is_complex
+            and where.offset % 2 == 1)
 
 
 def _install_numpy_protocol():

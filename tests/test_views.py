@@ -308,3 +308,17 @@ def test_writes_through_views_give_eagers_gradients(name, device):
         (y.abs() ** 2 * torch.arange(1.0, 7.0, device=device)).sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_conj_and_neg_bits_are_eagers_without_computing():
+    """is_conj()/is_neg() answer as eager's tensors would, from the views'
+    flags, computing nothing."""
+    x = torch.randn(3, dtype=torch.complex64)
+    queries = [lambda t: t.conj().is_conj(), lambda t: t.conj().imag.is_neg(),
+               lambda t: t.conj().real.is_neg(), lambda t: t.is_conj(),
+               lambda t: t.conj().conj().is_conj(), lambda t: t.conj()[1:].is_conj(),
+               lambda t: t.conj().imag.is_conj(), lambda t: t.imag.is_neg()]
+    lazy = fastlazy.lazy(x)
+    fastlazy.metrics.reset()
+    assert [q(lazy) for q in queries] == [q(x) for q in queries]
+    assert fastlazy.metrics.counters()["flushes"] == 0
