@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 import statistics
 import sys
 import time
@@ -121,11 +122,9 @@ def main(argv=None) -> None:
             geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
             lines.append(f"{mode}: geometric mean {geomean:.2f}x eager over {len(ratios)} "
                          f"rows, lowest {min(ratios):.2f}x  ")
-    table = "\n".join(lines)
-    print(table)
+    print("\n".join(lines))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
