@@ -29,8 +29,7 @@ import inspect
 
 import torch
 
-from fastlazy import fallback
-from fastlazy._core import LazyTensor
+from fastlazy import fallback, views
 
 
 def _encoder_forward(forward):
@@ -38,7 +37,7 @@ def _encoder_forward(forward):
 
     @functools.wraps(forward)
     def call(self, *args, **kwargs):
-        if self.training or not _has_lazy(args, kwargs):
+        if self.training or next(views.lazy_operands(args, kwargs), None) is None:
             return forward(self, *args, **kwargs)
         given = signature.bind(self, *args, **kwargs).arguments
         if (given.get("src_key_padding_mask") is not None
@@ -49,11 +48,6 @@ def _encoder_forward(forward):
             return fallback.run(forward, (self, *args), kwargs)
         return forward(self, *args, **kwargs)
     return call
-
-
-def _has_lazy(args, kwargs) -> bool:
-    return any(type(v) is LazyTensor for v in args) or any(
-        type(v) is LazyTensor for v in kwargs.values())
 
 
 def _layer_init(init):

@@ -193,7 +193,7 @@ def write_overlapping(func, name, args, kwargs):
     view = _storage_as(base, target.dtype).as_strided(where.size, where.stride, where.offset)
     if where.conj:
         view = view.conj() if view.is_complex() else (
-            torch._neg_view(view) if _imaginary(where.offset) else view)
+            torch._neg_view(view) if views.imaginary(where.offset) else view)
     if where.detached:
         view = view.detach()
     if func(view, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
@@ -248,13 +248,7 @@ def _conjugated(value, offset, conj):
         return value
     if value.is_complex():
         return value.conj()
-    return -value if _imaginary(offset) else value
-
-
-def _imaginary(offset):
-    """Whether a real view of a complex root, at this offset in real
-    elements, holds imaginary parts."""
-    return offset % 2 == 1
+    return -value if views.imaginary(offset) else value
 
 
 def _scatter_into(root, view, size, stride, offset, conj=False):

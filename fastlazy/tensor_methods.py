@@ -155,7 +155,7 @@ def _is_neg(self):
     """Tensor.is_neg(): the imaginary parts of a conj() view (x.conj().imag)."""
     where = self.family
     return (type(where) is views.Member and where.conj and not self.dtype.is_complex
-            and where.offset % 2 == 1)
+            and views.imaginary(where.offset))
 
 
 def _install_numpy_protocol():

@@ -24,8 +24,9 @@ A graph's life:
    candidate changes in a training step is its backward, which autograd
    runs after the graph's run returns (resnet18's training step at batch
    1: the compiled forward ran 4 % faster than the fast tier's, and the
-   step with it 1.5-4 % slower or faster as the backward went).  (A fused graph is not always faster: convolutions on CPU are
-   often slower under inductor than in eager's oneDNN calls.)
+   step with it 1.5-4 % slower or faster as the backward went).  (A fused
+   graph is not always faster: convolutions on CPU are often slower under
+   inductor than in eager's oneDNN calls.)
 4. hot, or fast for good -- the winner is called directly from then on.
    A compile that fails leaves the graph on the fast tier (counted in
    `compile_failures`, the reason in `fastlazy.metrics.tiers()`).

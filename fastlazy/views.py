@@ -66,6 +66,13 @@ def traced_contiguous(t) -> bool:
     return True
 
 
+def imaginary(offset) -> bool:
+    """Whether a real view of a complex root, at this offset in real
+    elements, holds its imaginary parts (x.imag, x.conj().imag) rather than
+    its real ones."""
+    return offset % 2 == 1
+
+
 def dense(size, stride):
     """Non-overlapping and dense: some permutation of the dims is contiguous."""
     dims = sorted((st, n) for n, st in zip(size, stride) if n != 1)
