@@ -163,7 +163,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     # metadata), and 2. its aten program -- or both on meta tensors, where a
     # signature of other sizes left a template that computes these results
     on_meta = (_trial_judged(erased, func, args, kwargs, tensors)
-               if program_templates.meta_is_slow(erased) and _trial_takes(func, tensors)
+               if program_templates.judge_by_trial(erased) and _trial_takes(func, tensors)
                else _meta_run(erased, func, args, kwargs, tensors))
     fakes, out, gm = on_meta or (None, None, None)
     # 1b. or once for real, on trial values, where that run's aten calls are
@@ -302,14 +302,7 @@ def _meta_run(erased, func, args, kwargs, tensors):
     try:
         return _meta_judged(erased, func, args, kwargs, tensors)
     finally:
-        if time.perf_counter() - start > META_SLOW_SECONDS:
-            program_templates.meta_was_slow(erased)
-
-
-# A meta run slower than this (a trial run of a small call takes 0.2-0.5
-# ms, its aten recorder included) hands its erased signature's later
-# calls to trial runs where those can take them.
-META_SLOW_SECONDS = 0.5e-3
+        program_templates.judged(erased, False, time.perf_counter() - start)
 
 
 def _meta_judged(erased, func, args, kwargs, tensors):
@@ -330,13 +323,22 @@ def _meta_judged(erased, func, args, kwargs, tensors):
 
 
 def _trial_judged(erased, func, args, kwargs, tensors):
-    """As _meta_run, for a signature whose meta runs are slow (addmm, cat,
-    sdpa: Python meta kernels): the call and its templates run on trial
-    values instead, without the aten recorder, which only a signature no
-    template fits needs (its trial run follows); None where there is no
-    template, the call raises there, or none fits."""
+    """As _meta_run, for a signature whose meta runs are the slower
+    (program_templates.judge_by_trial: addmm, cat, sdpa have Python meta
+    kernels): the call and its templates run on trial values instead,
+    without the aten recorder, which only a signature no template fits
+    needs (its trial run follows); None where there is no template, the
+    call raises there, or none fits."""
     if not program_templates.templates(erased):
         return None
+    start = time.perf_counter()
+    try:
+        return _trial_judged_run(erased, func, args, kwargs, tensors)
+    finally:
+        program_templates.judged(erased, True, time.perf_counter() - start)
+
+
+def _trial_judged_run(erased, func, args, kwargs, tensors):
     trial = _trial_tensors(tensors)
     a, k = _substitute((args, kwargs), iter(trial))
     try:

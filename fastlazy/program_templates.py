@@ -68,7 +68,7 @@ _SHAPE_ARGUMENTS = frozenset((torch.Tensor.view, torch.Tensor.reshape, torch.res
 _lock = threading.Lock()
 _templates: dict = {}
 _meta_rejected: set = set()
-_meta_slow: set = set()
+_judge_costs: dict = {}
 _refused: set = set()
 _stats = {"reused": 0, "rejected": 0, "refused": 0}
 
@@ -271,17 +271,56 @@ def meta_rejected(key):
     _remember(_meta_rejected, key)
 
 
-def meta_is_slow(key) -> bool:
-    """Did a meta run for erased signature `key` take longer than a trial
-    run does?  Then its signatures that a trial run can take are judged by
-    one (capture.py): an op whose meta kernel is a Python decomposition
-    (addmm, cat, adaptive pooling: 0.5-1.3 ms a meta run) runs its real
-    kernel on small trial tensors in less."""
-    return key in _meta_slow
+# A meta run slower than this (a trial run of a small call takes 0.1-0.5
+# ms) lets a trial run judge its erased signature's next call, where a
+# trial run can take it.
+META_SLOW_SECONDS = 0.5e-3
 
 
-def meta_was_slow(key):
-    _remember(_meta_slow, key)
+class _JudgeCosts:
+    """What judging a template cost an erased signature: its latest meta
+    run and its latest trial run, in seconds, and how many meta runs."""
+    __slots__ = ("meta", "trial", "meta_runs")
+
+    def __init__(self):
+        self.meta = self.trial = None
+        self.meta_runs = 0
+
+
+def judge_by_trial(key) -> bool:
+    """Should a trial run on real values judge a template of erased
+    signature `key`, rather than a meta run?  Where its meta runs are the
+    slower: an op whose meta kernel is a Python decomposition (addmm, cat,
+    sdpa: 0.3-2 ms a meta run) runs its real kernel on small trial tensors
+    in less, while a convolution's meta run (30-90 us) beats a trial run
+    that computes the convolution twice at the model's sizes (ms).  Judged
+    by the latest run of each kind, so a key moves to trial runs when its
+    meta runs are slow and back when its trial runs grow slower with the
+    sizes; a key's first meta run does not decide alone (the first meta
+    call of an op in a process imports and warms its kernel: conv2d's took
+    0.4 s)."""
+    costs = _judge_costs.get(key)
+    if costs is None or costs.meta is None:
+        return False
+    if costs.trial is None:
+        return costs.meta_runs > 1 and costs.meta > META_SLOW_SECONDS
+    return costs.trial < costs.meta
+
+
+def judged(key, by_trial: bool, seconds: float):
+    """Note what a meta run (or a trial run, `by_trial`) judging a
+    template of `key` took."""
+    with _lock:
+        costs = _judge_costs.get(key)
+        if costs is None:
+            if len(_judge_costs) >= MAX_TEMPLATES:
+                _judge_costs.clear()
+            costs = _judge_costs[key] = _JudgeCosts()
+    if by_trial:
+        costs.trial = seconds
+    else:
+        costs.meta = seconds
+        costs.meta_runs += 1
 
 
 def _remember(keys, key):
@@ -312,7 +351,7 @@ def forget():
     with _lock:
         _templates.clear()
         _meta_rejected.clear()
-        _meta_slow.clear()
+        _judge_costs.clear()
         _refused.clear()
 
 

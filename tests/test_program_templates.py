@@ -97,7 +97,7 @@ def test_a_templated_signature_is_judged_on_meta_tensors_not_a_full_analysis(mon
     run cannot judge (no meta kernel) falls back to a full analysis (a
     trial run on real values, or the fake run where none applies)."""
     from fastlazy import capture
-    monkeypatch.setattr(capture, "META_SLOW_SECONDS", float("inf"))
+    monkeypatch.setattr(program_templates, "META_SLOW_SECONDS", float("inf"))
     fake_runs = []
     real_fake_run, real_trial_run = capture._fake_run, capture._trial_run
 
@@ -125,13 +125,14 @@ def test_a_templated_signature_is_judged_on_meta_tensors_not_a_full_analysis(mon
 
 
 def test_signatures_whose_meta_run_was_slow_are_judged_by_a_trial_run(monkeypatch):
-    """A meta run slower than a trial run (a Python meta decomposition)
-    hands its erased signature's later calls to trial runs, which judge
-    the template on real values: no more meta runs, the template still
-    taken, eager's values -- and no aten recording, which only a signature
-    without a template needs."""
+    """Meta runs slower than a trial run (a Python meta decomposition) hand
+    their erased signature's later calls to trial runs, which judge the
+    template on real values: the template still taken, eager's values --
+    and no aten recording, which only a signature without a template
+    needs.  The key's first meta run does not decide alone (an op's first
+    meta call in a process warms its kernel up)."""
     from fastlazy import capture
-    monkeypatch.setattr(capture, "META_SLOW_SECONDS", 0.0)
+    monkeypatch.setattr(program_templates, "META_SLOW_SECONDS", 0.0)
     meta_runs, recorded = [], []
     real_meta, real_recorded = capture._meta_judged, capture._recorded_trial
     monkeypatch.setattr(capture, "_meta_judged",
@@ -143,9 +144,38 @@ def test_signatures_whose_meta_run_was_slow_are_judged_by_a_trial_run(monkeypatc
         x = torch.randn(1, channels, 6, 6)
         got = F.adaptive_avg_pool2d(fastlazy.lazy(x) * 1, 2).to_eager()
         torch.testing.assert_close(got, F.adaptive_avg_pool2d(x, 2))
-    assert len(meta_runs) == 1            # the second size's; slow, so no more
+    assert len(meta_runs) == 2            # the second and third sizes'; slow, so no more
     assert _delta(before, "reused") == 3
     assert len(recorded) == 1             # the first size's, which made the template
+
+
+def test_signatures_whose_trial_runs_are_slower_go_back_to_meta_runs(monkeypatch):
+    """A trial run computes the op twice at the call's sizes (the call and
+    the template): for a convolution at a model's sizes, milliseconds
+    against a meta run's tens of microseconds.  Each kind of run is judged
+    by what its latest one cost the key (fixed costs here: meta runs 1 ms,
+    trial runs 5 ms)."""
+    from fastlazy import capture
+    costs = {False: 1e-3, True: 5e-3}
+    real_judged = program_templates.judged
+    monkeypatch.setattr(program_templates, "judged",
+                        lambda key, by_trial, seconds: real_judged(key, by_trial, costs[by_trial]))
+    runs = []
+    real_meta, real_trial = capture._meta_judged, capture._trial_judged_run
+    monkeypatch.setattr(capture, "_meta_judged",
+                        lambda *a: runs.append("meta") or real_meta(*a))
+    monkeypatch.setattr(capture, "_trial_judged_run",
+                        lambda *a: runs.append("trial") or real_trial(*a))
+    w = torch.randn(4, 3, 3, 3)
+    before = program_templates.stats()
+    for batch in range(1, 8):
+        x = torch.randn(batch, 3, 6, 6)
+        got = F.conv2d(fastlazy.lazy(x), w, padding=1).to_eager()
+        torch.testing.assert_close(got, F.conv2d(x, w, padding=1))
+    # batch 1 traced; 2 and 3 by meta runs (1 ms > META_SLOW_SECONDS, the
+    # second time); 4 by a trial run (5 ms > 1 ms); 5-7 by meta runs again
+    assert runs == ["meta", "meta", "trial", "meta", "meta", "meta"]
+    assert _delta(before, "reused") == 6
 
 
 def _count_traces(monkeypatch):
@@ -178,7 +208,7 @@ def test_attention_whose_meta_kernel_lays_out_unlike_the_cpus_takes_its_template
     and the template's.  The fake run then judges the template (and accepts
     it), and the meta run is not tried again for that signature."""
     from fastlazy import capture
-    monkeypatch.setattr(capture, "META_SLOW_SECONDS", float("inf"))
+    monkeypatch.setattr(program_templates, "META_SLOW_SECONDS", float("inf"))
     traced = _count_traces(monkeypatch)
     meta_runs = []
     real_meta_run = capture._meta_run
