@@ -48,7 +48,8 @@ W3_LABELS = {
     "mlp": "W3 MLP 4x256 batch 1: enable() off vs on",
     "shape": "W3 add shape, 100 adds per call: meta tensor vs rule",
     "flush": "W3 cache-hit flush, 32 nodes",
-    "generic_conv2d": "W3 F.conv2d 1x3x8x8: eager runs it vs generic path records it",
+    "generic_conv2d": "W3 F.conv2d(padding='same') 1x3x8x8: eager runs it vs the generic "
+                      "path records it",
     "generic_view": "W3 x.view(-1): eager runs it vs generic path records it",
 }
 

@@ -58,8 +58,9 @@ cpdef enum Rule:
     R_LAYER_NORM = 16   # normalized_shape is structure, read by the rule
     R_DROPOUT = 17      # the input itself when not training (eager returns it)
     R_BATCH_NORM = 18   # inference only: the running statistics are read, not written
-    R_GENERIC = 19      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 20
+    R_CONV2D = 19       # F.conv2d of a batch: stride, padding, dilation, groups are structure
+    R_GENERIC = 20      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 21
 
 
 # Op flags (an op-table row's `flags`).
@@ -101,6 +102,10 @@ cpdef enum NodeFlag:
 #   reductions: bits 0-7 dim mask, KEEPDIM, DIM_GIVEN, bits 10-14 dtype code + 1
 #   softmax:    bits 0-3 dim, bits 10-14 dtype code + 1
 #   layer_norm: bits 0-3 len(normalized_shape)
+#   conv2d:     per spatial dim (height, then width) stride - 1 (2 bits),
+#               padding (3 bits) and dilation - 1 (2 bits) from bit
+#               CONV_STRIDE_SHIFT, CONV_PADDING_SHIFT, CONV_DILATION_SHIFT;
+#               groups - 1 in bits CONV_GROUPS_SHIFT+ (its row has no choice)
 #   every row:  bit ABSENT_SHIFT + i: optional operand i was not given;
 #               bits CHOICE_SHIFT..+3: index of the choice param's value
 #   generic:    bits 0-19 lowering id, bits GENERIC_OUT_SHIFT+: output index
@@ -114,6 +119,14 @@ cpdef enum:  # AttrLayout
     ATTR_ABSENT_SHIFT = 16
     ATTR_GENERIC_OUT_SHIFT = 20
     ATTR_CHOICE_SHIFT = 24
+    ATTR_CONV_STRIDE_SHIFT = 0
+    ATTR_CONV_STRIDE_BITS = 2
+    ATTR_CONV_PADDING_SHIFT = 4
+    ATTR_CONV_PADDING_BITS = 3
+    ATTR_CONV_DILATION_SHIFT = 10
+    ATTR_CONV_DILATION_BITS = 2
+    ATTR_CONV_GROUPS_SHIFT = 20
+    ATTR_CONV_GROUPS_BITS = 11
 
 
 # How a view's values follow from its place in its root's storage

@@ -12,9 +12,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from fastlazy._core import (ATTR_CHOICE_SHIFT, ATTR_DIM_MASK, ATTR_DTYPE_MASK,
-                            ATTR_DTYPE_SHIFT, ATTR_KEEPDIM, ATTR_SMALL_MASK, MAX_NDIM,
-                            Category, OpFlag, Rule, dtype_of_code)
+from fastlazy._core import (ATTR_CHOICE_SHIFT, ATTR_CONV_DILATION_BITS, ATTR_CONV_DILATION_SHIFT,
+                            ATTR_CONV_GROUPS_BITS, ATTR_CONV_GROUPS_SHIFT, ATTR_CONV_PADDING_BITS,
+                            ATTR_CONV_PADDING_SHIFT, ATTR_CONV_STRIDE_BITS, ATTR_CONV_STRIDE_SHIFT,
+                            ATTR_DIM_MASK, ATTR_DTYPE_MASK, ATTR_DTYPE_SHIFT, ATTR_KEEPDIM,
+                            ATTR_SMALL_MASK, MAX_NDIM, Category, OpFlag, Rule, dtype_of_code)
 
 # Dtype categories an op accepts (the computation dtype must be in the mask).
 BOOL, INT, FLOAT, COMPLEX = (Category.CAT_BOOL, Category.CAT_INT, Category.CAT_FLOAT,
@@ -28,7 +30,8 @@ NULLABLE = frozenset({"min", "max", "weight", "bias"})
 
 # Parameters that are structure, read by their rule rather than recorded as
 # operands (they sit between operands in the signature).
-RAW = frozenset({"normalized_shape", "training", "momentum"})
+RAW = frozenset({"normalized_shape", "training", "momentum", "stride", "padding", "dilation",
+                 "groups"})
 
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
@@ -115,6 +118,31 @@ class DTypeArg(AttrValue):
     def value(self, attr, dtype):
         code = attr >> ATTR_DTYPE_SHIFT & ATTR_DTYPE_MASK
         return None if code == 0 else dtype_of_code(code - 1)
+
+
+@dataclass(frozen=True)
+class Packed(AttrValue):
+    """An int packed in the attr at `shift`, `bits` wide, less `low`
+    (conv2d's groups)."""
+    shift: int
+    bits: int
+    low: int
+
+    def value(self, attr, dtype):
+        return (attr >> self.shift & (1 << self.bits) - 1) + self.low
+
+
+@dataclass(frozen=True)
+class PackedPair(AttrValue):
+    """A pair of such ints, side by side (conv2d's stride, padding,
+    dilation: height's, then width's)."""
+    shift: int
+    bits: int
+    low: int
+
+    def value(self, attr, dtype):
+        return [Packed(self.shift + k * self.bits, self.bits, self.low).value(attr, dtype)
+                for k in range(2)]
 
 
 @dataclass(frozen=True)
@@ -254,6 +282,17 @@ def _rows():
              ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
               "eps"), nrequired=3, cats=FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
              nn_functions=("batch_norm",))
+    # F.conv2d as nn.Conv2d calls it; other calls (padding="same", an
+    # unbatched input, sizes the attr cannot pack) are the generic path's
+    yield Op("conv2d", Rule.R_CONV2D,
+             c("conv2d", 0, 1, Opt(2),
+               PackedPair(ATTR_CONV_STRIDE_SHIFT, ATTR_CONV_STRIDE_BITS, 1),
+               PackedPair(ATTR_CONV_PADDING_SHIFT, ATTR_CONV_PADDING_BITS, 0),
+               PackedPair(ATTR_CONV_DILATION_SHIFT, ATTR_CONV_DILATION_BITS, 1),
+               Packed(ATTR_CONV_GROUPS_SHIFT, ATTR_CONV_GROUPS_BITS, 1)),
+             ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+             nrequired=2, noperands=3, cats=FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
+             nn_functions=("conv2d",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),
@@ -300,7 +339,7 @@ GENERIC_OPS = {
     # linear algebra
     "addmm": (True, True, False), "baddbmm": (True, True, False),
     # torch.nn.functional, where nn modules call it
-    "conv1d": (False, False, True), "conv2d": (False, False, True),
+    "conv1d": (False, False, True),
     "max_pool2d": (False, False, True), "avg_pool2d": (False, False, True),
     "adaptive_avg_pool2d": (False, False, True),
     "group_norm": (False, False, True), "embedding": (False, False, True),
@@ -371,6 +410,7 @@ def markdown() -> str:
                   Rule.R_RTRUEDIV: "reflected true division", Rule.R_LAYER_NORM: "layer norm",
                   Rule.R_DROPOUT: "identity in eval; eager in training",
                   Rule.R_BATCH_NORM: "batch norm (inference)",
+                  Rule.R_CONV2D: "2-d convolution of a batch",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:

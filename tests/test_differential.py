@@ -59,6 +59,7 @@ PARAM_KINDS = {
     "dim": "dim", "dtype": "dtype", "_stacklevel": "stacklevel",
     "normalized_shape": "shape", "eps": "number", "p": "number", "training": "flag",
     "running_mean": "operand", "running_var": "operand", "momentum": "number",
+    "stride": "size", "padding": "size", "dilation": "size", "groups": "size",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR)
@@ -586,8 +587,6 @@ GENERIC_ARGS = {
     "baddbmm": [((X234, T((2, 3, 5), F32), T((2, 5, 4), F32)), {})],
     "conv1d": [((T((2, 3, 8), F32), T((4, 3, 3), F32)), {"padding": 1}),
                ((T((2, 3, 8), F32), T((4, 3, 3), F32), T((4,), F32), 2), {})],
-    "conv2d": [((IMG, KERNEL), {}), ((IMG, KERNEL, T((4,), F32)), {"padding": 1, "stride": 2}),
-               ((IMG, T((6, 1, 3, 3), F32)), {"groups": 3}), ((IMG, T((4, 2, 3, 3), F32)), {})],
     "max_pool2d": [((IMG, 2), {}), ((IMG, 3, 2, 1), {}), ((IMG, 2), {"return_indices": True})],
     "avg_pool2d": [((IMG, 2), {}), ((IMG, 3), {"stride": 1, "padding": 1})],
     "adaptive_avg_pool2d": [((IMG, 1), {}), ((IMG, (2, 3)), {})],
@@ -643,6 +642,45 @@ def batch_norm_cases(row, form):
     yield Case(row, form, "pending", (IMG, c, c, c), pending=True)
 
 
+def conv2d_cases(row, form):
+    """input, weight, bias, stride, padding, dilation, groups: the C rule's
+    calls, and around them the ones it leaves to the generic path (padding
+    by name, an unbatched input, sizes beyond the attr's fields) and the
+    ones eager refuses."""
+    b = T((4,), F32)
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (T((2, 3, 6, 6), d), T((4, 3, 3, 3), d)))
+    yield Case(row, form, "dtypes", (IMG, T((4, 3, 3, 3), F64)))
+    yield Case(row, form, "dtypes", (IMG, KERNEL, T((4,), F64)))
+    for shape, kernel in (((1, 3, 5, 7), (4, 3, 3, 3)), ((2, 3, 3, 3), (4, 3, 3, 3)),
+                          ((2, 3, 2, 6), (4, 3, 3, 3)), ((2, 3, 6, 6), (4, 3, 1, 1)),
+                          ((2, 3, 6, 6), (4, 3, 2, 5)), ((3, 6, 6), (4, 3, 3, 3)),
+                          ((0, 3, 6, 6), (4, 3, 3, 3)), ((2, 3, 6, 6), (0, 3, 3, 3)),
+                          ((2, 4, 6, 6), (4, 3, 3, 3)), ((2, 3, 6, 6), (4, 3, 3)),
+                          ((2, 3, 6, 6, 1), (4, 3, 3, 3, 1))):
+        yield Case(row, form, "shapes", (T(shape, F32), T(kernel, F32)))
+    for bias in (b, None, T((3,), F32), T((1, 4), F32), T((), F32), 2.0):
+        yield Case(row, form, "params", (IMG, KERNEL, bias))
+    for stride in (1, 2, 4, 5, (1, 2), [2, 1], (2,), (1, 1, 1), 0, -1, 2.0, True, (1, 2.0),
+                   1 << 70):
+        yield Case(row, form, "params", (IMG, KERNEL, b, stride))
+    for padding in (0, 1, 7, 8, (0, 2), [1, 0], -1, 1.0, "same", "valid", "full", (1,)):
+        yield Case(row, form, "params", (IMG, KERNEL, b, 1, padding))
+    for dilation in (1, 2, (1, 2), 3, 5, 0, (2,)):
+        yield Case(row, form, "params", (T((1, 3, 12, 12), F32), KERNEL, b, 1, 0, dilation))
+    for groups, kernel in ((1, (4, 3, 3, 3)), (3, (6, 1, 3, 3)), (3, (4, 1, 3, 3)),
+                           (2, (4, 3, 3, 3)), (0, (4, 3, 3, 3)), (-1, (4, 3, 3, 3)),
+                           (3.0, (6, 1, 3, 3)), (True, (4, 3, 3, 3))):
+        yield Case(row, form, "params", (IMG, T(kernel, F32), None, 1, 0, 1, groups))
+    yield Case(row, form, "params", (T((1, 4096, 3, 3), F32), T((4096, 1, 1, 1), F32), None,
+                                     1, 0, 1, 4096))
+    yield Case(row, form, "keywords", (IMG, KERNEL), {"bias": b, "stride": 2, "padding": 1})
+    yield Case(row, form, "keywords", (IMG,), {"weight": KERNEL, "groups": 1})
+    yield Case(row, form, "keywords", (IMG, KERNEL), {"dilation": (2, 1), "padding": (2, 1)})
+    yield Case(row, form, "special", (T((2, 3, 6, 6), F32, special=True), KERNEL))
+    yield Case(row, form, "pending", (IMG, KERNEL, b), pending=True)
+
+
 def generic_cases(row, form):
     for args, kwargs in GENERIC_ARGS[row.name[len("generic_"):]]:
         if not form.takes_kwargs and kwargs:
@@ -661,6 +699,8 @@ def family(row):
         return "layer_norm"
     if row.rule == Rule.R_BATCH_NORM:
         return "batch_norm"
+    if row.rule == Rule.R_CONV2D:
+        return "conv2d"
     if row.rule in MATMUL_RULES:
         return "matmul"
     if row.rule == Rule.R_REDUCE:
@@ -679,6 +719,7 @@ def family(row):
 GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_cases,
               "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
               "layer_norm": layer_norm_cases, "batch_norm": batch_norm_cases,
+              "conv2d": conv2d_cases,
               "dropout": dropout_cases,
               "generic": generic_cases}
 
@@ -924,6 +965,8 @@ def _basic_call(row):
         return Case(row, form, "basic", (T((3, 4), F32), (4,), T((4,), F32), T((4,), F32)))
     if fam == "batch_norm":
         return Case(row, form, "basic", (IMG,) + (T((3,), F32),) * 4)
+    if fam == "conv2d":
+        return Case(row, form, "basic", (IMG, KERNEL, T((4,), F32), 1, 1))
     if fam == "dropout":    # in eval it is its (pending) input: nothing runs eagerly
         return Case(row, form, "basic", (T((3, 4), F32), 0.5, False), pending=True)
     return Case(row, form, "basic", (T((3, 4), F32),))
@@ -1048,6 +1091,9 @@ def _scalar_program(row, device="cpu"):
     if fam == "batch_norm":            # so is batch_norm's
         stats = [torch.rand(4).to(device) + 0.5 for _ in range(2)]
         return (3, 4), lambda x, s: form(x, *stats, None, None, False, 0.1, abs(s) * 1e-3)
+    if fam == "conv2d":
+        weight = torch.rand(4, 3, 3, 3).to(device)
+        return (2, 3, 6, 6), lambda x, s: form(x * s, weight, None, 1, 1)
     if fam == "matmul":
         shapes = [shape for shape in MATMUL_SHAPES[row.rule][0] if shape is not None]
         others = [torch.rand(shape).to(device) for shape in shapes[1:]]

@@ -20,12 +20,12 @@ def _delta(before, key):
     return program_templates.stats()[key] - before[key]
 
 
-def test_conv2d_at_other_sizes_takes_the_first_ones_program():
+def test_conv1d_at_other_sizes_takes_the_first_ones_program():
     before = program_templates.stats()
     for channels, size in [(3, 8), (5, 8), (3, 12), (7, 5)]:
-        x, w = torch.randn(2, channels, size, size), torch.randn(4, channels, 3, 3)
-        got = F.conv2d(fastlazy.lazy(x), w, padding=1).to_eager()
-        torch.testing.assert_close(got, F.conv2d(x, w, padding=1))
+        x, w = torch.randn(2, channels, size), torch.randn(4, channels, 3)
+        got = F.conv1d(fastlazy.lazy(x), w, padding=1).to_eager()
+        torch.testing.assert_close(got, F.conv1d(x, w, padding=1))
     assert _delta(before, "reused") == 3
 
 
@@ -166,12 +166,12 @@ def test_signatures_whose_trial_runs_are_slower_go_back_to_meta_runs(monkeypatch
                         lambda *a: runs.append("meta") or real_meta(*a))
     monkeypatch.setattr(capture, "_trial_judged_run",
                         lambda *a: runs.append("trial") or real_trial(*a))
-    w = torch.randn(4, 3, 3, 3)
+    w = torch.randn(4, 3, 3)
     before = program_templates.stats()
     for batch in range(1, 8):
-        x = torch.randn(batch, 3, 6, 6)
-        got = F.conv2d(fastlazy.lazy(x), w, padding=1).to_eager()
-        torch.testing.assert_close(got, F.conv2d(x, w, padding=1))
+        x = torch.randn(batch, 3, 6)
+        got = F.conv1d(fastlazy.lazy(x), w, padding=1).to_eager()
+        torch.testing.assert_close(got, F.conv1d(x, w, padding=1))
     # batch 1 traced; 2 and 3 by meta runs (1 ms > META_SLOW_SECONDS, the
     # second time); 4 by a trial run (5 ms > 1 ms); 5-7 by meta runs again
     assert runs == ["meta", "meta", "trial", "meta", "meta", "meta"]

@@ -76,7 +76,10 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             # a view of another tensor (made by an eager fallback such as
             # x[0] or x.view(-1)): writing through it must reach its base
             return run_eager(entry, args, nargs, kwnames, form, "in-place through a view")
-    if apply_rule(op, ops, nops, p, &out, &attr) != RULE_OK:
+    cdef int verdict = apply_rule(op, ops, nops, p, &out, &attr)
+    if verdict == RULE_RUN_EAGER:
+        return run_eager(entry, args, nargs, kwnames, form, "its C rule leaves it to eager")
+    if verdict != RULE_OK:
         return call_generic(entry, args, nargs, kwnames, form,
                             not op_flags[op] & OPF_RULE_IN_GENERIC)
     if not out.requires_grad:

@@ -14,6 +14,7 @@
 cdef enum RuleResult:
     RULE_OK = 0
     RULE_EAGER = 1
+    RULE_RUN_EAGER = 2      # not even the generic path: eager runs the call (it judges)
 
 
 
@@ -139,6 +140,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return layer_norm_rule(op, ops, p, out, attr)
     if rule == R_BATCH_NORM:
         return batch_norm_rule(op, ops, p, out)
+    if rule == R_CONV2D:
+        return conv2d_rule(op, ops, p, out, attr)
     if R_MM <= rule <= R_LINEAR:
         return matmul_rule(op, rule, ops, out)
     if rule == R_RTRUEDIV:
@@ -524,3 +527,89 @@ cdef int matmul_rule(int op, int rule, Operand *ops, Meta *out) except -1:
         out.ndim += 1
     return RULE_OK
 
+
+
+cdef bint small_int(object value, int64_t low, int bits, int64_t *out) except -1:
+    """value is an int in [low, low + 2**bits): stored in out."""
+    if type(value) is not int:
+        return False
+    cdef int overflow = 0
+    cdef int64_t v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow or not low <= v < low + (1 << bits):
+        return False
+    out[0] = v
+    return True
+
+
+cdef bint conv_pair(PyObject *p, int64_t default, int64_t low, int bits,
+                    int64_t *pair) except -1:
+    """One of conv2d's stride, padding, dilation: an int or a pair of ints
+    (tuple or list), each in [low, low + 2**bits) -- what the attr packs;
+    False for anything else (the generic path takes the call)."""
+    if p == NULL:
+        pair[0] = pair[1] = default
+        return True
+    value = <object>p
+    if type(value) is int:
+        if not small_int(value, low, bits, pair):
+            return False
+        pair[1] = pair[0]
+        return True
+    if type(value) is tuple and PyTuple_GET_SIZE(value) == 2:
+        return (small_int(<object>PyTuple_GET_ITEM(value, 0), low, bits, pair)
+                and small_int(<object>PyTuple_GET_ITEM(value, 1), low, bits, pair + 1))
+    if type(value) is list and len(value) == 2:
+        return small_int(value[0], low, bits, pair) and small_int(value[1], low, bits, pair + 1)
+    return False
+
+
+cdef int conv2d_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: input, weight, bias, stride, padding, dilation, groups.  A
+    # batch (N, C, H, W) of floats, the weight and bias of its dtype and
+    # device, and the sizes nn.Conv2d passes; an unbatched input, padding
+    # 'same' or 'valid', sizes beyond the attr's fields, empty tensors and
+    # every call eager refuses take the generic path (OPF_RULE_IN_GENERIC),
+    # as a generic row's calls: no trial run, so a large one is recorded.
+    # Empty tensors run eagerly: the generic path may judge such a call by
+    # a template on meta tensors, and meta's convolution does not refuse a
+    # weight with no output channels as the CPU kernel does.
+    cdef Meta *x = ops[0].m
+    cdef Meta *w
+    cdef int64_t stride[2]
+    cdef int64_t padding[2]
+    cdef int64_t dilation[2]
+    cdef int64_t groups = 1, extent
+    cdef int i
+    if not is_tensor(&ops[0]) or not is_tensor(&ops[1]):
+        return RULE_EAGER
+    if not same_dtype_device(ops, 3, out) or not cat_ok(op, out.dtype):
+        return RULE_EAGER
+    w = ops[1].m
+    if x.ndim != 4 or w.ndim != 4:
+        return RULE_EAGER
+    if ops[2].kind != K_ABSENT and (ops[2].m.ndim != 1 or ops[2].m.shape[0] != w.shape[0]):
+        return RULE_EAGER
+    if (not conv_pair(p[3], 1, 1, ATTR_CONV_STRIDE_BITS, stride)
+            or not conv_pair(p[4], 0, 0, ATTR_CONV_PADDING_BITS, padding)
+            or not conv_pair(p[5], 1, 1, ATTR_CONV_DILATION_BITS, dilation)):
+        return RULE_EAGER
+    if p[6] != NULL and not small_int(<object>p[6], 1, ATTR_CONV_GROUPS_BITS, &groups):
+        return RULE_EAGER
+    for i in range(4):
+        if x.shape[i] == 0 or w.shape[i] == 0:
+            return RULE_RUN_EAGER
+    if x.shape[1] != w.shape[1] * groups or w.shape[0] % groups != 0:
+        return RULE_EAGER
+    out.ndim = 4
+    out.shape[0] = x.shape[0]
+    out.shape[1] = w.shape[0]
+    for i in range(2):
+        extent = dilation[i] * (w.shape[2 + i] - 1) + 1
+        if x.shape[2 + i] + 2 * padding[i] < extent:
+            return RULE_EAGER          # the kernel is larger than the padded input
+        out.shape[2 + i] = (x.shape[2 + i] + 2 * padding[i] - extent) // stride[i] + 1
+        attr[0] |= ((stride[i] - 1) << (ATTR_CONV_STRIDE_SHIFT + i * ATTR_CONV_STRIDE_BITS)
+                    | padding[i] << (ATTR_CONV_PADDING_SHIFT + i * ATTR_CONV_PADDING_BITS)
+                    | (dilation[i] - 1) << (ATTR_CONV_DILATION_SHIFT + i * ATTR_CONV_DILATION_BITS))
+    attr[0] |= (groups - 1) << ATTR_CONV_GROUPS_SHIFT
+    return RULE_OK
