@@ -59,8 +59,9 @@ cpdef enum Rule:
     R_DROPOUT = 17      # the input itself when not training (eager returns it)
     R_BATCH_NORM = 18   # inference only: the running statistics are read, not written
     R_CONV2D = 19       # F.conv2d of a batch: stride, padding, dilation, groups are structure
-    R_GENERIC = 20      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 21
+    R_ADDMM = 20        # input + mat1 @ mat2 (beta and alpha at their defaults)
+    R_GENERIC = 21      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 22
 
 
 # Op flags (an op-table row's `flags`).

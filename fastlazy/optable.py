@@ -30,8 +30,7 @@ NULLABLE = frozenset({"min", "max", "weight", "bias"})
 
 # Parameters that are structure, read by their rule rather than recorded as
 # operands (they sit between operands in the signature).
-RAW = frozenset({"normalized_shape", "training", "momentum", "stride", "padding", "dilation",
-                 "groups"})
+RAW = frozenset({"normalized_shape", "training", "momentum"})
 
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
@@ -264,6 +263,11 @@ def _rows():
              cats=FLOAT | COMPLEX, functions=("bmm",), methods=("bmm",))
     yield Op("matmul", Rule.R_MATMUL, c("matmul", 0, 1), ("input", "other"), nrequired=2,
              cats=FLOAT | COMPLEX, functions=("matmul",), methods=("matmul", "__matmul__"))
+    # beta and alpha given: the generic path's (as are the calls the rule leaves)
+    yield Op("addmm", Rule.R_ADDMM, c("addmm", 0, 1, 2),
+             ("input", "mat1", "mat2", "beta", "alpha"), nrequired=3, npos=3, noperands=3,
+             cats=FLOAT | COMPLEX,
+             flags=OpFlag.OPF_RULE_IN_GENERIC, functions=("addmm",), methods=("addmm",))
     yield Op("linear", Rule.R_LINEAR, c("linear", 0, 1, Opt(2)), ("input", "weight", "bias"),
              nrequired=2, cats=FLOAT | COMPLEX, nn_functions=("linear",))
     # dropout records nothing: in eval (or p=0) it is its input, as in eager;
@@ -337,7 +341,7 @@ GENERIC_OPS = {
     "all": (True, True, False), "any": (True, True, False),
     "cumsum": (True, True, False),
     # linear algebra
-    "addmm": (True, True, False), "baddbmm": (True, True, False),
+    "baddbmm": (True, True, False),
     # torch.nn.functional, where nn modules call it
     "conv1d": (False, False, True),
     "max_pool2d": (False, False, True), "avg_pool2d": (False, False, True),
@@ -407,6 +411,7 @@ def markdown() -> str:
                   Rule.R_CLAMP: "clamp", Rule.R_REDUCE: "reduction", Rule.R_SOFTMAX: "softmax",
                   Rule.R_MM: "matrix product", Rule.R_BMM: "matrix product",
                   Rule.R_MATMUL: "matrix product", Rule.R_LINEAR: "linear",
+                  Rule.R_ADDMM: "matrix product plus input",
                   Rule.R_RTRUEDIV: "reflected true division", Rule.R_LAYER_NORM: "layer norm",
                   Rule.R_DROPOUT: "identity in eval; eager in training",
                   Rule.R_BATCH_NORM: "batch norm (inference)",

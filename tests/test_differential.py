@@ -60,9 +60,10 @@ PARAM_KINDS = {
     "normalized_shape": "shape", "eps": "number", "p": "number", "training": "flag",
     "running_mean": "operand", "running_var": "operand", "momentum": "number",
     "stride": "size", "padding": "size", "dilation": "size", "groups": "size",
+    "mat1": "operand", "beta": "number",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
-MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR)
+MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR, Rule.R_ADDMM)
 
 
 # --------------------------------------------------------------------------
@@ -434,6 +435,11 @@ MATMUL_SHAPES = {
                ((2, 1, 3, 4), (5, 4, 2)), ((5, 3, 4), (4,)), ((4,), (2, 4, 3)),
                ((2, 0, 3), (3, 2)), ((), (3,)), ((3,), (4,)), ((2, 3, 4), (3, 4, 5)),
                ((3,), ())),
+    Rule.R_ADDMM: (((4,), (3, 5), (5, 4)), ((3, 4), (3, 5), (5, 4)), ((1, 4), (3, 5), (5, 4)),
+              ((3, 1), (3, 5), (5, 4)), ((), (3, 5), (5, 4)), ((1,), (3, 5), (5, 4)),
+              ((2,), (3, 5), (5, 4)), ((4,), (3, 5), (4, 4)), ((4,), (0, 5), (5, 4)),
+              ((4,), (3, 0), (0, 4)), ((0,), (3, 5), (5, 0)), ((4,), (2, 3, 5), (5, 4)),
+              ((2, 3, 4), (3, 5), (5, 4)), ((4,), (5,), (5, 4))),
     Rule.R_LINEAR: (((3, 4), (5, 4), (5,)), ((4,), (5, 4), (5,)), ((2, 3, 4), (5, 4), None),
                ((3, 4), (5, 4), (4,)), ((3, 4), (4, 5), None), ((3, 4), (5, 4), ()),
                ((0, 4), (5, 4), (5,)), ((3, 4), (5, 4), (1,)), ((3, 0), (2, 0), (2,))),
@@ -474,6 +480,12 @@ def matmul_cases(row, form):
         if nops > 2:
             yield Case(row, form, "keywords", a[:2], {row.params[2]: a[2]})
             yield Case(row, form, "keywords", a[:2], {row.params[2]: None})
+    if row.rule == Rule.R_ADDMM and form.takes_kwargs:
+        # beta and alpha (keyword-only): the generic path's calls
+        a = ops(good, [F32] * 3)
+        for beta, alpha in ((0.5, 2), (0, 1), (1, 0.25), (True, 1), (2, 1j), ("x", 1)):
+            yield Case(row, form, "keywords", a, {"beta": beta, "alpha": alpha})
+        yield Case(row, form, "keywords", a, {"beta": 0.5})
 
 
 def layer_norm_cases(row, form):
@@ -581,9 +593,6 @@ GENERIC_ARGS = {
     "all": [((T((3, 4), BOOL),), {}), ((X34, 1), {}), ((T((3, 4), I64), 0), {"keepdim": True})],
     "any": [((T((3, 4), BOOL),), {}), ((X34, 0), {})],
     "cumsum": [((X34, 1), {}), ((T((3, 4), I32), 0), {}), ((X34, 0), {"dtype": F64})],
-    "addmm": [((T((4,), F32), T((3, 5), F32), T((5, 4), F32)), {}),
-              ((X34, T((3, 2), F32), T((2, 4), F32)), {"beta": 0.5, "alpha": 2}),
-              ((X34, T((3, 2), F32), T((3, 4), F32)), {})],
     "baddbmm": [((X234, T((2, 3, 5), F32), T((2, 5, 4), F32)), {})],
     "conv1d": [((T((2, 3, 8), F32), T((4, 3, 3), F32)), {"padding": 1}),
                ((T((2, 3, 8), F32), T((4, 3, 3), F32), T((4,), F32), 2), {})],

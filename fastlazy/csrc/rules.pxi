@@ -144,6 +144,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return conv2d_rule(op, ops, p, out, attr)
     if R_MM <= rule <= R_LINEAR:
         return matmul_rule(op, rule, ops, out)
+    if rule == R_ADDMM:
+        return addmm_rule(op, ops, p, out)
     if rule == R_RTRUEDIV:
         # the reciprocal makes an integral self float before promotion
         recip = ops[0]
@@ -527,6 +529,31 @@ cdef int matmul_rule(int op, int rule, Operand *ops, Meta *out) except -1:
         out.ndim += 1
     return RULE_OK
 
+
+
+cdef int addmm_rule(int op, Operand *ops, PyObject **p, Meta *out) except -1:
+    """input + mat1 @ mat2 (torch.addmm, as GPT-2's Conv1D calls it): one
+    dtype and device, no promotion, input broadcast to (n, p).  beta and
+    alpha given, empty matrices and the rest: the generic path."""
+    if p[3] != NULL or p[4] != NULL:
+        return RULE_EAGER
+    if not same_dtype_device(ops, 3, out) or not cat_ok(op, out.dtype):
+        return RULE_EAGER
+    cdef Meta *c = ops[0].m
+    cdef Meta *a = ops[1].m
+    cdef Meta *b = ops[2].m
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or c.ndim > 2:
+        return RULE_EAGER
+    if a.shape[0] == 0 or a.shape[1] == 0 or b.shape[1] == 0:
+        return RULE_EAGER
+    out.ndim = 2
+    out.shape[0] = a.shape[0]
+    out.shape[1] = b.shape[1]
+    cdef int i
+    for i in range(c.ndim):
+        if c.shape[i] != 1 and c.shape[i] != out.shape[2 - c.ndim + i]:
+            return RULE_EAGER
+    return RULE_OK
 
 
 cdef bint small_int(object value, int64_t low, int bits, int64_t *out) except -1:
