@@ -60,8 +60,11 @@ cpdef enum Rule:
     R_BATCH_NORM = 18   # inference only: the running statistics are read, not written
     R_CONV2D = 19       # F.conv2d of a batch: stride, padding, dilation, groups are structure
     R_ADDMM = 20        # input + mat1 @ mat2 (beta and alpha at their defaults)
-    R_GENERIC = 21      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 22
+    R_MAX_POOL2D = 21   # F.max_pool2d without indices: its sizes are structure
+    R_ADAPTIVE_AVG_POOL2D = 22  # to a fixed output size
+    R_EMBEDDING = 23    # F.embedding as nn.Embedding calls it (no max_norm, dense)
+    R_GENERIC = 24      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 25
 
 
 # Op flags (an op-table row's `flags`).
@@ -107,6 +110,10 @@ cpdef enum NodeFlag:
 #               padding (3 bits) and dilation - 1 (2 bits) from bit
 #               CONV_STRIDE_SHIFT, CONV_PADDING_SHIFT, CONV_DILATION_SHIFT;
 #               groups - 1 in bits CONV_GROUPS_SHIFT+ (its row has no choice)
+#   max_pool2d: per spatial dim kernel - 1 and stride - 1 (3 bits), padding
+#               and dilation - 1 (2 bits), from POOL_*_SHIFT; POOL_CEIL_MODE
+#   adaptive_avg_pool2d: output height - 1, width - 1 (8 bits each, bit 0+)
+#   embedding:  padding_idx + 1 (0: none) in bits 0-15
 #   every row:  bit ABSENT_SHIFT + i: optional operand i was not given;
 #               bits CHOICE_SHIFT..+3: index of the choice param's value
 #   generic:    bits 0-19 lowering id, bits GENERIC_OUT_SHIFT+: output index
@@ -128,6 +135,17 @@ cpdef enum:  # AttrLayout
     ATTR_CONV_DILATION_BITS = 2
     ATTR_CONV_GROUPS_SHIFT = 20
     ATTR_CONV_GROUPS_BITS = 11
+    ATTR_POOL_KERNEL_SHIFT = 0
+    ATTR_POOL_KERNEL_BITS = 3
+    ATTR_POOL_STRIDE_SHIFT = 6
+    ATTR_POOL_STRIDE_BITS = 3
+    ATTR_POOL_PADDING_SHIFT = 12
+    ATTR_POOL_PADDING_BITS = 2
+    ATTR_POOL_DILATION_SHIFT = 20
+    ATTR_POOL_DILATION_BITS = 2
+    ATTR_POOL_CEIL_MODE = 1 << 24
+    ATTR_ADAPTIVE_SIZE_BITS = 8
+    ATTR_EMBEDDING_PADDING_BITS = 16
 
 
 # How a view's values follow from its place in its root's storage

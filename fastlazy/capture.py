@@ -52,6 +52,19 @@ class Unsafe(Exception):
     (it runs eagerly, and explain() lists it with that reason)."""
 
 
+class WritesInputs(Unsafe):
+    """Unsafe: the call writes some of its tensor arguments in place
+    (F.embedding's max_norm renormalizes the weight's rows).  `written`:
+    their positions among the call's tensors (signature_key's order), or
+    None where the program does not say which; generic.py hands the
+    LazyTensors themselves to the eager run, which must write them and not
+    the tensors they were made from."""
+
+    def __init__(self, reason, written):
+        super().__init__(reason)
+        self.written = written
+
+
 class Signature:
     """What a call signature's first call showed: the `reason` it is not
     recorded (None if it is); else `kinds`, per result leaf ("new", a "view"
@@ -62,11 +75,12 @@ class Signature:
     (interned by generic.py); `nested`: a cat-like call recorded as a tree
     of such calls; `sequence`: tuple or list where `spec` is that sequence
     of leaves (results rebuilt without pytree), else None."""
-    __slots__ = ("reason", "lowering", "kinds", "recorded", "spec", "detach", "nested",
-                 "constants", "draws", "sequence")
+    __slots__ = ("reason", "written", "lowering", "kinds", "recorded", "spec", "detach",
+                 "nested", "constants", "draws", "sequence")
 
-    def __init__(self, reason=None):
+    def __init__(self, reason=None, written=()):
         self.reason = reason
+        self.written = written      # a refused call's WritesInputs.written
         self.nested = False
         self.constants = ()
         self.draws = ()
@@ -582,6 +596,13 @@ def _writes_an_input(node, inputs):
     view of one)?  Writes into the program's own intermediates (GRU's cells
     add in place) keep the program pure as seen from outside; the backends
     run them as written."""
+    return _written_inputs(node, inputs) != frozenset()
+
+
+def _written_inputs(node, inputs):
+    """The positions of the program's inputs this aten call writes (or
+    writes a view of): a frozenset, or None where it cannot tell."""
+    found = set()
     for k, arg in enumerate(node.target._schema.arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
             continue
@@ -589,11 +610,10 @@ def _writes_an_input(node, inputs):
         for written in (value if isinstance(value, (list, tuple)) else [value]):
             fake = written.meta.get("val") if isinstance(written, torch.fx.Node) else None
             if not isinstance(fake, torch.Tensor):
-                return True             # cannot tell: assume the worst
-            if any(isinstance(i, torch.Tensor) and torch._C._is_alias_of(fake, i)
-                   for i in inputs):
-                return True
-    return False
+                return None             # cannot tell: assume the worst
+            found.update(i for i, t in enumerate(inputs)
+                         if isinstance(t, torch.Tensor) and torch._C._is_alias_of(fake, t))
+    return frozenset(found)
 
 
 def _trace(func, args, kwargs, examples, contiguous):
@@ -656,8 +676,10 @@ def _checked(program, contiguous):
         target = node.target
         if not isinstance(target, torch._ops.OpOverload):
             raise Unsafe(f"calls {target} (not an aten op)")
-        if target._schema.is_mutable and _writes_an_input(node, inputs):
-            raise Unsafe(f"{target} mutates its input")
+        if target._schema.is_mutable:
+            written = _written_inputs(node, inputs)
+            if written != frozenset():
+                raise WritesInputs(f"{target} mutates its input", written)
         if target in _UPDATES_RUNNING_STATS and node.args[5] and node.args[3] is not None:
             raise Unsafe("updates batch-norm running statistics in place (eager buffers)")
         for tag, reason in _REFUSED_TAGS.items():

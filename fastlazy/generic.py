@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from fastlazy import _core, capture, program_templates, views
 from fastlazy._core import LazyTensor
-from fastlazy.capture import MAX_INPUTS, Signature, Unsafe
+from fastlazy.capture import MAX_INPUTS, Signature, Unsafe, WritesInputs
 
 MAX_SIGNATURES = 20_000       # signatures kept before the cache starts over
 
@@ -113,6 +113,11 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
                 _core.forget_generic()
             _signatures[key] = sig
     if sig.reason is not None:
+        if sig.written != ():
+            # the eager run writes these arguments (all of them where the
+            # program did not say which)
+            raise WritesInputs(sig.reason, [t for i, t in enumerate(tensors)
+                                            if sig.written is None or i in sig.written])
         raise Unsafe(sig.reason)
     if sig.nested:
         return _record_nested(func, args, kwargs, name)
@@ -273,6 +278,8 @@ def _analyse(func, args, kwargs, tensors, name, ruled):
         elif program is not None:
             sig.lowering = _intern(program, name)
         return sig
+    except WritesInputs as exc:
+        return Signature(str(exc), exc.written)
     except Unsafe as exc:
         return Signature(str(exc))
 

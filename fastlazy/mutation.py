@@ -167,8 +167,7 @@ def run_inplace(func, name, args, kwargs):
         if _leaf_under_no_grad(target):
             # eager writes the leaf itself: it stays a leaf that requires
             # grad, with its gradient (an optimizer's step, then p.grad read)
-            clone.requires_grad_(True)
-            clone.grad = value.grad
+            _as_leaf(clone, value)
         _core.rebind_value(target, clone)
         if target.family is not None:
             after_mutation(target)
@@ -177,6 +176,36 @@ def run_inplace(func, name, args, kwargs):
     # the contents they were recorded with.
     _core.mark_step()
     return func(*materialize(args), **materialize(kwargs))   # stays eager
+
+
+def own_values(targets):
+    """Give each LazyTensor in `targets` a value of its own, which a call
+    run eagerly then writes (F.embedding with max_norm, whose eager run
+    renormalizes its weight's rows): a LazyTensor never writes into the
+    tensor it was made from.  Views and their roots keep theirs (a write
+    through a view reaches its root: mutation's own paths)."""
+    seen = set()
+    for target in targets:
+        if type(target) is not LazyTensor or id(target) in seen or target.family is not None:
+            continue
+        seen.add(id(target))
+        value = target.to_eager()
+        if value._is_view():
+            continue
+        if value.is_leaf and value.requires_grad:
+            # a leaf that requires grad (a parameter) stays one, with its
+            # gradient, as eager's leaf would when written under no_grad
+            with torch.no_grad():
+                clone = value.clone()
+            _as_leaf(clone, value)
+        else:
+            clone = value.clone()
+        _core.rebind_value(target, clone)
+
+
+def _as_leaf(clone, value):
+    clone.requires_grad_(True)
+    clone.grad = value.grad
 
 
 def write_overlapping(func, name, args, kwargs):

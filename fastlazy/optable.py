@@ -12,10 +12,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from fastlazy._core import (ATTR_CHOICE_SHIFT, ATTR_CONV_DILATION_BITS, ATTR_CONV_DILATION_SHIFT,
-                            ATTR_CONV_GROUPS_BITS, ATTR_CONV_GROUPS_SHIFT, ATTR_CONV_PADDING_BITS,
-                            ATTR_CONV_PADDING_SHIFT, ATTR_CONV_STRIDE_BITS, ATTR_CONV_STRIDE_SHIFT,
-                            ATTR_DIM_MASK, ATTR_DTYPE_MASK, ATTR_DTYPE_SHIFT, ATTR_KEEPDIM,
+from fastlazy._core import (ATTR_ADAPTIVE_SIZE_BITS, ATTR_CHOICE_SHIFT, ATTR_CONV_DILATION_BITS,
+                            ATTR_CONV_DILATION_SHIFT, ATTR_CONV_GROUPS_BITS, ATTR_CONV_GROUPS_SHIFT,
+                            ATTR_CONV_PADDING_BITS, ATTR_CONV_PADDING_SHIFT, ATTR_CONV_STRIDE_BITS,
+                            ATTR_CONV_STRIDE_SHIFT, ATTR_DIM_MASK, ATTR_DTYPE_MASK,
+                            ATTR_DTYPE_SHIFT, ATTR_EMBEDDING_PADDING_BITS, ATTR_KEEPDIM,
+                            ATTR_POOL_CEIL_MODE, ATTR_POOL_DILATION_BITS, ATTR_POOL_DILATION_SHIFT,
+                            ATTR_POOL_KERNEL_BITS, ATTR_POOL_KERNEL_SHIFT, ATTR_POOL_PADDING_BITS,
+                            ATTR_POOL_PADDING_SHIFT, ATTR_POOL_STRIDE_BITS, ATTR_POOL_STRIDE_SHIFT,
                             ATTR_SMALL_MASK, MAX_NDIM, Category, OpFlag, Rule, dtype_of_code)
 
 # Dtype categories an op accepts (the computation dtype must be in the mask).
@@ -142,6 +146,15 @@ class PackedPair(AttrValue):
     def value(self, attr, dtype):
         return [Packed(self.shift + k * self.bits, self.bits, self.low).value(attr, dtype)
                 for k in range(2)]
+
+
+@dataclass(frozen=True)
+class Flag(AttrValue):
+    """A bool that is one bit of the attr (max_pool2d's ceil_mode)."""
+    bit: int
+
+    def value(self, attr, dtype):
+        return bool(attr & self.bit)
 
 
 @dataclass(frozen=True)
@@ -297,6 +310,30 @@ def _rows():
              ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
              nrequired=2, noperands=3, cats=FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
              nn_functions=("conv2d",))
+    # pooling: sizes packed in the attr, as conv2d's; indices (a second
+    # result) and sizes beyond the attr's fields are the generic path's
+    yield Op("max_pool2d", Rule.R_MAX_POOL2D,
+             c("max_pool2d", 0,
+               PackedPair(ATTR_POOL_KERNEL_SHIFT, ATTR_POOL_KERNEL_BITS, 1),
+               PackedPair(ATTR_POOL_STRIDE_SHIFT, ATTR_POOL_STRIDE_BITS, 1),
+               PackedPair(ATTR_POOL_PADDING_SHIFT, ATTR_POOL_PADDING_BITS, 0),
+               PackedPair(ATTR_POOL_DILATION_SHIFT, ATTR_POOL_DILATION_BITS, 1),
+               Flag(ATTR_POOL_CEIL_MODE)),
+             ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
+              "return_indices"),
+             nrequired=2, noperands=1, cats=INT | FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
+             nn_functions=("max_pool2d",))
+    yield Op("adaptive_avg_pool2d", Rule.R_ADAPTIVE_AVG_POOL2D,
+             c("adaptive_avg_pool2d", 0, PackedPair(0, ATTR_ADAPTIVE_SIZE_BITS, 1)),
+             ("input", "output_size"), nrequired=2, noperands=1, cats=FLOAT,
+             flags=OpFlag.OPF_RULE_IN_GENERIC, nn_functions=("adaptive_avg_pool2d",))
+    # F.embedding(input, weight, ...) lowers to aten::embedding(weight, input)
+    yield Op("embedding", Rule.R_EMBEDDING,
+             c("embedding", 1, 0, Packed(0, ATTR_EMBEDDING_PADDING_BITS, -1)),
+             ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
+              "sparse"),
+             nrequired=2, noperands=2, flags=OpFlag.OPF_RULE_IN_GENERIC,
+             nn_functions=("embedding",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),
@@ -344,9 +381,8 @@ GENERIC_OPS = {
     "baddbmm": (True, True, False),
     # torch.nn.functional, where nn modules call it
     "conv1d": (False, False, True),
-    "max_pool2d": (False, False, True), "avg_pool2d": (False, False, True),
-    "adaptive_avg_pool2d": (False, False, True),
-    "group_norm": (False, False, True), "embedding": (False, False, True),
+    "avg_pool2d": (False, False, True),
+    "group_norm": (False, False, True),
     "cross_entropy": (False, False, True), "mse_loss": (False, False, True),
     "nll_loss": (False, False, True), "scaled_dot_product_attention": (False, False, True),
     "pad": (False, False, True), "softplus": (False, False, True),
@@ -416,6 +452,8 @@ def markdown() -> str:
                   Rule.R_DROPOUT: "identity in eval; eager in training",
                   Rule.R_BATCH_NORM: "batch norm (inference)",
                   Rule.R_CONV2D: "2-d convolution of a batch",
+                  Rule.R_MAX_POOL2D: "2-d max pooling", Rule.R_EMBEDDING: "embedding lookup",
+                  Rule.R_ADAPTIVE_AVG_POOL2D: "adaptive 2-d average pooling",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:

@@ -74,9 +74,14 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
             out = generic.record(func, args, kwargs, name, ruled=ruled, prepared=prepared)
     except Unsafe as exc:
         reason = str(exc)
+        written = getattr(exc, "written", None)
     else:
         _core.count("generic_calls")
         return out
+    if written:
+        # (a call that writes some of its LazyTensor arguments, not as its
+        # in-place form: F.embedding's max_norm renormalizes the weight)
+        mutation.own_values(written)
     # run outside the except block: an exception eager raises (a shape
     # error) is then the user's alone, not chained "during handling of" our
     # internal Unsafe

@@ -61,6 +61,9 @@ PARAM_KINDS = {
     "running_mean": "operand", "running_var": "operand", "momentum": "number",
     "stride": "size", "padding": "size", "dilation": "size", "groups": "size",
     "mat1": "operand", "beta": "number",
+    "kernel_size": "size", "ceil_mode": "flag", "return_indices": "flag", "output_size": "size",
+    "padding_idx": "size", "max_norm": "number", "norm_type": "number",
+    "scale_grad_by_freq": "flag", "sparse": "flag",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR, Rule.R_ADDMM)
@@ -596,13 +599,8 @@ GENERIC_ARGS = {
     "baddbmm": [((X234, T((2, 3, 5), F32), T((2, 5, 4), F32)), {})],
     "conv1d": [((T((2, 3, 8), F32), T((4, 3, 3), F32)), {"padding": 1}),
                ((T((2, 3, 8), F32), T((4, 3, 3), F32), T((4,), F32), 2), {})],
-    "max_pool2d": [((IMG, 2), {}), ((IMG, 3, 2, 1), {}), ((IMG, 2), {"return_indices": True})],
     "avg_pool2d": [((IMG, 2), {}), ((IMG, 3), {"stride": 1, "padding": 1})],
-    "adaptive_avg_pool2d": [((IMG, 1), {}), ((IMG, (2, 3)), {})],
     "group_norm": [((IMG, 3), {}), ((IMG, 1, T((3,), F32), T((3,), F32)), {}), ((IMG, 2), {})],
-    "embedding": [((T((2, 3), I64, index=10), T((10, 4), F32)), {}),
-                  ((T((5,), I64, index=10), T((10, 4), F32)), {"padding_idx": 0}),
-                  ((T((5,), F32), T((10, 4), F32)), {})],
     "cross_entropy": [((X34, T((3,), I64, index=4)), {}),
                       ((X34, T((3, 4), F32)), {"label_smoothing": 0.1}),
                       ((X34, T((3,), I64, index=4)), {"reduction": "sum", "ignore_index": 2})],
@@ -690,6 +688,69 @@ def conv2d_cases(row, form):
     yield Case(row, form, "pending", (IMG, KERNEL, b), pending=True)
 
 
+def pooling_cases(row, form):
+    """max_pool2d (input, kernel_size, stride, padding, dilation, ceil_mode,
+    return_indices) and adaptive_avg_pool2d (input, output_size): the C
+    rules' calls and, around them, the generic path's and eager's errors."""
+    max_pool = row.rule == Rule.R_MAX_POOL2D
+    size = 2
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (T((2, 3, 6, 6), d), size))
+    for shape in ((2, 3, 7, 5), (3, 6, 6), (1, 1, 2, 2), (0, 3, 6, 6), (2, 0, 6, 6),
+                  (2, 3, 0, 6), (6, 6), (6,), (1, 2, 3, 6, 6)):
+        yield Case(row, form, "shapes", (T(shape, F32), size))
+    if max_pool:
+        for kernel in (1, 3, 8, 9, (2, 3), [3, 1], 0, -1, (2,), 2.0, (7, 7)):
+            yield Case(row, form, "params", (IMG, kernel))
+        for stride in (None, 1, 3, 8, 9, (1, 2), [], (), 0, 2.5):
+            yield Case(row, form, "params", (IMG, 3, stride))
+        for padding in (0, 1, (1, 0), 2, 3, -1):
+            yield Case(row, form, "params", (IMG, 3, 2, padding))
+        for dilation in (1, 2, (1, 2), 4, 5, 0):
+            yield Case(row, form, "params", (T((1, 2, 12, 12), F32), 2, 1, 0, dilation))
+        for ceil_mode in (False, True, 0, None):
+            for shape in ((2, 3, 7, 7), (1, 1, 5, 6)):
+                yield Case(row, form, "params", (T(shape, F32), 3, 2, 1, 1, ceil_mode))
+        yield Case(row, form, "params", (T((1, 1, 5, 5), F32), 2, 2, 1, 1, True))
+        for return_indices in (False, True):
+            yield Case(row, form, "params", (IMG, 2), {"return_indices": return_indices})
+        yield Case(row, form, "keywords", (IMG,), {"kernel_size": 3, "stride": 1,
+                                                    "padding": 1, "ceil_mode": True})
+    else:
+        for output in (1, 3, 6, 7, 256, 257, (2, 3), [1, 4], (None, 2), (2, None), 0, -1,
+                       (2,), 2.0, (1, 2, 3)):
+            yield Case(row, form, "params", (IMG, output))
+        yield Case(row, form, "keywords", (IMG,), {"output_size": 2})
+    yield Case(row, form, "special", (T((2, 3, 6, 6), F32, special=True), size))
+    yield Case(row, form, "pending", (IMG, size), pending=True)
+
+
+def embedding_cases(row, form):
+    """input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq,
+    sparse."""
+    ids, w = T((2, 3), I64, index=10), T((10, 4), F32)
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (ids, T((10, 4), d)))
+    for d in (I64, I32, I8, U8):
+        yield Case(row, form, "dtypes", (T((2, 3), d, index=10), w))
+    for d in (F32, BOOL, C64):
+        yield Case(row, form, "dtypes", (T((2, 3), d), w))
+    for shape in ((), (5,), (2, 3, 4), (0,), (2, 0)):
+        yield Case(row, form, "shapes", (T(shape, I64, index=10), w))
+    for weight in ((10,), (10, 4, 2), (0, 4), (10, 0)):
+        yield Case(row, form, "shapes", (ids, T(weight, F32)))
+    for padding_idx in (None, 0, 9, -1, -10, 10, -11, 1.0, True):
+        yield Case(row, form, "params", (ids, w, padding_idx))
+    yield Case(row, form, "params", (ids, w, None, 1.0))            # max_norm writes w
+    for norm_type in (2.0, 1, "x"):
+        yield Case(row, form, "params", (ids, w, None, None, norm_type))
+    for flag in (False, True):
+        yield Case(row, form, "params", (ids, w, None, None, 2.0, flag))
+        yield Case(row, form, "params", (ids, w, None, None, 2.0, False, flag))
+    yield Case(row, form, "keywords", (ids,), {"weight": w, "padding_idx": 1})
+    yield Case(row, form, "pending", (ids, w), pending=True)
+
+
 def generic_cases(row, form):
     for args, kwargs in GENERIC_ARGS[row.name[len("generic_"):]]:
         if not form.takes_kwargs and kwargs:
@@ -710,6 +771,10 @@ def family(row):
         return "batch_norm"
     if row.rule == Rule.R_CONV2D:
         return "conv2d"
+    if row.rule in (Rule.R_MAX_POOL2D, Rule.R_ADAPTIVE_AVG_POOL2D):
+        return "pooling"
+    if row.rule == Rule.R_EMBEDDING:
+        return "embedding"
     if row.rule in MATMUL_RULES:
         return "matmul"
     if row.rule == Rule.R_REDUCE:
@@ -728,7 +793,7 @@ def family(row):
 GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_cases,
               "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
               "layer_norm": layer_norm_cases, "batch_norm": batch_norm_cases,
-              "conv2d": conv2d_cases,
+              "conv2d": conv2d_cases, "pooling": pooling_cases, "embedding": embedding_cases,
               "dropout": dropout_cases,
               "generic": generic_cases}
 
@@ -976,6 +1041,10 @@ def _basic_call(row):
         return Case(row, form, "basic", (IMG,) + (T((3,), F32),) * 4)
     if fam == "conv2d":
         return Case(row, form, "basic", (IMG, KERNEL, T((4,), F32), 1, 1))
+    if fam == "pooling":
+        return Case(row, form, "basic", (IMG, 2))
+    if fam == "embedding":
+        return Case(row, form, "basic", (T((2, 3), I64, index=10), T((10, 4), F32)))
     if fam == "dropout":    # in eval it is its (pending) input: nothing runs eagerly
         return Case(row, form, "basic", (T((3, 4), F32), 0.5, False), pending=True)
     return Case(row, form, "basic", (T((3, 4), F32),))
@@ -1103,6 +1172,11 @@ def _scalar_program(row, device="cpu"):
     if fam == "conv2d":
         weight = torch.rand(4, 3, 3, 3).to(device)
         return (2, 3, 6, 6), lambda x, s: form(x * s, weight, None, 1, 1)
+    if fam == "pooling":
+        return (2, 3, 6, 6), lambda x, s: form(x * s, 2)
+    if fam == "embedding":             # the scalar scales the weight
+        ids = torch.tensor([[1, 2], [0, 3]]).to(device)
+        return (4, 3), lambda x, s: form(ids, x * s)
     if fam == "matmul":
         shapes = [shape for shape in MATMUL_SHAPES[row.rule][0] if shape is not None]
         others = [torch.rand(shape).to(device) for shape in shapes[1:]]

@@ -43,7 +43,9 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if kind == 0 or kind == 2 and not (op_nullable[op] >> i & 1):
             return not_taken(entry, args, nargs, kwnames, form, "argument type")
     for i in range(op_nrequired[op]):
-        if p[i] == NULL or ops[i].kind == K_ABSENT and not op_raw[op] >> i & 1:
+        # (a required param past the operands is structure its rule reads:
+        # pooling's kernel_size)
+        if p[i] == NULL or i < nops and ops[i].kind == K_ABSENT and not op_raw[op] >> i & 1:
             return run_eager(entry, args, nargs, kwnames, form, "None for a required operand")
     if op_rule[op] == R_DROPOUT:
         if dropout_is_identity(p):

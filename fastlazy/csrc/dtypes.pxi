@@ -6,6 +6,8 @@
 
 cdef enum:
     DT_UNDEF = -1
+    DT_INT32 = 4            # (positions in init_dtypes' names)
+    DT_INT64 = 5
     DT_COMPLEX32 = 10
 
 cdef list DTYPES = []                 # code -> torch.dtype

@@ -146,6 +146,12 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return matmul_rule(op, rule, ops, out)
     if rule == R_ADDMM:
         return addmm_rule(op, ops, p, out)
+    if rule == R_MAX_POOL2D:
+        return max_pool2d_rule(op, ops, p, out, attr)
+    if rule == R_ADAPTIVE_AVG_POOL2D:
+        return adaptive_avg_pool2d_rule(op, ops, p, out, attr)
+    if rule == R_EMBEDDING:
+        return embedding_rule(op, ops, p, out, attr)
     if rule == R_RTRUEDIV:
         # the reciprocal makes an integral self float before promotion
         recip = ops[0]
@@ -639,4 +645,133 @@ cdef int conv2d_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) e
                     | padding[i] << (ATTR_CONV_PADDING_SHIFT + i * ATTR_CONV_PADDING_BITS)
                     | (dilation[i] - 1) << (ATTR_CONV_DILATION_SHIFT + i * ATTR_CONV_DILATION_BITS))
     attr[0] |= (groups - 1) << ATTR_CONV_GROUPS_SHIFT
+    return RULE_OK
+
+
+cdef int pooled_input(int op, Operand *ops, Meta *out) except -1:
+    """A pooling op's input: a 3-d or 4-d tensor of a dtype the row takes,
+    no empty dims (RULE_RUN_EAGER: eager's checks of those differ by
+    kernel); out takes its metadata."""
+    cdef Meta *x = ops[0].m
+    cdef int i
+    if not is_tensor(&ops[0]) or x.ndim < 3 or x.ndim > 4 or not cat_ok(op, x.dtype):
+        return RULE_EAGER
+    for i in range(x.ndim):
+        if x.shape[i] == 0:
+            return RULE_RUN_EAGER
+    memcpy(out, x, sizeof(Meta))
+    out.requires_grad = x.requires_grad and grad_enabled()
+    return RULE_OK
+
+
+cdef int max_pool2d_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: input, kernel_size, stride, padding, dilation, ceil_mode,
+    # return_indices.  Output sizes as aten's pooling_output_shape; a
+    # padding over half the kernel, an empty output, indices: generic.
+    cdef int64_t kernel[2]
+    cdef int64_t stride[2]
+    cdef int64_t padding[2]
+    cdef int64_t dilation[2]
+    cdef int64_t size, n
+    cdef bint ceil = False
+    cdef int i, verdict = pooled_input(op, ops, out)
+    if verdict != RULE_OK:
+        return verdict
+    if p[6] != NULL and <object>p[6] is not False:
+        return RULE_EAGER
+    if p[5] != NULL:
+        if type(<object>p[5]) is not bool:
+            return RULE_EAGER
+        ceil = <object>p[5]
+    if p[1] == NULL or not conv_pair(p[1], 1, 1, ATTR_POOL_KERNEL_BITS, kernel):
+        return RULE_EAGER
+    if p[2] == NULL or <object>p[2] is None or (
+            type(<object>p[2]) in (tuple, list) and len(<object>p[2]) == 0):
+        stride[0], stride[1] = kernel[0], kernel[1]     # eager's default
+    elif not conv_pair(p[2], 1, 1, ATTR_POOL_STRIDE_BITS, stride):
+        return RULE_EAGER
+    if (not conv_pair(p[3], 0, 0, ATTR_POOL_PADDING_BITS, padding)
+            or not conv_pair(p[4], 1, 1, ATTR_POOL_DILATION_BITS, dilation)):
+        return RULE_EAGER
+    for i in range(2):
+        if padding[i] > kernel[i] // 2:
+            return RULE_EAGER
+        size = out.shape[out.ndim - 2 + i]
+        n = size + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1 + (stride[i] - 1 if ceil else 0)
+        if n < 0:
+            return RULE_EAGER
+        n = n // stride[i] + 1
+        if ceil and (n - 1) * stride[i] >= size + padding[i]:
+            n -= 1
+        if n < 1:
+            return RULE_EAGER
+        out.shape[out.ndim - 2 + i] = n
+        attr[0] |= ((kernel[i] - 1) << (ATTR_POOL_KERNEL_SHIFT + i * ATTR_POOL_KERNEL_BITS)
+                    | (stride[i] - 1) << (ATTR_POOL_STRIDE_SHIFT + i * ATTR_POOL_STRIDE_BITS)
+                    | padding[i] << (ATTR_POOL_PADDING_SHIFT + i * ATTR_POOL_PADDING_BITS)
+                    | (dilation[i] - 1) << (ATTR_POOL_DILATION_SHIFT + i * ATTR_POOL_DILATION_BITS))
+    if ceil:
+        attr[0] |= ATTR_POOL_CEIL_MODE
+    return RULE_OK
+
+
+cdef int adaptive_avg_pool2d_rule(int op, Operand *ops, PyObject **p, Meta *out,
+                                  int *attr) except -1:
+    # params: input, output_size -- an int or a pair of ints; None for a
+    # dim (keep the input's size) is the generic path's
+    cdef int64_t size[2]
+    cdef int verdict = pooled_input(op, ops, out)
+    if verdict != RULE_OK:
+        return verdict
+    if p[1] == NULL or not conv_pair(p[1], 1, 1, ATTR_ADAPTIVE_SIZE_BITS, size):
+        return RULE_EAGER
+    out.shape[out.ndim - 2] = size[0]
+    out.shape[out.ndim - 1] = size[1]
+    attr[0] |= (size[0] - 1) | (size[1] - 1) << ATTR_ADAPTIVE_SIZE_BITS
+    return RULE_OK
+
+
+cdef int embedding_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: input, weight, padding_idx, max_norm, norm_type,
+    # scale_grad_by_freq, sparse.  Integer indices of any shape into a 2-d
+    # weight; max_norm (which writes the weight), sparse gradients and
+    # gradients scaled by frequency are the generic path's.  An index out
+    # of range raises when the graph runs (a value, as in every lazy
+    # tensor system).
+    cdef Meta *ids = ops[0].m
+    cdef Meta *w = ops[1].m
+    cdef int64_t padding = -1
+    cdef int i, overflow = 0
+    if not is_tensor(&ops[0]) or not is_tensor(&ops[1]) or ids.device != w.device:
+        return RULE_EAGER
+    if ids.dtype != DT_INT64 and ids.dtype != DT_INT32 or w.ndim != 2 or not cat_ok(op, w.dtype):
+        return RULE_EAGER
+    if ids.ndim + 1 > MAX_NDIM or w.shape[0] == 0:
+        return RULE_EAGER
+    if p[3] != NULL and <object>p[3] is not None:
+        return RULE_EAGER
+    if p[4] != NULL and type(<object>p[4]) is not float and type(<object>p[4]) is not int:
+        return RULE_EAGER
+    for i in (5, 6):
+        if p[i] != NULL and <object>p[i] is not False:
+            return RULE_EAGER
+    if p[2] != NULL and <object>p[2] is not None:
+        # F.embedding counts a negative padding_idx from the end
+        if type(<object>p[2]) is not int:
+            return RULE_EAGER
+        padding = PyLong_AsLongLongAndOverflow(<object>p[2], &overflow)
+        if overflow or not -w.shape[0] <= padding < w.shape[0]:
+            return RULE_EAGER
+        if padding < 0:
+            padding += w.shape[0]
+        if padding + 1 >= 1 << ATTR_EMBEDDING_PADDING_BITS:
+            return RULE_EAGER
+    out.ndim = ids.ndim + 1
+    for i in range(ids.ndim):
+        out.shape[i] = ids.shape[i]
+    out.shape[ids.ndim] = w.shape[1]
+    out.dtype = w.dtype
+    out.device = w.device
+    out.requires_grad = w.requires_grad and grad_enabled()
+    attr[0] |= padding + 1
     return RULE_OK
