@@ -106,8 +106,9 @@ cpdef enum NodeFlag:
 #   reductions: bits 0-7 dim mask, KEEPDIM, DIM_GIVEN, bits 10-14 dtype code + 1
 #   softmax:    bits 0-3 dim, bits 10-14 dtype code + 1
 #   layer_norm: bits 0-3 len(normalized_shape)
-#   conv2d:     per spatial dim (height, then width) stride - 1 (2 bits),
-#               padding (3 bits) and dilation - 1 (2 bits) from bit
+#   conv2d:     per spatial dim (height, then width) stride - 1 (4 bits:
+#               a ViT's 16x16 patches), padding (3 bits) and dilation - 1
+#               (1 bit) from bit
 #               CONV_STRIDE_SHIFT, CONV_PADDING_SHIFT, CONV_DILATION_SHIFT;
 #               groups - 1 in bits CONV_GROUPS_SHIFT+ (its row has no choice)
 #   max_pool2d: per spatial dim kernel - 1 and stride - 1 (3 bits), padding
@@ -128,11 +129,11 @@ cpdef enum:  # AttrLayout
     ATTR_GENERIC_OUT_SHIFT = 20
     ATTR_CHOICE_SHIFT = 24
     ATTR_CONV_STRIDE_SHIFT = 0
-    ATTR_CONV_STRIDE_BITS = 2
-    ATTR_CONV_PADDING_SHIFT = 4
+    ATTR_CONV_STRIDE_BITS = 4
+    ATTR_CONV_PADDING_SHIFT = 8
     ATTR_CONV_PADDING_BITS = 3
-    ATTR_CONV_DILATION_SHIFT = 10
-    ATTR_CONV_DILATION_BITS = 2
+    ATTR_CONV_DILATION_SHIFT = 14
+    ATTR_CONV_DILATION_BITS = 1
     ATTR_CONV_GROUPS_SHIFT = 20
     ATTR_CONV_GROUPS_BITS = 11
     ATTR_POOL_KERNEL_SHIFT = 0

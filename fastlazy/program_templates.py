@@ -299,6 +299,8 @@ def judge_by_trial(key) -> bool:
     sizes; a key's first meta run does not decide alone (the first meta
     call of an op in a process imports and warms its kernel: conv2d's took
     0.4 s)."""
+    if key in _meta_rejected:
+        return True               # (its meta runs cannot judge it)
     costs = _judge_costs.get(key)
     if costs is None or costs.meta is None:
         return False

@@ -27,7 +27,7 @@ def _counts():
     ({"stride": 2}, 1),
     ({"padding": 1}, 1),
     ({"stride": (2, 1), "padding": (1, 3), "dilation": (1, 2)}, 1),
-    ({"stride": [4, 4], "padding": [7, 0], "dilation": [4, 1]}, 1),
+    ({"stride": [16, 4], "padding": [7, 0], "dilation": [2, 1]}, 1),
     ({"groups": 2, "padding": 1}, 2),
     ({"groups": 4}, 4),                   # depthwise
 ])
@@ -72,9 +72,10 @@ def test_gradients_to_the_input_weight_and_bias():
     ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, padding="same")),
     ((3, 9, 9), lambda x, w: F.conv2d(x, w)),                   # unbatched
     ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, padding=8)),     # beyond the attr's field
-    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, stride=5)),
+    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, stride=17)),
+    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, dilation=3)),
     ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, stride=(2,))),   # eager expands one value
-], ids=["same", "unbatched", "padding-8", "stride-5", "stride-1-tuple"])
+], ids=["same", "unbatched", "padding-8", "stride-17", "dilation-3", "stride-1-tuple"])
 def test_calls_the_rule_does_not_take_are_the_generic_paths(x_shape, call):
     x, w = torch.randn(x_shape), torch.randn(4, 3, 3, 3)
     generic, fallbacks = _counts()

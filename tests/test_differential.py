@@ -668,8 +668,8 @@ def conv2d_cases(row, form):
         yield Case(row, form, "shapes", (T(shape, F32), T(kernel, F32)))
     for bias in (b, None, T((3,), F32), T((1, 4), F32), T((), F32), 2.0):
         yield Case(row, form, "params", (IMG, KERNEL, bias))
-    for stride in (1, 2, 4, 5, (1, 2), [2, 1], (2,), (1, 1, 1), 0, -1, 2.0, True, (1, 2.0),
-                   1 << 70):
+    for stride in (1, 2, 4, 5, 16, 17, (1, 2), [2, 1], (2,), (1, 1, 1), 0, -1, 2.0, True,
+                   (1, 2.0), 1 << 70):
         yield Case(row, form, "params", (IMG, KERNEL, b, stride))
     for padding in (0, 1, 7, 8, (0, 2), [1, 0], -1, 1.0, "same", "valid", "full", (1,)):
         yield Case(row, form, "params", (IMG, KERNEL, b, 1, padding))
