@@ -80,3 +80,25 @@ def test_interleaved_w4_alternates_the_steps_call_by_call(monkeypatch):
                                seconds=0.0, calls=3)
     assert order == ["eager", "lazy"] * 3
     assert [len(t) for t in times] == [3, 3] and all(s >= 0 for t in times for s in t)
+
+
+def test_cold_pairs_alternate_the_contenders_round_by_round(monkeypatch):
+    """benchmarks/w4_cold_pairs.py runs eager's fresh process and
+    fastlazy's in turn, swapping which goes first each round, and reports
+    the median of the rounds' ratios."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))      # its workloads, zoo
+    spec = importlib.util.spec_from_file_location("w4_cold_pairs",
+                                                  ROOT / "benchmarks" / "w4_cold_pairs.py")
+    pairs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pairs)
+    order = []
+
+    def cold(case):
+        order.append(case.contender.name)
+        slow = {"eager": [1.0, 1.2, 0.9], "fastlazy[auto]": [0.5, 0.9, 0.6]}[case.contender.name]
+        return {"first_call_s": 0.01, "first_calls_s": slow[order.count(case.contender.name) - 1]}
+    runs = pairs.measure("resnet18", rounds=3, cold=cold)
+    assert order == ["eager", "fastlazy[auto]", "fastlazy[auto]", "eager",
+                     "eager", "fastlazy[auto]"]
+    row = pairs._row("resnet18", runs)
+    assert "| 0.67x (0.50-0.75) |" in row       # ratios 0.5, 0.75, 0.667
