@@ -38,8 +38,17 @@ def note(exc: BaseException, node, recorded_at) -> None:
 
 
 def _op_name(node):
-    name = node.op.name
-    return name[len("generic_"):] if name.startswith("generic_") else name
+    """The op as the user called it: a generic call's entry point (its
+    lowering's name), and for a row that only torch.nn.functional calls
+    reach (F.embedding, F.conv2d), that function's name."""
+    op = node.op
+    name = op.name
+    if name.startswith("generic_"):
+        return name[len("generic_"):]
+    functions = getattr(op, "nn_functions", ())
+    if functions and not (op.functions or op.methods or op.inplace):
+        return f"F.{functions[0]}"
+    return name
 
 
 def graph_failed(eager, seg, outputs, error):
