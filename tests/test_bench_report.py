@@ -66,15 +66,20 @@ def test_plots_are_redrawn_from_the_committed_tables(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+def _benchmark_script(monkeypatch, name):
+    """benchmarks/<name>.py, loaded as a module (with its workloads, zoo)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_interleaved_w4_alternates_the_steps_call_by_call(monkeypatch):
     """benchmarks/w4_interleaved.py's rounds call eager's step and
     fastlazy's in turn (the machine's drift then falls on both alike),
     each at least the round's minimum number of times."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))      # its workloads, zoo
-    spec = importlib.util.spec_from_file_location("w4_interleaved",
-                                                  ROOT / "benchmarks" / "w4_interleaved.py")
-    interleaved = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(interleaved)
+    interleaved = _benchmark_script(monkeypatch, "w4_interleaved")
     order = []
     times = interleaved._round([lambda: order.append("eager"), lambda: order.append("lazy")],
                                seconds=0.0, calls=3)
@@ -86,11 +91,7 @@ def test_cold_pairs_alternate_the_contenders_round_by_round(monkeypatch):
     """benchmarks/w4_cold_pairs.py runs eager's fresh process and
     fastlazy's in turn, swapping which goes first each round, and reports
     the median of the rounds' ratios."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))      # its workloads, zoo
-    spec = importlib.util.spec_from_file_location("w4_cold_pairs",
-                                                  ROOT / "benchmarks" / "w4_cold_pairs.py")
-    pairs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pairs)
+    pairs = _benchmark_script(monkeypatch, "w4_cold_pairs")
     order = []
 
     def cold(case):

@@ -1,0 +1,310 @@
+"""The C rules for the ops models call at every layer, as nn modules call
+them: F.conv2d of a batch, F.max_pool2d, F.adaptive_avg_pool2d,
+F.embedding, torch.addmm (GPT-2's Conv1D).  A model's first call and each
+new batch size or sequence length record them with no signature analysis
+(the generic path's costs 0.1-0.5 ms a call, and a model has dozens).
+Calls a rule does not take are the generic path's; empty tensors run
+eagerly where eager's checks of them differ by kernel.  Either way:
+eager's values, bit for bit, and eager's errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy import metrics
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    yield
+    fastlazy.mark_step()
+
+
+def _counts():
+    """(calls the generic path recorded, calls run eagerly)."""
+    c = metrics.counters()
+    return c["generic_calls"], c["fallbacks"]
+
+
+def _generic_calls():
+    return metrics.counters()["generic_calls"]
+
+
+# --------------------------------------------------------------------------
+# F.conv2d of a batch, as nn.Conv2d calls it, is recorded by a C rule: no
+# signature analysis at its first call or at a new batch size or image size
+# (the generic path's costs 0.1-0.5 ms a call, and a model has dozens).
+# Calls the rule does not take are the generic path's; empty tensors run
+# eagerly.  Either way: eager's values, bit for bit, and eager's errors.
+@pytest.mark.parametrize("kwargs,groups", [
+    ({}, 1),
+    ({"stride": 2}, 1),
+    ({"padding": 1}, 1),
+    ({"stride": (2, 1), "padding": (1, 3), "dilation": (1, 2)}, 1),
+    ({"stride": [16, 4], "padding": [7, 0], "dilation": [2, 1]}, 1),
+    ({"groups": 2, "padding": 1}, 2),
+    ({"groups": 4}, 4),                   # depthwise
+])
+def test_conv2d_calls_are_recorded_by_the_c_rule(kwargs, groups):
+    x = torch.randn(2, 4, 11, 9)
+    w, b = torch.randn(8, 4 // groups, 3, 3), torch.randn(8)
+    before = _counts()
+    got = F.conv2d(fastlazy.lazy(x) * 1, w, b, **kwargs)
+    assert _counts() == before
+    want = F.conv2d(x * 1, w, b, **kwargs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+def test_conv2d_a_new_batch_or_image_size_needs_no_analysis():
+    """The point of the rule: a model at a new input size records its
+    convolutions as at the first one (and its graph is shape-generic)."""
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                            torch.nn.Conv2d(8, 8, 3, stride=2, groups=8, bias=False))
+    before = _counts()
+    for batch, size in ((1, 8), (2, 8), (3, 12), (5, 7)):
+        x = torch.randn(batch, 3, size, size)
+        torch.testing.assert_close(m(fastlazy.lazy(x)).to_eager(), m(x), rtol=0, atol=0)
+    assert _counts() == before
+
+
+def test_conv2d_gradients_to_the_input_weight_and_bias():
+    x = torch.randn(2, 3, 6, 6)
+    want_m = torch.nn.Conv2d(3, 4, 3, padding=1, stride=2)
+    got_m = torch.nn.Conv2d(3, 4, 3, padding=1, stride=2)
+    got_m.load_state_dict(want_m.state_dict())
+    want_x = x.clone().requires_grad_()
+    got_x = fastlazy.lazy(x).requires_grad_()
+    want_m(want_x).pow(2).sum().backward()
+    got_m(got_x).pow(2).sum().backward()
+    for g, w in zip([got_x, *got_m.parameters()], [want_x, *want_m.parameters()]):
+        grad = g.grad.to_eager() if isinstance(g.grad, fastlazy.LazyTensor) else g.grad
+        torch.testing.assert_close(grad, w.grad)
+
+
+@pytest.mark.parametrize("x_shape,call", [
+    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, padding="same")),
+    ((3, 9, 9), lambda x, w: F.conv2d(x, w)),                   # unbatched
+    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, padding=8)),     # beyond the attr's field
+    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, stride=17)),
+    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, dilation=3)),
+    ((2, 3, 9, 9), lambda x, w: F.conv2d(x, w, stride=(2,))),   # eager expands one value
+], ids=["same", "unbatched", "padding-8", "stride-17", "dilation-3", "stride-1-tuple"])
+def test_conv2d_calls_the_rule_does_not_take_are_the_generic_paths(x_shape, call):
+    x, w = torch.randn(x_shape), torch.randn(4, 3, 3, 3)
+    generic, fallbacks = _counts()
+    got = call(fastlazy.lazy(x), w)
+    assert _counts() == (generic + 1, fallbacks)
+    torch.testing.assert_close(got.to_eager(), call(x, w), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("x_shape,w_shape", [((0, 3, 6, 6), (4, 3, 3, 3)),
+                                             ((2, 3, 6, 6), (0, 3, 3, 3))])
+def test_conv2d_empty_tensors_run_eagerly(x_shape, w_shape):
+    """eager returns an empty batch's result and refuses a weight with no
+    output channels; a meta kernel would take both."""
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    try:
+        want = F.conv2d(x, w)
+    except RuntimeError as exc:
+        with pytest.raises(RuntimeError, match="expected weight to be at least 1"):
+            F.conv2d(fastlazy.lazy(x), w)
+        assert "expected weight" in str(exc)
+        return
+    fallbacks = metrics.counters()["fallbacks"]
+    got = F.conv2d(fastlazy.lazy(x), w)
+    assert metrics.counters()["fallbacks"] == fallbacks + 1
+    torch.testing.assert_close(got.to_eager(), want)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: F.conv2d(x, torch.randn(4, 2, 3, 3)),                  # channels
+    lambda x: F.conv2d(x, torch.randn(4, 3, 3, 3), torch.randn(5)),  # bias size
+    lambda x: F.conv2d(x, torch.randn(4, 3, 3, 3, dtype=torch.float64)),
+    lambda x: F.conv2d(x, torch.randn(4, 3, 11, 3)),                 # kernel > input
+    lambda x: F.conv2d(x, torch.randn(4, 3, 3, 3), stride=0),
+    lambda x: F.conv2d(x, torch.randn(6, 1, 3, 3), groups=2),        # 3 % 2
+], ids=["channels", "bias", "dtype", "kernel", "stride-0", "groups"])
+def test_conv2d_eagers_errors_at_the_call(call):
+    x = torch.randn(2, 3, 9, 9)
+    with pytest.raises(RuntimeError) as want:
+        call(x)
+    with pytest.raises(type(want.value)):
+        call(fastlazy.lazy(x))
+
+
+# --------------------------------------------------------------------------
+# F.max_pool2d and F.adaptive_avg_pool2d, as nn.MaxPool2d and
+# nn.AdaptiveAvgPool2d call them, are recorded by C rules: no signature
+# analysis at a first call or a new input size.  Indices, an output size of
+# None and sizes beyond the attr's fields are the generic path's; empty
+# inputs run eagerly.  Either way: eager's values, bit for bit.
+POOLING_CALLS = {
+    "max": lambda x: F.max_pool2d(x, 2),
+    "max-stride-pad": lambda x: F.max_pool2d(x, 3, 2, 1),
+    "max-pairs": lambda x: F.max_pool2d(x, (3, 2), stride=(1, 2), padding=(1, 0),
+                                        dilation=(1, 2)),
+    "max-ceil": lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True),
+    "MaxPool2d": lambda x: torch.nn.MaxPool2d(3, stride=2, padding=1)(x),
+    "adaptive-1": lambda x: F.adaptive_avg_pool2d(x, 1),
+    "adaptive-pair": lambda x: F.adaptive_avg_pool2d(x, (4, 3)),
+    "AdaptiveAvgPool2d": lambda x: torch.nn.AdaptiveAvgPool2d((2, 2))(x),
+}
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 9, 8), (3, 9, 8)], ids=["batch", "unbatched"])
+@pytest.mark.parametrize("name", list(POOLING_CALLS))
+def test_pooling_calls_are_recorded_by_the_c_rules(name, shape):
+    call, x = POOLING_CALLS[name], torch.randn(shape)
+    lx = fastlazy.lazy(x) * 1
+    before = _counts()
+    got = call(lx)
+    assert _counts() == before
+    want = call(x * 1)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+def test_pooling_a_new_input_size_needs_no_analysis():
+    m = torch.nn.Sequential(torch.nn.MaxPool2d(3, 2, 1), torch.nn.AdaptiveAvgPool2d(1))
+    before = _counts()
+    for batch, size in ((1, 8), (2, 8), (3, 13), (5, 7)):
+        x = torch.randn(batch, 4, size, size)
+        torch.testing.assert_close(m(fastlazy.lazy(x)).to_eager(), m(x), rtol=0, atol=0)
+    assert _counts() == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: F.max_pool2d(x, 2, return_indices=True)[1],
+    lambda x: F.max_pool2d(x, 9),                          # beyond the attr's field
+    lambda x: F.adaptive_avg_pool2d(x, (None, 2)),
+    lambda x: F.adaptive_avg_pool2d(x, 300),
+], ids=["indices", "kernel-9", "adaptive-none", "adaptive-300"])
+def test_pooling_calls_the_rules_do_not_take_are_the_generic_paths(call):
+    x = torch.randn(2, 3, 10, 10)
+    generic, fallbacks = _counts()
+    got = call(fastlazy.lazy(x))
+    assert _counts() == (generic + 1, fallbacks)
+    torch.testing.assert_close(got.to_eager(), call(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("call", [lambda x: F.max_pool2d(x, 2),
+                                  lambda x: F.adaptive_avg_pool2d(x, 2)], ids=["max", "adaptive"])
+def test_pooling_empty_inputs_run_eagerly(call):
+    x = torch.randn(0, 3, 4, 4)
+    fallbacks = metrics.counters()["fallbacks"]
+    got = call(fastlazy.lazy(x))
+    assert metrics.counters()["fallbacks"] == fallbacks + 1
+    assert got.shape == call(x).shape
+
+
+def test_pooling_gradients_through_both_pools():
+    x = torch.randn(2, 3, 9, 9)
+    want_x, got_x = x.clone().requires_grad_(), fastlazy.lazy(x).requires_grad_()
+    for t in (want_x, got_x):
+        F.adaptive_avg_pool2d(F.max_pool2d(t, 3, 2, 1), 2).pow(2).sum().backward()
+    grad = got_x.grad.to_eager() if isinstance(got_x.grad, fastlazy.LazyTensor) else got_x.grad
+    torch.testing.assert_close(grad, want_x.grad)
+
+
+# --------------------------------------------------------------------------
+# F.embedding, as nn.Embedding calls it, is recorded by a C rule: no
+# signature analysis at a first call or a new sequence length.  max_norm
+# (which renormalizes the weight's rows in place), sparse gradients and
+# gradients scaled by frequency are the generic path's, which runs max_norm
+# eagerly -- writing the LazyTensor weight, never the tensor it was made
+# from.
+@pytest.mark.parametrize("kwargs", [{}, {"padding_idx": 0}, {"padding_idx": -2}],
+                         ids=["plain", "padding", "negative-padding"])
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+def test_embedding_lookups_are_recorded_by_the_c_rule(kwargs, ids_dtype):
+    ids, w = torch.tensor([[1, 2, 0], [4, 3, 1]], dtype=ids_dtype), torch.randn(5, 4)
+    before = _generic_calls()
+    got = F.embedding(fastlazy.lazy(ids), w, **kwargs)
+    assert _generic_calls() == before
+    torch.testing.assert_close(got.to_eager(), F.embedding(ids, w, **kwargs), rtol=0, atol=0)
+
+
+def test_embedding_a_new_sequence_length_needs_no_analysis():
+    e = torch.nn.Embedding(10, 4, padding_idx=0)
+    before = _generic_calls()
+    for seq in (3, 5, 8):
+        ids = torch.randint(0, 10, (2, seq))
+        torch.testing.assert_close(e(fastlazy.lazy(ids)).to_eager(), e(ids), rtol=0, atol=0)
+    assert _generic_calls() == before
+
+
+def test_embedding_the_padding_rows_gradient_is_zero_as_in_eager():
+    ids = torch.tensor([[1, 0, 0], [2, 3, 0]])
+    want, got = torch.nn.Embedding(5, 3, padding_idx=0), torch.nn.Embedding(5, 3, padding_idx=0)
+    got.load_state_dict(want.state_dict())
+    want(ids).pow(2).sum().backward()
+    got(fastlazy.lazy(ids)).pow(2).sum().backward()
+    grad = got.weight.grad
+    grad = grad.to_eager() if isinstance(grad, fastlazy.LazyTensor) else grad
+    torch.testing.assert_close(grad, want.weight.grad, rtol=0, atol=0)
+    assert not grad[0].any()
+
+
+def test_embedding_max_norm_writes_the_lazy_weight_not_the_tensor_it_was_made_from():
+    ids = torch.tensor([[1, 2, 0], [3, 3, 1]])
+    w = torch.randn(5, 4) * 3
+    source = w.clone()
+    lw = fastlazy.lazy(w)
+    got = F.embedding(fastlazy.lazy(ids), lw, max_norm=1.0)
+    want_w = source.clone()
+    want = F.embedding(ids, want_w, max_norm=1.0)
+    assert torch.equal(w, source)                      # untouched
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    torch.testing.assert_close(lw.to_eager(), want_w, rtol=0, atol=0)   # renormalized
+
+
+# --------------------------------------------------------------------------
+# torch.addmm(bias, x, weight), as GPT-2's Conv1D calls it at every layer,
+# is recorded by a C rule: no signature analysis at a first call or a new
+# sequence length.  beta and alpha, and the calls the rule leaves, are the
+# generic path's.  Either way: eager's values, bit for bit.
+@pytest.mark.parametrize("bias_shape", [(4,), (3, 4), (1, 4), (3, 1), ()])
+def test_addmm_calls_are_recorded_by_the_c_rule(bias_shape):
+    b, x, w = torch.randn(bias_shape), torch.randn(3, 5), torch.randn(5, 4)
+    before = _generic_calls()
+    got = torch.addmm(b, fastlazy.lazy(x) * 1, w)
+    method = fastlazy.lazy(b).addmm(x, w)
+    assert _generic_calls() == before
+    want = torch.addmm(b, x, w)
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    torch.testing.assert_close(method.to_eager(), want, rtol=0, atol=0)
+
+
+def test_addmm_a_new_sequence_length_needs_no_analysis():
+    w, b = torch.randn(8, 24), torch.randn(24)
+    before = _generic_calls()
+    for seq in (3, 5, 8):
+        x = torch.randn(2, seq, 8)
+        lx = fastlazy.lazy(x)
+        got = torch.addmm(b, lx.view(-1, 8), w)
+        want = torch.addmm(b, x.view(-1, 8), w)
+        torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    # the views are the generic path's (one per sequence length); addmm none
+    assert _generic_calls() - before == 3
+
+
+@pytest.mark.parametrize("kwargs", [{"beta": 0.5}, {"alpha": 2}, {"beta": 0, "alpha": 3}])
+def test_addmm_beta_and_alpha_are_the_generic_paths(kwargs):
+    b, x, w = torch.randn(4), torch.randn(3, 5), torch.randn(5, 4)
+    before = _generic_calls()
+    got = torch.addmm(b, fastlazy.lazy(x), w, **kwargs)
+    assert _generic_calls() == before + 1
+    torch.testing.assert_close(got.to_eager(), torch.addmm(b, x, w, **kwargs), rtol=0, atol=0)
+
+
+def test_addmm_gradients_to_every_operand():
+    b, x, w = torch.randn(4), torch.randn(3, 5), torch.randn(5, 4)
+    want = [t.clone().requires_grad_() for t in (b, x, w)]
+    got = [b.clone().requires_grad_(), fastlazy.lazy(x).requires_grad_(),
+           w.clone().requires_grad_()]
+    torch.addmm(*want).pow(2).sum().backward()
+    torch.addmm(*got).pow(2).sum().backward()
+    for g, e in zip(got, want):
+        grad = g.grad.to_eager() if isinstance(g.grad, fastlazy.LazyTensor) else g.grad
+        torch.testing.assert_close(grad, e.grad)
