@@ -63,8 +63,9 @@ cpdef enum Rule:
     R_MAX_POOL2D = 21   # F.max_pool2d without indices: its sizes are structure
     R_ADAPTIVE_AVG_POOL2D = 22  # to a fixed output size
     R_EMBEDDING = 23    # F.embedding as nn.Embedding calls it (no max_norm, dense)
-    R_GENERIC = 24      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 25
+    R_SDPA = 24         # F.scaled_dot_product_attention without dropout
+    R_GENERIC = 25      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 26
 
 
 # Op flags (an op-table row's `flags`).
@@ -115,6 +116,8 @@ cpdef enum NodeFlag:
 #               and dilation - 1 (2 bits), from POOL_*_SHIFT; POOL_CEIL_MODE
 #   adaptive_avg_pool2d: output height - 1, width - 1 (8 bits each, bit 0+)
 #   embedding:  padding_idx + 1 (0: none) in bits 0-15
+#   sdpa:       SDPA_CAUSAL, SDPA_GQA; the scale's index among the interned
+#               floats (0: None) in bits SDPA_SCALE_SHIFT+
 #   every row:  bit ABSENT_SHIFT + i: optional operand i was not given;
 #               bits CHOICE_SHIFT..+3: index of the choice param's value
 #   generic:    bits 0-19 lowering id, bits GENERIC_OUT_SHIFT+: output index
@@ -147,6 +150,10 @@ cpdef enum:  # AttrLayout
     ATTR_POOL_CEIL_MODE = 1 << 24
     ATTR_ADAPTIVE_SIZE_BITS = 8
     ATTR_EMBEDDING_PADDING_BITS = 16
+    ATTR_SDPA_CAUSAL = 1
+    ATTR_SDPA_GQA = 2
+    ATTR_SDPA_SCALE_SHIFT = 4
+    ATTR_SDPA_SCALE_BITS = 12
 
 
 # How a view's values follow from its place in its root's storage

@@ -20,7 +20,9 @@ from fastlazy._core import (ATTR_ADAPTIVE_SIZE_BITS, ATTR_CHOICE_SHIFT, ATTR_CON
                             ATTR_POOL_CEIL_MODE, ATTR_POOL_DILATION_BITS, ATTR_POOL_DILATION_SHIFT,
                             ATTR_POOL_KERNEL_BITS, ATTR_POOL_KERNEL_SHIFT, ATTR_POOL_PADDING_BITS,
                             ATTR_POOL_PADDING_SHIFT, ATTR_POOL_STRIDE_BITS, ATTR_POOL_STRIDE_SHIFT,
-                            ATTR_SMALL_MASK, MAX_NDIM, Category, OpFlag, Rule, dtype_of_code)
+                            ATTR_SDPA_CAUSAL, ATTR_SDPA_GQA, ATTR_SDPA_SCALE_BITS,
+                            ATTR_SDPA_SCALE_SHIFT, ATTR_SMALL_MASK, MAX_NDIM, Category, OpFlag,
+                            Rule, dtype_of_code, interned_float)
 
 # Dtype categories an op accepts (the computation dtype must be in the mask).
 BOOL, INT, FLOAT, COMPLEX = (Category.CAT_BOOL, Category.CAT_INT, Category.CAT_FLOAT,
@@ -30,7 +32,7 @@ REAL = BOOL | INT | FLOAT
 NUMERIC = INT | FLOAT | COMPLEX
 
 # Optional operands that may also be given as None.
-NULLABLE = frozenset({"min", "max", "weight", "bias"})
+NULLABLE = frozenset({"min", "max", "weight", "bias", "attn_mask"})
 
 # Parameters that are structure, read by their rule rather than recorded as
 # operands (they sit between operands in the signature).
@@ -155,6 +157,17 @@ class Flag(AttrValue):
 
     def value(self, attr, dtype):
         return bool(attr & self.bit)
+
+
+@dataclass(frozen=True)
+class InternedFloat(AttrValue):
+    """A float the rule interned (None at index 0), its index packed in the
+    attr (sdpa's scale)."""
+    shift: int
+    bits: int
+
+    def value(self, attr, dtype):
+        return interned_float(attr >> self.shift & (1 << self.bits) - 1)
 
 
 @dataclass(frozen=True)
@@ -334,6 +347,17 @@ def _rows():
               "sparse"),
              nrequired=2, noperands=2, flags=OpFlag.OPF_RULE_IN_GENERIC,
              nn_functions=("embedding",))
+    # attention as transformers call it in inference: dropout (random) and
+    # the rest are the generic path's
+    yield Op("scaled_dot_product_attention", Rule.R_SDPA,
+             c("scaled_dot_product_attention", 0, 1, 2, attn_mask=Opt(3), dropout_p=Const(0.0),
+               is_causal=Flag(ATTR_SDPA_CAUSAL),
+               scale=InternedFloat(ATTR_SDPA_SCALE_SHIFT, ATTR_SDPA_SCALE_BITS),
+               enable_gqa=Flag(ATTR_SDPA_GQA)),
+             ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+              "enable_gqa"),
+             nrequired=3, noperands=4, cats=FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
+             nn_functions=("scaled_dot_product_attention",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),
@@ -384,7 +408,7 @@ GENERIC_OPS = {
     "avg_pool2d": (False, False, True),
     "group_norm": (False, False, True),
     "cross_entropy": (False, False, True), "mse_loss": (False, False, True),
-    "nll_loss": (False, False, True), "scaled_dot_product_attention": (False, False, True),
+    "nll_loss": (False, False, True),
     "pad": (False, False, True), "softplus": (False, False, True),
     "elu": (False, False, True), "hardtanh": (False, False, True),
     "relu6": (False, False, True), "mish": (False, False, True),
@@ -454,6 +478,7 @@ def markdown() -> str:
                   Rule.R_CONV2D: "2-d convolution of a batch",
                   Rule.R_MAX_POOL2D: "2-d max pooling", Rule.R_EMBEDDING: "embedding lookup",
                   Rule.R_ADAPTIVE_AVG_POOL2D: "adaptive 2-d average pooling",
+                  Rule.R_SDPA: "attention without dropout",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:

@@ -64,6 +64,8 @@ PARAM_KINDS = {
     "kernel_size": "size", "ceil_mode": "flag", "return_indices": "flag", "output_size": "size",
     "padding_idx": "size", "max_norm": "number", "norm_type": "number",
     "scale_grad_by_freq": "flag", "sparse": "flag",
+    "query": "operand", "key": "operand", "value": "operand", "attn_mask": "operand",
+    "dropout_p": "number", "is_causal": "flag", "scale": "number", "enable_gqa": "flag",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR, Rule.R_ADDMM)
@@ -608,9 +610,6 @@ GENERIC_ARGS = {
     "nll_loss": [((X34, T((3,), I64, index=4)), {}),
                  ((X34, T((3,), I64, index=4)), {"reduction": "sum"}),
                  ((X34, T((4,), I64, index=4)), {})],
-    "scaled_dot_product_attention": [((X234, X234, X234), {}),
-                                     ((X234, X234, X234), {"is_causal": True}),
-                                     ((X234, X234, X234, T((3, 3), BOOL)), {})],
     "pad": [((X34, (1, 2)), {}), ((IMG, (1, 1, 2, 0)), {"mode": "reflect"}),
             ((X34, (1, 1)), {"value": 3.5})],
     "softplus": [((X34,), {}), ((X34, 2, 10), {})],
@@ -751,6 +750,43 @@ def embedding_cases(row, form):
     yield Case(row, form, "pending", (ids, w), pending=True)
 
 
+def attention_cases(row, form):
+    """query, key, value, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa."""
+    q, k, v = T((1, 2, 3, 4), F32), T((1, 2, 5, 4), F32), T((1, 2, 5, 6), F32)
+    for d in ALL_DTYPES:
+        yield Case(row, form, "dtypes", (T((1, 2, 3, 4), d), T((1, 2, 5, 4), d), T((1, 2, 5, 6), d)))
+    for dk in (F64, F16):
+        yield Case(row, form, "dtypes", (q, T((1, 2, 5, 4), dk), v))
+    for shapes in (((2, 3, 4), (2, 5, 4), (2, 5, 6)), ((3, 4), (5, 4), (5, 6)),
+                   ((1, 1, 2, 3, 4), (1, 1, 2, 5, 4), (1, 1, 2, 5, 6)),
+                   ((2, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 6)),      # broadcast batch
+                   ((1, 2, 3, 4), (1, 2, 5, 3), (1, 2, 5, 6)),      # E differs
+                   ((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 4, 6)),      # S differs
+                   ((1, 2, 0, 4), (1, 2, 5, 4), (1, 2, 5, 6)), ((1, 2, 3, 4), (1, 2, 0, 4), (1, 2, 0, 6)),
+                   ((1, 4, 3, 4), (1, 2, 5, 4), (1, 2, 5, 6)), ((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5))):
+        yield Case(row, form, "shapes", tuple(T(sh, F32) for sh in shapes))
+    for mask in (T((3, 5), BOOL), T((1, 2, 3, 5), F32), T((1, 1, 3, 5), BOOL), T((5,), F32),
+                 T((3, 1), BOOL), T((2, 3, 5), F32), T((3, 5), F64), T((3, 5), I64),
+                 T((4, 5), BOOL), T((1, 1, 1, 2, 3, 5), BOOL), None, 1.0):
+        yield Case(row, form, "params", (q, k, v, mask))
+    for dropout_p in (0.0, 0, None, "x"):      # (dropout draws: tests/test_layer_rules.py)
+        yield Case(row, form, "params", (q, k, v, None, dropout_p))
+    for causal in (False, True, 1, None):
+        yield Case(row, form, "params", (q, k, v, None, 0.0, causal))
+        yield Case(row, form, "params", (q, T((1, 2, 3, 4), F32), T((1, 2, 3, 6), F32), None, 0.0,
+                                         causal))
+    yield Case(row, form, "params", (q, k, v, T((3, 5), BOOL), 0.0, True))
+    for scale in (None, 0.5, 1.0, -0.0, float("inf"), 2, "x"):
+        yield Case(row, form, "params", (q, k, v), {"scale": scale})
+    for gqa, heads in ((False, 4), (True, 4), (True, 3), (True, 2), (1, 4)):
+        yield Case(row, form, "params", (T((1, heads, 3, 4), F32), k, v), {"enable_gqa": gqa})
+    yield Case(row, form, "keywords", (q, k, v), {"attn_mask": T((3, 5), BOOL), "scale": 0.25})
+    yield Case(row, form, "keywords", (), {"query": q, "key": k, "value": v})
+    yield Case(row, form, "special", (T((1, 2, 3, 4), F32, special=True), k, v))
+    yield Case(row, form, "pending", (q, k, v), pending=True)
+
+
 def generic_cases(row, form):
     for args, kwargs in GENERIC_ARGS[row.name[len("generic_"):]]:
         if not form.takes_kwargs and kwargs:
@@ -775,6 +811,8 @@ def family(row):
         return "pooling"
     if row.rule == Rule.R_EMBEDDING:
         return "embedding"
+    if row.rule == Rule.R_SDPA:
+        return "attention"
     if row.rule in MATMUL_RULES:
         return "matmul"
     if row.rule == Rule.R_REDUCE:
@@ -794,6 +832,7 @@ GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_
               "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
               "layer_norm": layer_norm_cases, "batch_norm": batch_norm_cases,
               "conv2d": conv2d_cases, "pooling": pooling_cases, "embedding": embedding_cases,
+              "attention": attention_cases,
               "dropout": dropout_cases,
               "generic": generic_cases}
 
@@ -1045,6 +1084,8 @@ def _basic_call(row):
         return Case(row, form, "basic", (IMG, 2))
     if fam == "embedding":
         return Case(row, form, "basic", (T((2, 3), I64, index=10), T((10, 4), F32)))
+    if fam == "attention":
+        return Case(row, form, "basic", (T((1, 2, 3, 4), F32),) * 3)
     if fam == "dropout":    # in eval it is its (pending) input: nothing runs eagerly
         return Case(row, form, "basic", (T((3, 4), F32), 0.5, False), pending=True)
     return Case(row, form, "basic", (T((3, 4), F32),))
@@ -1174,6 +1215,9 @@ def _scalar_program(row, device="cpu"):
         return (2, 3, 6, 6), lambda x, s: form(x * s, weight, None, 1, 1)
     if fam == "pooling":
         return (2, 3, 6, 6), lambda x, s: form(x * s, 2)
+    if fam == "attention":
+        kv = torch.rand(1, 2, 5, 4).to(device)
+        return (1, 2, 3, 4), lambda x, s: form(x * s, kv, kv)
     if fam == "embedding":             # the scalar scales the weight
         ids = torch.tensor([[1, 2], [0, 3]]).to(device)
         return (4, 3), lambda x, s: form(ids, x * s)

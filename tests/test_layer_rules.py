@@ -308,3 +308,73 @@ def test_addmm_gradients_to_every_operand():
     for g, e in zip(got, want):
         grad = g.grad.to_eager() if isinstance(g.grad, fastlazy.LazyTensor) else g.grad
         torch.testing.assert_close(grad, e.grad)
+
+
+# --------------------------------------------------------------------------
+# F.scaled_dot_product_attention as transformers call it in inference (q,
+# k, v transposed views of (batch, seq, heads, dim), a mask or is_causal,
+# a scale) is recorded by a C rule, the scale interned; dropout (random:
+# the generic path draws its noise at the call) and masks eager's kernel
+# refuses are not.
+def _heads(batch, seq, heads=2, dim=4):
+    """A (batch, heads, seq, dim) view, as attention layers make them."""
+    return fastlazy.lazy(torch.randn(batch, seq, heads, dim)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"scale": 0.125},
+                                    {"attn_mask": "bool"}, {"attn_mask": "float", "scale": 0.5}],
+                         ids=["plain", "causal", "scale", "bool-mask", "float-mask"])
+def test_sdpa_calls_are_recorded_by_the_c_rule(kwargs):
+    q, k, v = _heads(2, 5), _heads(2, 5), _heads(2, 5)
+    kinds = {"bool": torch.rand(5, 5) > 0.3, "float": torch.randn(2, 1, 5, 5)}
+    kwargs = {name: kinds.get(value, value) if name == "attn_mask" else value
+              for name, value in kwargs.items()}
+    before = _counts()
+    got = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert _counts()[0] - before[0] == 0
+    want = F.scaled_dot_product_attention(q.to_eager(), k.to_eager(), v.to_eager(), **kwargs)
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+def test_sdpa_a_new_sequence_length_needs_no_analysis():
+    before = _generic_calls()
+    for seq in (3, 5, 8):
+        q, k, v = _heads(1, seq), _heads(1, seq), _heads(1, seq)
+        got = F.scaled_dot_product_attention(q * 1, k * 1, v * 1, is_causal=True, scale=0.3)
+        want = F.scaled_dot_product_attention(q.to_eager(), k.to_eager(), v.to_eager(),
+                                              is_causal=True, scale=0.3)
+        torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    # (the transposes are the generic path's, one per length)
+    assert _generic_calls() - before == 3 * 3
+
+
+def test_sdpa_dropout_is_the_generic_paths_and_draws_as_eager():
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    before = _generic_calls()
+    torch.manual_seed(7)
+    got = F.scaled_dot_product_attention(fastlazy.lazy(q), k, v, dropout_p=0.5)
+    assert _generic_calls() == before + 1      # its noise drawn at the call, as eager's
+    torch.manual_seed(7)
+    want = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mask_shape", [(5,), (1, 1, 1, 2, 3, 5)], ids=["1-d", "6-d"])
+def test_sdpa_masks_eagers_kernel_refuses_raise_at_the_call(mask_shape):
+    q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 6)
+    mask = torch.rand(mask_shape) > 0.5
+    with pytest.raises(Exception) as want:
+        F.scaled_dot_product_attention(q, k, v, mask)
+    with pytest.raises(type(want.value)):
+        F.scaled_dot_product_attention(fastlazy.lazy(q), k, v, mask)
+
+
+def test_sdpa_gradients_to_query_key_and_value():
+    qkv = [torch.randn(1, 2, 4, 8) for _ in range(3)]
+    want = [t.clone().requires_grad_() for t in qkv]
+    got = [fastlazy.lazy(t).requires_grad_() for t in qkv]
+    for ts in (want, got):
+        F.scaled_dot_product_attention(*ts, is_causal=True).pow(2).sum().backward()
+    for g, w in zip(got, want):
+        grad = g.grad.to_eager() if isinstance(g.grad, fastlazy.LazyTensor) else g.grad
+        torch.testing.assert_close(grad, w.grad)

@@ -207,7 +207,8 @@ def test_attention_whose_meta_kernel_lays_out_unlike_the_cpus_takes_its_template
     takes the math path, whose output strides differ from the CPU kernel's
     and the template's.  The fake run then judges the template (and accepts
     it), and the signature's later sizes are judged by trial runs, without a
-    meta run."""
+    meta run.  (The scale an int, which the sdpa row's C rule leaves to the
+    generic path.)"""
     from fastlazy import capture
     monkeypatch.setattr(program_templates, "META_SLOW_SECONDS", float("inf"))
     traced = _count_traces(monkeypatch)
@@ -220,9 +221,8 @@ def test_attention_whose_meta_kernel_lays_out_unlike_the_cpus_takes_its_template
     monkeypatch.setattr(capture, "_meta_run", meta_run)
     for seq in (8, 16, 24):
         qkv = [torch.randn(1, seq, 4, 8) for _ in range(3)]
-        got = F.scaled_dot_product_attention(
-            *(fastlazy.lazy(t).transpose(1, 2) for t in qkv), scale=0.3)
-        want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in qkv), scale=0.3)
+        got = F.scaled_dot_product_attention(*(fastlazy.lazy(t).transpose(1, 2) for t in qkv), scale=1)
+        want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in qkv), scale=1)
         torch.testing.assert_close(got.to_eager(), want)
     assert traced.count(F.scaled_dot_product_attention) == 1
     sdpa = [r for func, r in meta_runs if func is F.scaled_dot_product_attention]

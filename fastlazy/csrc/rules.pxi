@@ -152,6 +152,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return adaptive_avg_pool2d_rule(op, ops, p, out, attr)
     if rule == R_EMBEDDING:
         return embedding_rule(op, ops, p, out, attr)
+    if rule == R_SDPA:
+        return sdpa_rule(op, ops, p, out, attr)
     if rule == R_RTRUEDIV:
         # the reciprocal makes an integral self float before promotion
         recip = ops[0]
@@ -774,4 +776,108 @@ cdef int embedding_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr
     out.device = w.device
     out.requires_grad = w.requires_grad and grad_enabled()
     attr[0] |= padding + 1
+    return RULE_OK
+
+
+# Floats a lowering reads back from a node's attr by index (sdpa's scale):
+# a model passes the same few, and the attr holds no float.  Keyed by their
+# bits (-0.0 and 0.0, and each nan, apart); index 0 stands for None.
+cdef dict _float_ids = {}
+cdef list _floats = [None]
+
+
+cdef int intern_float(object value, int bits) except -2:
+    """value's index among the interned floats, interning it; -1 when the
+    attr field of `bits` bits cannot hold another."""
+    cdef double d = PyFloat_AS_DOUBLE(value)
+    cdef int64_t key
+    memcpy(&key, &d, sizeof(double))
+    found = _float_ids.get(key)
+    if found is not None:
+        return found
+    cdef int index = len(_floats)
+    if index >= 1 << bits:
+        return -1
+    _floats.append(d)
+    _float_ids[key] = index
+    return index
+
+
+def interned_float(int index):
+    """The float interned at `index` (None at 0): a lowering reads it."""
+    return _floats[index]
+
+
+cdef int sdpa_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: query, key, value, attn_mask, dropout_p, is_causal, scale,
+    # enable_gqa.  q (..., L, E), k (..., S, E), v (..., S, Ev) of one dtype
+    # and device, 3-d or 4-d, q's leading dims broadcast with k's (with
+    # enable_gqa, k's heads divide q's); a bool or query-dtype mask that
+    # broadcasts into (..., L, S).  The row lowers to the same aten op, so
+    # the graph's run picks eager's kernel.  Dropout (random) and calls
+    # outside these shapes take the generic path -- but shapes eager's
+    # kernel refuses run eagerly: under the trial run's dispatch mode sdpa
+    # takes the math path, which broadcasts where eager's kernels raise.
+    cdef Meta *q = ops[0].m
+    cdef Meta *k = ops[1].m
+    cdef Meta *v = ops[2].m
+    cdef Meta *mask
+    cdef int i, n, scale = 0
+    cdef bint causal = False, gqa = False
+    if not same_dtype_device(ops, 3, out) or not cat_ok(op, out.dtype):
+        return RULE_EAGER
+    n = q.ndim
+    if n < 3 or n > 4 or k.ndim != n or v.ndim != n:
+        return RULE_EAGER
+    if p[4] != NULL and (type(<object>p[4]) is not float and type(<object>p[4]) is not int
+                         or <object>p[4] != 0):
+        return RULE_EAGER
+    for i in (5, 7):
+        if p[i] != NULL and type(<object>p[i]) is not bool:
+            return RULE_EAGER
+    causal = p[5] != NULL and <object>p[5] is True
+    gqa = p[7] != NULL and <object>p[7] is True
+    if p[6] != NULL and <object>p[6] is not None:
+        if type(<object>p[6]) is not float:
+            return RULE_EAGER
+        scale = intern_float(<object>p[6], ATTR_SDPA_SCALE_BITS)
+        if scale < 0:
+            return RULE_EAGER
+    for i in range(n):
+        if q.shape[i] == 0 or k.shape[i] == 0 or v.shape[i] == 0:
+            return RULE_EAGER
+    if q.shape[n - 1] != k.shape[n - 1] or k.shape[n - 2] != v.shape[n - 2] or gqa and n != 4:
+        return RULE_RUN_EAGER
+    out.ndim = n
+    for i in range(n - 2):
+        if k.shape[i] != v.shape[i]:
+            return RULE_RUN_EAGER
+        if gqa and i == 1:
+            if q.shape[1] % k.shape[1] != 0:
+                return RULE_RUN_EAGER
+            out.shape[i] = q.shape[i]
+        elif q.shape[i] == k.shape[i] or k.shape[i] == 1:
+            out.shape[i] = q.shape[i]
+        elif q.shape[i] == 1:
+            out.shape[i] = k.shape[i]
+        else:
+            return RULE_RUN_EAGER
+    out.shape[n - 2] = q.shape[n - 2]
+    out.shape[n - 1] = v.shape[n - 1]
+    if ops[3].kind != K_ABSENT:
+        if not is_tensor(&ops[3]):
+            return RULE_EAGER
+        mask = ops[3].m
+        if mask.ndim < 2 or mask.ndim > n:
+            return RULE_RUN_EAGER
+        for i in range(mask.ndim):
+            # broadcast into (..., L, S)
+            if mask.shape[i] != 1 and mask.shape[i] != (
+                    k.shape[n - 2] if i == mask.ndim - 1 else out.shape[n - mask.ndim + i]):
+                return RULE_RUN_EAGER
+        if causal or mask.device != q.device or mask.dtype != 0 and mask.dtype != q.dtype:
+            return RULE_EAGER             # (bool, or the query's dtype)
+        out.requires_grad = out.requires_grad or mask.requires_grad and grad_enabled()
+    attr[0] |= ((ATTR_SDPA_CAUSAL if causal else 0) | (ATTR_SDPA_GQA if gqa else 0)
+                | scale << ATTR_SDPA_SCALE_SHIFT)
     return RULE_OK
