@@ -290,7 +290,7 @@ def _rows():
     yield Op("matmul", Rule.R_MATMUL, c("matmul", 0, 1), ("input", "other"), nrequired=2,
              cats=FLOAT | COMPLEX, functions=("matmul",), methods=("matmul", "__matmul__"))
     # beta and alpha given: the generic path's (as are the calls the rule leaves)
-    yield Op("addmm", Rule.R_ADDMM, c("addmm", 0, 1, 2),
+    yield Op("addmm", Rule.R_ADDMM, c("addmm", 0, 1, 2, beta=Const(1), alpha=Const(1)),
              ("input", "mat1", "mat2", "beta", "alpha"), nrequired=3, npos=3, noperands=3,
              cats=FLOAT | COMPLEX,
              flags=OpFlag.OPF_RULE_IN_GENERIC, functions=("addmm",), methods=("addmm",))
@@ -342,7 +342,8 @@ def _rows():
              flags=OpFlag.OPF_RULE_IN_GENERIC, nn_functions=("adaptive_avg_pool2d",))
     # F.embedding(input, weight, ...) lowers to aten::embedding(weight, input)
     yield Op("embedding", Rule.R_EMBEDDING,
-             c("embedding", 1, 0, Packed(0, ATTR_EMBEDDING_PADDING_BITS, -1)),
+             c("embedding", 1, 0, Packed(0, ATTR_EMBEDDING_PADDING_BITS, -1), Const(False),
+               Const(False)),
              ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
               "sparse"),
              nrequired=2, noperands=2, flags=OpFlag.OPF_RULE_IN_GENERIC,
