@@ -70,6 +70,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args(argv)
+    missing = zoo.missing_library()
+    if missing:
+        sys.exit(missing)
     torch.set_num_threads(1)
     lines = [f"| model (batch 1, inference; {args.rounds} rounds) | first call, eager | "
              "first call, fastlazy | first 100 calls, eager | first 100 calls, fastlazy | "

@@ -598,12 +598,19 @@ cdef bint conv_pair(PyObject *p, int64_t default, int64_t low, int bits,
     return False
 
 
+cdef inline int pack_pair(const int64_t *pair, int64_t low, int shift, int bits) noexcept:
+    """The attr bits of a pair conv_pair read (each in [low, low + 2**bits)):
+    height's from bit `shift`, width's right after it, less `low` -- what
+    optable.PackedPair reads back."""
+    return <int>((pair[0] - low) << shift | (pair[1] - low) << (shift + bits))
+
+
 cdef int conv2d_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
     # params: input, weight, bias, stride, padding, dilation, groups.  A
     # batch (N, C, H, W) of floats, the weight and bias of its dtype and
     # device, and the sizes nn.Conv2d passes; an unbatched input, padding
-    # 'same' or 'valid', sizes beyond the attr's fields, empty tensors and
-    # every call eager refuses take the generic path (OPF_RULE_IN_GENERIC),
+    # 'same' or 'valid', sizes beyond the attr's fields and every call eager
+    # refuses take the generic path (OPF_RULE_IN_GENERIC),
     # as a generic row's calls: no trial run, so a large one is recorded.
     # Empty tensors run eagerly: the generic path may judge such a call by
     # a template on meta tensors, and meta's convolution does not refuse a
@@ -643,10 +650,10 @@ cdef int conv2d_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) e
         if x.shape[2 + i] + 2 * padding[i] < extent:
             return RULE_EAGER          # the kernel is larger than the padded input
         out.shape[2 + i] = (x.shape[2 + i] + 2 * padding[i] - extent) // stride[i] + 1
-        attr[0] |= ((stride[i] - 1) << (ATTR_CONV_STRIDE_SHIFT + i * ATTR_CONV_STRIDE_BITS)
-                    | padding[i] << (ATTR_CONV_PADDING_SHIFT + i * ATTR_CONV_PADDING_BITS)
-                    | (dilation[i] - 1) << (ATTR_CONV_DILATION_SHIFT + i * ATTR_CONV_DILATION_BITS))
-    attr[0] |= (groups - 1) << ATTR_CONV_GROUPS_SHIFT
+    attr[0] |= (pack_pair(stride, 1, ATTR_CONV_STRIDE_SHIFT, ATTR_CONV_STRIDE_BITS)
+                | pack_pair(padding, 0, ATTR_CONV_PADDING_SHIFT, ATTR_CONV_PADDING_BITS)
+                | pack_pair(dilation, 1, ATTR_CONV_DILATION_SHIFT, ATTR_CONV_DILATION_BITS)
+                | (groups - 1) << ATTR_CONV_GROUPS_SHIFT)
     return RULE_OK
 
 
@@ -708,12 +715,11 @@ cdef int max_pool2d_rule(int op, Operand *ops, PyObject **p, Meta *out, int *att
         if n < 1:
             return RULE_EAGER
         out.shape[out.ndim - 2 + i] = n
-        attr[0] |= ((kernel[i] - 1) << (ATTR_POOL_KERNEL_SHIFT + i * ATTR_POOL_KERNEL_BITS)
-                    | (stride[i] - 1) << (ATTR_POOL_STRIDE_SHIFT + i * ATTR_POOL_STRIDE_BITS)
-                    | padding[i] << (ATTR_POOL_PADDING_SHIFT + i * ATTR_POOL_PADDING_BITS)
-                    | (dilation[i] - 1) << (ATTR_POOL_DILATION_SHIFT + i * ATTR_POOL_DILATION_BITS))
-    if ceil:
-        attr[0] |= ATTR_POOL_CEIL_MODE
+    attr[0] |= (pack_pair(kernel, 1, ATTR_POOL_KERNEL_SHIFT, ATTR_POOL_KERNEL_BITS)
+                | pack_pair(stride, 1, ATTR_POOL_STRIDE_SHIFT, ATTR_POOL_STRIDE_BITS)
+                | pack_pair(padding, 0, ATTR_POOL_PADDING_SHIFT, ATTR_POOL_PADDING_BITS)
+                | pack_pair(dilation, 1, ATTR_POOL_DILATION_SHIFT, ATTR_POOL_DILATION_BITS)
+                | (ATTR_POOL_CEIL_MODE if ceil else 0))
     return RULE_OK
 
 
@@ -729,7 +735,7 @@ cdef int adaptive_avg_pool2d_rule(int op, Operand *ops, PyObject **p, Meta *out,
         return RULE_EAGER
     out.shape[out.ndim - 2] = size[0]
     out.shape[out.ndim - 1] = size[1]
-    attr[0] |= (size[0] - 1) | (size[1] - 1) << ATTR_ADAPTIVE_SIZE_BITS
+    attr[0] |= pack_pair(size, 1, 0, ATTR_ADAPTIVE_SIZE_BITS)
     return RULE_OK
 
 
