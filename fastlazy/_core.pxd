@@ -25,6 +25,9 @@ cpdef enum:
     MAX_PARAMS = 8
     # dtype codes (csrc/dtypes.pxi): 0 bool ... 12 complex128
     NDTYPES = 13
+    # An entry of a view's interned size list (csrc/view_rules.pxi) is a
+    # constant size (>= -1), or SIZE_OF_DIM - d: the source's size at dim d.
+    SIZE_OF_DIM = -2
 
 
 cdef extern from "_entry.h":
@@ -64,8 +67,15 @@ cpdef enum Rule:
     R_ADAPTIVE_AVG_POOL2D = 22  # to a fixed output size
     R_EMBEDDING = 23    # F.embedding as nn.Embedding calls it (no max_norm, dense)
     R_SDPA = 24         # F.scaled_dot_product_attention without dropout
-    R_GENERIC = 25      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 26
+    # views (csrc/view_rules.pxi): the result is a view of its input, placed
+    # in its root's storage as eager places it
+    R_VIEW = 25         # view and reshape of a tensor they can view: sizes interned
+    R_TRANSPOSE = 26
+    R_PERMUTE = 27
+    R_UNSQUEEZE = 28
+    R_CONTIGUOUS = 29   # the input itself where it is contiguous; else a copy
+    R_GENERIC = 30      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 31
 
 
 # Op flags (an op-table row's `flags`).
@@ -78,6 +88,9 @@ cpdef enum OpFlag:
     # row's are (no trial run): the rule covers a corner of a generic op
     # (batch_norm in inference), not an op whose other calls are corners
     OPF_RULE_IN_GENERIC = 32
+    # a view rule's sizes or dims only as one sequence (torch.reshape(x,
+    # shape)), not also spread out as Tensor.reshape(*shape) takes them
+    OPF_SIZE_SEQUENCE = 64
 
 
 # dtype categories; a row's `cats` is a mask of them.
@@ -118,7 +131,12 @@ cpdef enum NodeFlag:
 #   embedding:  padding_idx + 1 (0: none) in bits 0-15
 #   sdpa:       SDPA_CAUSAL, SDPA_GQA; the scale's index among the interned
 #               floats (0: None) in bits SDPA_SCALE_SHIFT+
-#   every row:  bit ABSENT_SHIFT + i: optional operand i was not given;
+#   view, reshape: the index of its size list among the interned ones
+#               (csrc/view_rules.pxi), bits 0..VIEW_SIZES_BITS-1
+#   transpose:  the two dims, 3 bits each; unsqueeze: the dim (4 bits)
+#   permute:    dim i in bits 3i..3i+2, the rank in bits PERMUTE_RANK_SHIFT+
+#   every row:  bit ABSENT_SHIFT + i: optional operand i was not given (a
+#               row whose operands are all required may use these bits);
 #               bits CHOICE_SHIFT..+3: index of the choice param's value
 #   generic:    bits 0-19 lowering id, bits GENERIC_OUT_SHIFT+: output index
 cpdef enum:  # AttrLayout
@@ -154,6 +172,9 @@ cpdef enum:  # AttrLayout
     ATTR_SDPA_GQA = 2
     ATTR_SDPA_SCALE_SHIFT = 4
     ATTR_SDPA_SCALE_BITS = 12
+    ATTR_VIEW_SIZES_BITS = 24
+    ATTR_DIM_BITS = 3
+    ATTR_PERMUTE_RANK_SHIFT = 24
 
 
 # How a view's values follow from its place in its root's storage

@@ -23,10 +23,12 @@ import torch.fx
 
 from fastlazy import generic
 from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
-                            ATTR_SMALL_MASK, GENERIC_OP, Rule)
-from fastlazy.optable import OPS, SCALAR_ARGS, AttrValue, Call, Opt, TrailingDims
+                            ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, SIZE_OF_DIM, Rule,
+                            interned_sizes)
+from fastlazy.optable import OPS, RAW, SCALAR_ARGS, AttrValue, Call, Opt, SizeList, TrailingDims
 
 _LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
+_SYM_SIZE = torch.ops.aten.sym_size.int
 
 
 class _Ref:
@@ -200,7 +202,11 @@ def of_record(opcode, attr, dtype):
 
 def _row(op, attr, dtype):
     """A row's lowering expression read for one attr and result dtype."""
-    absent = [attr >> (ATTR_ABSENT_SHIFT + p) & 1 for p in range(len(op.params))]
+    # (a required operand is never absent -- a row whose operands all are
+    # may use those bits for its own fields, as the view rules do -- but a
+    # required parameter its rule reads is not recorded: layer_norm's shape)
+    absent = [(p >= op.nrequired or name in RAW) and attr >> (ATTR_ABSENT_SHIFT + p) & 1
+              for p, name in enumerate(op.params)]
 
     def operand(position):
         """The input index of operand `position`, or None if absent (absent
@@ -216,6 +222,15 @@ def _row(op, attr, dtype):
             return Input(operand(expr))
         if isinstance(expr, TrailingDims):
             return Sizes(Input(operand(expr.index)), attr & 15)
+        if isinstance(expr, SizeList):
+            sizes = []
+            for entry in interned_sizes(attr & (1 << ATTR_VIEW_SIZES_BITS) - 1):
+                if entry <= SIZE_OF_DIM:
+                    source = Input(operand(expr.index))
+                    calls.append(AtenCall("sym_size", _SYM_SIZE, [source, SIZE_OF_DIM - entry]))
+                    entry = Value(len(calls) - 1)
+                sizes.append(entry)
+            return sizes
         if isinstance(expr, Opt):
             k = operand(expr.index)
             return expr.default if k is None else Input(k)
@@ -236,7 +251,7 @@ def _row(op, attr, dtype):
     present = [(p, name) for p, name in enumerate(operands) if operand(p) is not None]
     choice = attr >> ATTR_CHOICE_SHIFT & ATTR_SMALL_MASK
     return NodeProgram(
-        op.name, calls, (out,), fresh=True,
+        op.name, calls, (out,), fresh=not op.aliases,
         promoting=tuple(operand(p) for p, name in present if name not in SCALAR_ARGS),
         numbers=tuple(operand(p) for p, name in present if name in SCALAR_ARGS),
         true_division=op.rule == Rule.R_TRUEDIV or op.rule == Rule.R_DIV and choice == 0,

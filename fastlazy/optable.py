@@ -21,8 +21,9 @@ from fastlazy._core import (ATTR_ADAPTIVE_SIZE_BITS, ATTR_CHOICE_SHIFT, ATTR_CON
                             ATTR_POOL_KERNEL_BITS, ATTR_POOL_KERNEL_SHIFT, ATTR_POOL_PADDING_BITS,
                             ATTR_POOL_PADDING_SHIFT, ATTR_POOL_STRIDE_BITS, ATTR_POOL_STRIDE_SHIFT,
                             ATTR_SDPA_CAUSAL, ATTR_SDPA_GQA, ATTR_SDPA_SCALE_BITS,
-                            ATTR_SDPA_SCALE_SHIFT, ATTR_SMALL_MASK, MAX_NDIM, Category, OpFlag,
-                            Rule, dtype_of_code, interned_float)
+                            ATTR_SDPA_SCALE_SHIFT, ATTR_SMALL_MASK, ATTR_DIM_BITS,
+                            ATTR_PERMUTE_RANK_SHIFT, MAX_NDIM, Category, OpFlag, Rule,
+                            dtype_of_code, interned_float)
 
 # Dtype categories an op accepts (the computation dtype must be in the mask).
 BOOL, INT, FLOAT, COMPLEX = (Category.CAT_BOOL, Category.CAT_INT, Category.CAT_FLOAT,
@@ -171,6 +172,24 @@ class InternedFloat(AttrValue):
 
 
 @dataclass(frozen=True)
+class PermutedDims(AttrValue):
+    """permute's dims, 3 bits each, their count at PERMUTE_RANK_SHIFT."""
+
+    def value(self, attr, dtype):
+        rank = attr >> ATTR_PERMUTE_RANK_SHIFT & ATTR_SMALL_MASK
+        return [attr >> (ATTR_DIM_BITS * i) & (1 << ATTR_DIM_BITS) - 1 for i in range(rank)]
+
+
+@dataclass(frozen=True)
+class SizeList:
+    """The sizes of a view or reshape of operand `index`: the list its rule
+    interned (the attr holds its index), each entry a constant or that
+    operand's size at a dim, read when the graph runs, so that the graph
+    serves every shape."""
+    index: int = 0
+
+
+@dataclass(frozen=True)
 class Call:
     """An aten call: `aten::<name>(*args, **kwargs)`; an int argument is the
     node's input of that index, a Call is a nested call."""
@@ -198,6 +217,10 @@ class Op:
     methods: tuple = ()           # Tensor.<name>, including operators
     inplace: tuple = ()           # Tensor.<name> that mutate self
     nn_functions: tuple = ()      # torch.nn.functional.<name>
+    # the result may share its input's storage (a view; contiguous's input
+    # itself where the value is contiguous already): no later op of the
+    # graph may compute into it
+    aliases: bool = False
     opcode: int = field(default=-1, compare=False)
 
 
@@ -359,6 +382,33 @@ def _rows():
               "enable_gqa"),
              nrequired=3, noperands=4, cats=FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
              nn_functions=("scaled_dot_product_attention",))
+    # views (csrc/view_rules.pxi).  The torch.<name> forms take sizes and
+    # dims as one sequence only, the Tensor methods also spread out
+    # (x.view(2, 3)).  view and reshape lower to reshape: the graph's input
+    # may have another layout than the recording saw (a value computed
+    # earlier), which reshape copies where view would raise
+    view, spread = ("input", "size"), OpFlag.OPF_RULE_IN_GENERIC
+    sequence = OpFlag.OPF_RULE_IN_GENERIC | OpFlag.OPF_SIZE_SEQUENCE
+    yield Op("view", Rule.R_VIEW, c("reshape", 0, SizeList()), view, nrequired=2, noperands=1,
+             flags=spread, aliases=True, methods=("view",))
+    yield Op("reshape", Rule.R_VIEW, c("reshape", 0, SizeList()), view, nrequired=2,
+             noperands=1, flags=spread, aliases=True, methods=("reshape",))
+    yield Op("torch_reshape", Rule.R_VIEW, c("reshape", 0, SizeList()), view, nrequired=2,
+             noperands=1, flags=sequence, aliases=True, functions=("reshape",))
+    transposes = ("transpose", "swapaxes", "swapdims")
+    yield Op("transpose", Rule.R_TRANSPOSE,
+             c("transpose", 0, Packed(0, ATTR_DIM_BITS, 0), Packed(ATTR_DIM_BITS, ATTR_DIM_BITS, 0)),
+             ("input", "dim0", "dim1"), nrequired=3, noperands=1, flags=spread, aliases=True,
+             functions=transposes, methods=transposes)
+    yield Op("permute", Rule.R_PERMUTE, c("permute", 0, PermutedDims()), ("input", "dims"),
+             nrequired=2, noperands=1, flags=spread, aliases=True, methods=("permute",))
+    yield Op("torch_permute", Rule.R_PERMUTE, c("permute", 0, PermutedDims()), ("input", "dims"),
+             nrequired=2, noperands=1, flags=sequence, aliases=True, functions=("permute",))
+    yield Op("unsqueeze", Rule.R_UNSQUEEZE, c("unsqueeze", 0, Packed(0, ATTR_DIM_BITS + 1, 0)),
+             ("input", "dim"), nrequired=2, noperands=1, flags=spread, aliases=True,
+             functions=("unsqueeze",), methods=("unsqueeze",))
+    yield Op("contiguous", Rule.R_CONTIGUOUS, c("contiguous", 0), ("input",), noperands=1,
+             flags=spread, aliases=True, methods=("contiguous",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),
@@ -377,13 +427,11 @@ def _rows():
 GENERIC_OPS = {
     # name: (torch.<name>, Tensor.<name>, torch.nn.functional.<name>)
     # shape and view ops
-    "view": (False, True, False), "reshape": (True, True, False),
-    "flatten": (True, True, False), "transpose": (True, True, False),
-    "t": (True, True, False), "permute": (True, True, False),
-    "unsqueeze": (True, True, False), "squeeze": (True, True, False),
+    "flatten": (True, True, False),
+    "t": (True, True, False), "squeeze": (True, True, False),
     "expand": (False, True, False), "expand_as": (False, True, False),
     "view_as": (False, True, False), "reshape_as": (False, True, False),
-    "contiguous": (False, True, False), "chunk": (True, True, False),
+    "chunk": (True, True, False),
     "split": (True, True, False), "unbind": (True, True, False),
     "narrow": (True, True, False), "select": (True, True, False),
     "cat": (True, False, False), "stack": (True, False, False),
@@ -480,6 +528,9 @@ def markdown() -> str:
                   Rule.R_MAX_POOL2D: "2-d max pooling", Rule.R_EMBEDDING: "embedding lookup",
                   Rule.R_ADAPTIVE_AVG_POOL2D: "adaptive 2-d average pooling",
                   Rule.R_SDPA: "attention without dropout",
+                  Rule.R_VIEW: "view", Rule.R_TRANSPOSE: "view", Rule.R_PERMUTE: "view",
+                  Rule.R_UNSQUEEZE: "view",
+                  Rule.R_CONTIGUOUS: "the input where contiguous, else a copy",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:

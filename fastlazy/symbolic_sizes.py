@@ -142,11 +142,11 @@ def _trace_origins(node, origins):
         dims = _regrouped(first, shape)
     elif target is aten.t.default:
         dims = first[::-1]
-    elif target is aten.transpose.int:
+    elif target is aten.transpose.int and first:      # (a 0-dim input has no dims to swap)
         dims = list(first)
         a, b = (d % len(dims) for d in args[1:3])
         dims[a], dims[b] = dims[b], dims[a]
-    elif target is aten.permute.default:
+    elif target is aten.permute.default and first:
         dims = [first[d % len(first)] for d in args[1]]
     elif target is aten.mm.default:
         other = of(args[1])

@@ -66,6 +66,7 @@ PARAM_KINDS = {
     "scale_grad_by_freq": "flag", "sparse": "flag",
     "query": "operand", "key": "operand", "value": "operand", "attn_mask": "operand",
     "dropout_p": "number", "is_causal": "flag", "scale": "number", "enable_gqa": "flag",
+    "size": "size", "dim0": "dim", "dim1": "dim", "dims": "size",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR, Rule.R_ADDMM)
@@ -538,15 +539,9 @@ def dropout_cases(row, form):
 X34, X234 = T((3, 4), F32), T((2, 3, 4), F32)
 IMG, KERNEL = T((2, 3, 6, 6), F32), T((4, 3, 3, 3), F32)
 GENERIC_ARGS = {
-    "view": [((X34, 12), {}), ((X34, -1, 2), {}), ((X234, 6, 4), {}), ((X34, 5), {})],
-    "reshape": [((X34, (4, 3)), {}), ((X234, -1), {}), ((T((0, 3), I64), (3, 0)), {}),
-                ((X34, (5, 2)), {})],
     "flatten": [((X234,), {}), ((X234, 1), {}), ((X234,), {"start_dim": 0, "end_dim": 1}),
                 ((X234, 3), {})],
-    "transpose": [((X34, 0, 1), {}), ((X234, -1, 0), {}), ((X34, 0, 2), {})],
     "t": [((X34,), {}), ((T((3,), I64),), {}), ((X234,), {})],
-    "permute": [((X234, (2, 0, 1)), {}), ((X34, (1, 0)), {}), ((X34, (0, 0)), {})],
-    "unsqueeze": [((X34, 0), {}), ((X34, -1), {}), ((T((), F64), 0), {}), ((X34, 3), {})],
     "squeeze": [((T((3, 1, 4), F32),), {}), ((T((3, 1, 4), F32), 1), {}),
                 ((T((1, 3, 1), I64), (0, 2)), {}), ((X34, 5), {})],
     "expand": [((T((3, 1), F32), 3, 4), {}), ((T((4,), F32), (2, 4)), {}),
@@ -554,7 +549,6 @@ GENERIC_ARGS = {
     "expand_as": [((T((3, 1), F32), X34), {}), ((X34, T((3, 5), F32)), {})],
     "view_as": [((X34, T((12,), F32)), {}), ((X34, T((5,), F32)), {})],
     "reshape_as": [((X34, T((2, 6), F32)), {}), ((X34, T((5,), F32)), {})],
-    "contiguous": [((X34,), {})],
     "chunk": [((T((6, 4), F32), 3), {}), ((T((5, 4), F32), 2, 1), {}), ((X34, 0), {})],
     "split": [((T((6, 4), F32), 2), {}), ((T((5, 4), F32), [2, 3]), {}),
               ((X34, [1, 1]), {})],
@@ -787,6 +781,45 @@ def attention_cases(row, form):
     yield Case(row, form, "pending", (q, k, v), pending=True)
 
 
+# View rows (csrc/view_rules.pxi): what the rule takes, and what it leaves
+# to the generic path -- keywords, a dtype view, sizes or dims eager
+# refuses, the function forms' spread-out sizes (a TypeError in eager).
+E03 = T((0, 3), I64)
+VIEW_ARGS = {
+    "view": [((X34, 12), {}), ((X34, -1, 2), {}), ((X234, 6, 4), {}), ((X34, 5), {}),
+             ((X34, (2, 6)), {}), ((X34, [4, -1]), {}), ((X34, torch.Size([12, 1])), {}),
+             ((X234, 2, 1, 3, 4), {}), ((X34, -1, -1), {}), ((X34, -2, -6), {}),
+             ((X34, 2.0, 6), {}), ((X34, True, 12), {}), ((X34, F64), {}),
+             ((E03, 3, 0), {}), ((E03, -1, 0), {}), ((E03, 0, -1), {}),
+             ((T((), F64), 1), {}), ((T((), F64), -1), {}), ((T((1,), I64),), {"size": (1,)})],
+    "reshape": [((X34, (4, 3)), {}), ((X234, -1), {}), ((E03, (3, 0)), {}),
+                ((X34, (5, 2)), {}), ((X34, 2, 6), {}), ((T((), F64), ()), {}),
+                ((X234, (4, -1, 3)), {}), ((X34, (2, 2, 3)), {"x": 1})],
+    "torch_reshape": [((X34, (4, 3)), {}), ((X234, (-1,)), {}), ((X34, 2, 6), {}),
+                      ((X34,), {"shape": (6, 2)}), ((X34, [3, 5]), {})],
+    "transpose": [((X34, 0, 1), {}), ((X234, -1, 0), {}), ((X34, 0, 2), {}),
+                  ((X234, 1, 1), {}), ((T((), F64), 0, 0), {}), ((T((), F64), 0, -1), {}),
+                  ((X34,), {"dim0": 1, "dim1": 0}), ((X34, 0.0, 1), {}), ((X34, True, 0), {})],
+    "permute": [((X234, (2, 0, 1)), {}), ((X34, (1, 0)), {}), ((X34, (0, 0)), {}),
+                ((X34, 1, 0), {}), ((X234, -1, 0, 1), {}), ((X234, 2, 0), {}),
+                ((X234, [0, 1, 3]), {}), ((T((), F64), ()), {})],
+    "torch_permute": [((X234, (2, 0, 1)), {}), ((X34, [1, 0]), {}), ((X34, 1, 0), {}),
+                      ((X34,), {"dims": (1, 0)})],
+    "unsqueeze": [((X34, 0), {}), ((X34, -1), {}), ((T((), F64), 0), {}), ((X34, 3), {}),
+                  ((X34, 2), {}), ((X34, -3), {}), ((X34, -4), {}), ((X34,), {"dim": 1})],
+    "contiguous": [((X34,), {}), ((T((), I64),), {}), ((X34,), {"memory_format": torch.contiguous_format})],
+}
+
+
+def view_cases(row, form):
+    for args, kwargs in VIEW_ARGS[row.name]:
+        if not form.takes_kwargs and kwargs:
+            continue
+        yield Case(row, form, "view", args, kwargs)
+        if isinstance(args[0], T):
+            yield Case(row, form, "pending", args, kwargs, pending=True)
+
+
 def generic_cases(row, form):
     for args, kwargs in GENERIC_ARGS[row.name[len("generic_"):]]:
         if not form.takes_kwargs and kwargs:
@@ -799,6 +832,8 @@ def generic_cases(row, form):
 def family(row):
     if row.rule == Rule.R_GENERIC:
         return "generic"
+    if Rule.R_VIEW <= row.rule <= Rule.R_CONTIGUOUS:
+        return "view"
     if row.rule == Rule.R_DROPOUT:
         return "dropout"
     if row.rule == Rule.R_LAYER_NORM:
@@ -834,6 +869,7 @@ GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_
               "conv2d": conv2d_cases, "pooling": pooling_cases, "embedding": embedding_cases,
               "attention": attention_cases,
               "dropout": dropout_cases,
+              "view": view_cases,
               "generic": generic_cases}
 
 
@@ -1086,6 +1122,9 @@ def _basic_call(row):
         return Case(row, form, "basic", (T((2, 3), I64, index=10), T((10, 4), F32)))
     if fam == "attention":
         return Case(row, form, "basic", (T((1, 2, 3, 4), F32),) * 3)
+    if fam == "view":
+        args, kwargs = VIEW_ARGS[row.name][0]
+        return Case(row, form, "basic", args, kwargs, pending=True)
     if fam == "dropout":    # in eval it is its (pending) input: nothing runs eagerly
         return Case(row, form, "basic", (T((3, 4), F32), 0.5, False), pending=True)
     return Case(row, form, "basic", (T((3, 4), F32),))
@@ -1232,6 +1271,9 @@ def _scalar_program(row, device="cpu"):
         shapes = [shape for shape in MATMUL_SHAPES[row.rule][0] if shape is not None]
         others = [torch.rand(shape).to(device) for shape in shapes[1:]]
         return shapes[0], lambda x, s: form(x * s, *others)
+    if fam == "view":
+        args, kwargs = VIEW_ARGS[row.name][0]
+        return args[0].shape, lambda x, s: form(x * s, *args[1:], **kwargs)
     return (3, 4), lambda x, s: form(x * s)
 
 

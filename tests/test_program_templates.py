@@ -68,16 +68,17 @@ def test_autocast_calls_take_no_template():
 
 
 def test_views_to_other_sizes_share_a_program_and_give_eagers_views():
-    """HuggingFace's x.view(batch, seq, heads, -1) at a new sequence length:
+    """A view at a new sequence length, where the generic path records it
+    (a keyword argument here; also views of views the C rule cannot place):
     the sizes are erased from the template's key, and the check of the
     result's shape and strides keeps each view eager's."""
     before = program_templates.stats()
     for seq in (8, 16, 24):
         x = torch.randn(2, seq, 12)
         lx = fastlazy.lazy(x)
-        got = lx.view(2, seq, 3, 4)
+        got = lx.view(size=(2, seq, 3, 4))
         torch.testing.assert_close(got.to_eager(), x.view(2, seq, 3, 4))
-        other = lx.view(2, seq, 4, 3)                   # other sizes, same rank
+        other = lx.view(size=(2, seq, 4, 3))            # other sizes, same rank
         torch.testing.assert_close(other.to_eager(), x.view(2, seq, 4, 3))
         got.mul_(2)                                     # still a view of lx
         torch.testing.assert_close(lx.to_eager(), x * 2)
@@ -244,14 +245,15 @@ def test_a_signature_whose_trial_run_raises_leaves_no_template():
 
 
 def test_a_size_one_trace_does_not_stand_in_for_the_other_sizes(monkeypatch):
-    """x.t().reshape(-1) of an (n, 4) intermediate: at n = 1 the transposed
-    tensor is contiguous and the trace takes the view path; from n = 2 it
-    copies.  Both programs stay templates, so n = 3, 4, 5 take n = 2's, and
-    n = 1 again takes its own."""
+    """x.t().reshape(shape=(-1,)) of an (n, 4) intermediate (the keyword
+    makes it the generic path's): at n = 1 the transposed tensor is
+    contiguous and the trace takes the view path; from n = 2 it copies.
+    Both programs stay templates, so n = 3, 4, 5 take n = 2's, and n = 1
+    again takes its own."""
     traced = _count_traces(monkeypatch)
     for n in (1, 2, 3, 4, 1, 5):
         x = torch.randn(n, 4)
-        got = (fastlazy.lazy(x) * 1).t().reshape(-1)
+        got = (fastlazy.lazy(x) * 1).t().reshape(shape=(-1,))
         torch.testing.assert_close(got.to_eager(), x.t().reshape(-1))
     assert traced.count(torch.Tensor.reshape) == 2
 

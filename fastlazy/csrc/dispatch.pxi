@@ -22,6 +22,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         # autocast is on (it changes dtypes per op): the generic path
         # records it if it is pure, and runs it eagerly otherwise
         return call_generic(entry, args, nargs, kwnames, form)
+    if R_VIEW <= op_rule[op] <= R_CONTIGUOUS:
+        return view_call(entry, op, args, nargs, kwnames, form)
     if nargs == 2 and kwnames is None and form == FORM_CALL:
         fast = same_meta_binary(op, args, &out)
         if fast is not None:

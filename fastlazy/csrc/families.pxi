@@ -137,6 +137,11 @@ cdef int attach_view(LazyTensor view, object base, int ndim, int64_t *size,
     if type((<LazyTensor>root).family) is not Family:
         (<LazyTensor>root).family = Family.__new__(Family)
     m = Member.__new__(Member)
+    # Untracked by the cycle collector, as a pending LazyTensor is: a
+    # Member holds its root and the root's Family, which holds its views
+    # only weakly, so it closes no cycle -- and a model makes one per view
+    # per call, which would otherwise trigger collections.
+    PyObject_GC_UnTrack(<PyObject*>m)
     m.root = root
     m.family = (<LazyTensor>root).family
     m.flags = flags

@@ -1,0 +1,416 @@
+# C rules for the view ops models call at every layer: view and reshape,
+# transpose, permute, unsqueeze, and contiguous.  Without them each new
+# call signature -- every new batch size or sequence length -- is analysed
+# by the generic path (0.3-0.5 ms a call), and a transformer's first call
+# makes dozens of such analyses.
+#
+# A view's result is a LazyTensor placed in its root's storage exactly as
+# eager places it (size, stride, storage offset: attach_view), so writes
+# through it and eager's checks of them (fastlazy.mutation, views.py) work
+# as for the generic path's views.  Where eager could not view the input
+# (a view of a transposed tensor) or the call is anything else (keywords,
+# a dtype view, a bad size or dim), the rule leaves it to the generic path,
+# which records it if it is pure or raises eager's error.
+#
+# Graphs are shape-generic: a size that equals its source's size at the
+# aligned dim is not a constant of the graph but the source's size read
+# when the graph runs (as fastlazy.symbolic_sizes rewrites the generic
+# path's programs), so one graph serves every batch size and sequence
+# length.  The size lists are interned; the node's attr holds the index.
+
+from libc.stdint cimport INT64_MAX
+from libc.stdlib cimport calloc
+
+# The interned lists, in C (a call looks its list up without building a
+# Python object): each list's entries, MAX_NDIM words apiece, its length,
+# and an open-addressing table of list index + 1 (0: empty) by hash.
+cdef int64_t *_size_entries = NULL
+cdef int8_t *_size_counts = NULL
+cdef int _n_size_lists = 0, _size_lists_cap = 0
+cdef int32_t *_size_table = NULL
+cdef uint64_t _size_table_mask = 0
+cdef list _size_lists = []          # the same lists as tuples, for the lowering
+
+
+cdef inline uint64_t hash_sizes(int64_t *entries, int n) noexcept:
+    cdef uint64_t h = mix(0x9E3779B97F4A7C15ULL, <uint64_t>n)
+    for i in range(n):
+        h = mix(h, <uint64_t>entries[i])
+    return h
+
+
+cdef int table_insert(int index) noexcept:
+    cdef uint64_t k = hash_sizes(&_size_entries[index * MAX_NDIM], _size_counts[index])
+    k &= _size_table_mask
+    while _size_table[k]:
+        k = (k + 1) & _size_table_mask
+    _size_table[k] = index + 1
+    return 0
+
+
+cdef int grow_sizes() except -1:
+    """Room for one more list, and a table at most half full."""
+    global _size_entries, _size_counts, _size_lists_cap, _size_table, _size_table_mask
+    cdef int cap = 2 * _size_lists_cap if _size_lists_cap else 64
+    cdef int64_t *entries = <int64_t*>realloc(_size_entries, cap * MAX_NDIM * sizeof(int64_t))
+    if entries == NULL:
+        raise MemoryError()
+    _size_entries = entries
+    cdef int8_t *counts = <int8_t*>realloc(_size_counts, cap * sizeof(int8_t))
+    if counts == NULL:
+        raise MemoryError()
+    _size_counts = counts
+    cdef int32_t *table = <int32_t*>calloc(2 * cap, sizeof(int32_t))
+    if table == NULL:
+        raise MemoryError()
+    free(_size_table)
+    _size_table = table
+    _size_table_mask = 2 * cap - 1
+    _size_lists_cap = cap
+    for i in range(_n_size_lists):
+        table_insert(i)
+    return 0
+
+
+cdef int intern_sizes(int64_t *entries, int n) except -2:
+    """The index of the size list among the interned ones (interning it);
+    -1 when the attr's field cannot hold another."""
+    global _n_size_lists
+    cdef uint64_t k
+    cdef int32_t found
+    if _size_table != NULL:
+        k = hash_sizes(entries, n) & _size_table_mask
+        while True:
+            found = _size_table[k]
+            if found == 0:
+                break
+            found -= 1
+            if _size_counts[found] == n and memcmp(&_size_entries[found * MAX_NDIM], entries,
+                                                  n * sizeof(int64_t)) == 0:
+                return found
+            k = (k + 1) & _size_table_mask
+    if _n_size_lists >= 1 << ATTR_VIEW_SIZES_BITS:
+        return -1
+    if _n_size_lists >= _size_lists_cap:
+        grow_sizes()
+    cdef int index = _n_size_lists
+    memcpy(&_size_entries[index * MAX_NDIM], entries, n * sizeof(int64_t))
+    _size_counts[index] = n
+    _size_lists.append(tuple([entries[i] for i in range(n)]))
+    _n_size_lists += 1
+    table_insert(index)
+    return index
+
+
+def interned_sizes(int index):
+    """The size list a view rule interned at `index`: each entry a constant
+    size (-1: inferred), or SIZE_OF_DIM - d for the source's size at dim d
+    (node_program lowers it to aten.sym_size)."""
+    return _size_lists[index]
+
+
+cdef int read_ints(PyObject **args, Py_ssize_t nargs, bint sequence_only,
+                   int64_t *values, int *n) except -1:
+    """The ints after the tensor: spread out (x.view(2, 3)) or as one
+    tuple, list or torch.Size (x.view((2, 3))); exact ints only (a bool, a
+    tensor or a SymInt is the generic path's).  0 if they are not that."""
+    cdef Py_ssize_t i, count
+    cdef int overflow = 0
+    if nargs == 2 and (type(<object>args[1]) is tuple or type(<object>args[1]) is list
+                       or type(<object>args[1]) is _Size):
+        seq = <object>args[1]
+        count = len(seq)
+        if count > MAX_NDIM:
+            return 0
+        for i in range(count):
+            item = seq[i]
+            if type(item) is not int:
+                return 0
+            values[i] = PyLong_AsLongLongAndOverflow(item, &overflow)
+            if overflow:
+                return 0
+        n[0] = <int>count
+        return 1
+    if sequence_only or nargs - 1 > MAX_NDIM:
+        return 0
+    for i in range(1, nargs):
+        if type(<object>args[i]) is not int:
+            return 0
+        values[i - 1] = PyLong_AsLongLongAndOverflow(<object>args[i], &overflow)
+        if overflow:
+            return 0
+    n[0] = <int>(nargs - 1)
+    return 1
+
+
+cdef inline int wrap_dim64(int64_t dim, int ndim) noexcept:
+    """dim counted from the end made non-negative; -1 if out of range
+    (eager raises: the generic path's)."""
+    if dim < -ndim or dim >= ndim:
+        return -1
+    return <int>(dim + ndim if dim < 0 else dim)
+
+
+cdef void place_of(LazyTensor t, int64_t *size, int64_t *stride, int64_t *offset) noexcept:
+    """t's size, stride and offset in its root's storage: a view's own, or
+    a root's contiguous layout."""
+    cdef int i, nd = t.meta.ndim
+    cdef int64_t step = 1
+    if type(t.family) is Member:
+        memcpy(size, (<Member>t.family).size_, nd * sizeof(int64_t))
+        memcpy(stride, (<Member>t.family).stride_, nd * sizeof(int64_t))
+        offset[0] = (<Member>t.family).offset
+        return
+    for i in range(nd - 1, -1, -1):
+        size[i] = t.meta.shape[i]
+        stride[i] = step
+        step *= size[i] if size[i] > 1 else 1
+    offset[0] = 0
+
+
+cdef bint is_contiguous(int nd, int64_t *size, int64_t *stride) noexcept:
+    """c10's is_contiguous: dims of size 1 may have any stride, and an
+    empty tensor is contiguous."""
+    cdef int64_t expected = 1
+    cdef int i
+    for i in range(nd):
+        if size[i] == 0:
+            return True
+    for i in range(nd - 1, -1, -1):
+        if size[i] != 1:
+            if stride[i] != expected:
+                return False
+            expected *= size[i]
+    return True
+
+
+cdef bint view_strides(int old_nd, int64_t *old_size, int64_t *old_stride,
+                       int new_nd, int64_t *new_size, int64_t *new_stride) noexcept:
+    """ATen's computeStride: the strides of a view of `new_size` over a
+    tensor of that size and stride, False where no view can have it (eager's
+    view raises, reshape copies)."""
+    cdef int64_t numel = 1, chunk_base_stride, tensor_numel, view_numel
+    cdef int i, tensor_d, view_d
+    if old_nd == 0:
+        for i in range(new_nd):
+            new_stride[i] = 1
+        return True
+    for i in range(old_nd):
+        numel *= old_size[i]
+    if numel == 0:
+        if old_nd == new_nd and memcmp(old_size, new_size, old_nd * sizeof(int64_t)) == 0:
+            memcpy(new_stride, old_stride, old_nd * sizeof(int64_t))
+            return True
+        for view_d in range(new_nd - 1, -1, -1):
+            if view_d == new_nd - 1:
+                new_stride[view_d] = 1
+            else:
+                new_stride[view_d] = (new_size[view_d + 1] if new_size[view_d + 1] > 1 else 1) \
+                    * new_stride[view_d + 1]
+        return True
+    view_d = new_nd - 1
+    chunk_base_stride = old_stride[old_nd - 1]
+    tensor_numel = 1
+    view_numel = 1
+    for tensor_d in range(old_nd - 1, -1, -1):
+        tensor_numel *= old_size[tensor_d]
+        # the end of a chunk of dims that are contiguous among themselves
+        if tensor_d == 0 or (old_size[tensor_d - 1] != 1 and
+                             old_stride[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_size[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_size[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return False
+            if tensor_d > 0:
+                chunk_base_stride = old_stride[tensor_d - 1]
+                tensor_numel = 1
+                view_numel = 1
+    return view_d == -1
+
+
+def computed_view_strides(old_size, old_stride, new_size):
+    """view_strides from Python (the tests hold it to torch's): the
+    strides, or None."""
+    cdef int64_t os[MAX_NDIM]
+    cdef int64_t ost[MAX_NDIM]
+    cdef int64_t ns[MAX_NDIM]
+    cdef int64_t nst[MAX_NDIM]
+    if len(old_size) > MAX_NDIM or len(new_size) > MAX_NDIM or len(old_stride) != len(old_size):
+        raise ValueError("sizes of at most MAX_NDIM dims, a stride per size")
+    for i in range(len(old_size)):
+        os[i], ost[i] = old_size[i], old_stride[i]
+    for i in range(len(new_size)):
+        ns[i] = new_size[i]
+    if not view_strides(len(old_size), os, ost, len(new_size), ns, nst):
+        return None
+    return tuple([nst[i] for i in range(len(new_size))])
+
+
+cdef int infer_sizes(int64_t *sizes, int n, int64_t numel) noexcept:
+    """Resolve one -1 among sizes as eager's infer_size does; 0 where eager
+    raises (two -1s, a negative size, a product that does not divide or
+    equal numel, a -1 beside a zero size)."""
+    cdef int64_t known = 1
+    cdef int i, inferred = -1
+    for i in range(n):
+        if sizes[i] == -1:
+            if inferred >= 0:
+                return 0
+            inferred = i
+        elif sizes[i] < 0:
+            return 0
+        else:
+            if sizes[i] > 0 and known > INT64_MAX // sizes[i]:
+                return 0
+            known *= sizes[i]
+    if inferred >= 0:
+        if known == 0 or numel % known != 0:
+            return 0
+        sizes[inferred] = numel // known
+        return 1
+    return known == numel
+
+
+cdef int matches_at(Meta *source, int64_t *sizes, int n, int offset) noexcept:
+    cdef int i, d, count = 0
+    for i in range(n):
+        d = i + offset
+        if 0 <= d < source.ndim and sizes[i] >= 0 and source.shape[d] == sizes[i]:
+            count += 1
+    return count
+
+
+cdef int size_list_of(Meta *source, int64_t *given, int n, int64_t numel) except -2:
+    """The interned size list that computes `given` (the call's sizes, -1
+    kept) from the source's shape when the graph runs: each size equal to
+    the source's at the aligned dim -- aligned from the left, or from the
+    right where more sizes match so (rows of (batch * length, features)
+    unflattened) -- is read from the source; of the others, the first
+    becomes -1 (the element count divided by the rest) where the call gave
+    no -1 and the source is not empty.  -1 where the interned lists are
+    full."""
+    cdef int64_t entries[MAX_NDIM]
+    cdef int i, d, offset = 0
+    cdef bint free = numel > 0
+    for i in range(n):
+        if given[i] == -1:
+            free = False
+    if matches_at(source, given, n, source.ndim - n) > matches_at(source, given, n, 0):
+        offset = source.ndim - n
+    for i in range(n):
+        d = i + offset
+        if 0 <= d < source.ndim and given[i] >= 0 and source.shape[d] == given[i]:
+            entries[i] = SIZE_OF_DIM - d
+        elif free and given[i] > 0:
+            entries[i] = -1
+            free = False
+        else:
+            entries[i] = given[i]
+    return intern_sizes(entries, n)
+
+
+cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
+                      object kwnames, int form):
+    """A call of a view row (its entry's op): recorded as a view of its
+    input, or handed to the generic path."""
+    cdef int rule = op_rule[op], i, n = 0, d0, d1, attr = 0
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t new_stride[MAX_NDIM]
+    cdef int64_t values[MAX_NDIM]
+    cdef int64_t offset, numel = 1
+    cdef Meta out
+    cdef Operand ops[1]
+    cdef bint seen[MAX_NDIM]
+    if (kwnames is not None or form != FORM_CALL or nargs < 1
+            or type(<object>args[0]) is not LazyTensor):
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern (keywords, count)")
+    cdef LazyTensor src = <LazyTensor>args[0]
+    cdef Meta *m = &src.meta
+    if m.dtype == DT_COMPLEX32:
+        return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    place_of(src, size, stride, &offset)
+    memcpy(&out, m, sizeof(Meta))
+    out.requires_grad = m.requires_grad and grad_enabled()
+
+    if rule == R_CONTIGUOUS:
+        if nargs != 1:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        if is_contiguous(m.ndim, size, stride):
+            return src                  # as eager: the tensor itself
+        return record_view(op, src, &out, 0, NULL, 0)
+
+    if rule == R_VIEW:
+        if not read_ints(args, nargs, op_flags[op] & OPF_SIZE_SEQUENCE, values, &n):
+            return not_taken(entry, args, nargs, kwnames, form, "argument type")
+        for i in range(m.ndim):
+            numel *= m.shape[i]
+        memcpy(out.shape, values, n * sizeof(int64_t))
+        out.ndim = n
+        if (not infer_sizes(out.shape, n, numel)
+                or not view_strides(m.ndim, size, stride, n, out.shape, new_stride)):
+            return not_taken(entry, args, nargs, kwnames, form, "sizes it cannot view")
+        attr = size_list_of(m, values, n, numel)
+    elif rule == R_TRANSPOSE:
+        if nargs != 3 or m.ndim == 0:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        d0 = wrap_dim(<object>args[1], m.ndim)
+        d1 = wrap_dim(<object>args[2], m.ndim)
+        if d0 < 0 or d1 < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+        memcpy(new_stride, stride, m.ndim * sizeof(int64_t))
+        out.shape[d0], out.shape[d1] = m.shape[d1], m.shape[d0]
+        new_stride[d0], new_stride[d1] = stride[d1], stride[d0]
+        attr = d0 | d1 << ATTR_DIM_BITS
+    elif rule == R_PERMUTE:
+        if not read_ints(args, nargs, op_flags[op] & OPF_SIZE_SEQUENCE, values, &n) \
+                or n != m.ndim or n == 0:
+            return not_taken(entry, args, nargs, kwnames, form, "argument type")
+        memset(seen, 0, sizeof(seen))
+        for i in range(n):
+            d0 = wrap_dim64(values[i], n)
+            if d0 < 0 or seen[d0]:
+                return not_taken(entry, args, nargs, kwnames, form, "not a permutation")
+            seen[d0] = True
+            out.shape[i] = m.shape[d0]
+            new_stride[i] = stride[d0]
+            attr |= d0 << (ATTR_DIM_BITS * i)
+        attr |= n << ATTR_PERMUTE_RANK_SHIFT
+    elif rule == R_UNSQUEEZE:
+        if nargs != 2 or m.ndim >= MAX_NDIM:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        d0 = wrap_dim(<object>args[1], m.ndim + 1)
+        if d0 < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+        # eager's stride for the new dim: 1 past the last dim, else that
+        # of the dim it comes before times that dim's size
+        for i in range(m.ndim, d0, -1):
+            out.shape[i] = m.shape[i - 1]
+            new_stride[i] = stride[i - 1]
+        out.shape[d0] = 1
+        new_stride[d0] = 1 if d0 >= m.ndim else m.shape[d0] * stride[d0]
+        memcpy(new_stride, stride, d0 * sizeof(int64_t))
+        out.ndim = m.ndim + 1
+        attr = d0
+    else:
+        return not_taken(entry, args, nargs, kwnames, form, "no view rule")
+    if attr < 0:
+        return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
+    return record_view(op, src, &out, attr, new_stride, offset)
+
+
+cdef object record_view(int op, LazyTensor src, Meta *out, int attr, int64_t *stride,
+                        int64_t offset):
+    """Record the node; where stride is given, make its tensor a view of
+    src's root at that place (offset: in the root's storage)."""
+    cdef Operand ops[1]
+    ops[0].kind = K_LAZY
+    ops[0].obj = <PyObject*>src
+    ops[0].m = &src.meta
+    cdef int flags = NODE_DETACH if src.meta.requires_grad and not out.requires_grad else 0
+    t = record(op, ops, 1, out, attr, flags, None)
+    if stride != NULL:
+        attach_view(t, src, out.ndim, out.shape, stride, offset, 0)
+    return t

@@ -1,0 +1,240 @@
+"""The C rules for the view ops models call at every layer (view, reshape,
+transpose, permute, unsqueeze, contiguous; csrc/view_rules.pxi).  They
+record without a signature analysis -- at the first call and at every new
+batch size or sequence length -- and place each view in its root's storage
+as eager does, so strides, writes through views and autograd are eager's.
+Calls a rule does not take (a view eager cannot make, keywords, a dtype
+view) are the generic path's: eager's values and errors either way."""
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+import torch
+
+import fastlazy
+from fastlazy import _core, metrics, views
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    yield
+    fastlazy.mark_step()
+
+
+def _generic_calls():
+    return metrics.counters()["generic_calls"]
+
+
+def _same_view(got, want):
+    """A pending view placed in its root's storage as eager's is in its
+    base's (both roots contiguous), with eager's values."""
+    assert isinstance(got, fastlazy.LazyTensor) and not got.is_materialized
+    root, size, stride, offset = views.place(got)
+    assert root is not got, "not recorded as a view"
+    assert (size, stride, offset) == (want.shape, want.stride(), want.storage_offset())
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------
+# ATen's computeStride, ported: where a view can be made and its strides
+
+@st.composite
+def _layouts(draw):
+    """A tensor of 1-4 dims laid out as a permuted, sliced or expanded
+    view would be, and sizes with its element count."""
+    shape = draw(st.lists(st.integers(0, 4), min_size=1, max_size=4))
+    base = torch.empty(shape)
+    order = draw(st.permutations(range(len(shape))))
+    t = base.permute(*order)
+    if draw(st.booleans()) and t.dim() and t.shape[0] > 1:
+        t = t[::2]
+    numel = t.numel()
+    # new sizes: a factorisation of numel (or sizes with a zero when empty)
+    if numel == 0:
+        new = draw(st.lists(st.integers(0, 3), min_size=1, max_size=4).filter(lambda s: 0 in s))
+    else:
+        new, rest = [], numel
+        for _ in range(draw(st.integers(0, 3))):
+            d = draw(st.sampled_from([k for k in range(1, rest + 1) if rest % k == 0]))
+            new.append(d)
+            rest //= d
+        new.append(rest)
+        new = draw(st.permutations(new))
+    return t, list(new)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(_layouts())
+def test_view_strides_are_atens(layout):
+    t, new = layout
+    try:
+        want = t.view(new).stride()
+    except RuntimeError:
+        want = None
+    assert _core.computed_view_strides(t.shape, t.stride(), new) == want
+
+
+# --------------------------------------------------------------------------
+# recorded by the rules, as eager lays them out
+
+def _attention_layout(x):
+    """What a transformer block does to its hidden states: heads split off,
+    moved, merged back."""
+    b, s, h = x.shape
+    q = x.view(b, s, 4, h // 4).transpose(1, 2)         # (b, heads, s, d)
+    k = x.reshape(b, s, 4, -1).permute(0, 2, 3, 1)      # (b, heads, d, s)
+    scores = (q @ k).softmax(-1)
+    out = (scores @ q).transpose(1, 2).contiguous()
+    return out.view(b, s, h).unsqueeze(0)
+
+
+def test_a_transformers_view_chain_takes_no_analysis():
+    x = torch.randn(2, 5, 16)
+    lx = fastlazy.lazy(x) * 1
+    before = _generic_calls()
+    got = _attention_layout(lx)
+    assert _generic_calls() == before
+    torch.testing.assert_close(got.to_eager(), _attention_layout(x * 1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.view(6, 4),
+    lambda x: x.view((2, 12)),
+    lambda x: x.view(torch.Size([24])),
+    lambda x: x.view(-1, 1, 4),
+    lambda x: x.reshape(4, -1),
+    lambda x: torch.reshape(x, (3, 8)),
+    lambda x: x.transpose(0, 2),
+    lambda x: x.swapaxes(-1, 0),
+    lambda x: torch.swapdims(x, 1, 2),
+    lambda x: x.permute(2, 0, 1),
+    lambda x: torch.permute(x, [1, 2, 0]),
+    lambda x: x.unsqueeze(0),
+    lambda x: x.unsqueeze(-1),
+    lambda x: x.unsqueeze(2),
+    # views of views: each placed in the root's storage
+    lambda x: x.transpose(0, 1).unsqueeze(1),
+    lambda x: x.permute(2, 0, 1).view(4, 6),           # the permuted dims stay together
+    lambda x: x.transpose(1, 2).transpose(0, 1),
+    lambda x: x.unsqueeze(1).transpose(0, 1).view(3, 2, 4),
+    lambda x: x.view(2, 3, 2, 2).transpose(2, 3).unsqueeze(0),
+])
+def test_views_are_recorded_and_placed_as_eagers(make):
+    x = torch.randn(2, 3, 4)
+    lx = fastlazy.lazy(x.clone())
+    before = _generic_calls()
+    got = make(lx)
+    assert _generic_calls() == before, "the generic path recorded it"
+    _same_view(got, make(x))
+
+
+def test_contiguous_is_the_tensor_itself_where_eagers_is():
+    lx = fastlazy.lazy(torch.randn(2, 3)) * 1
+    assert lx.contiguous() is lx
+    assert lx.unsqueeze(0).contiguous() is not lx
+    t = lx.transpose(0, 1)
+    c = t.contiguous()
+    assert c is not t and c.is_contiguous() and not t.is_contiguous()
+    want = (lx.to_eager()).transpose(0, 1).contiguous()
+    torch.testing.assert_close(c.to_eager(), want, rtol=0, atol=0)
+    c.mul_(2)                        # a copy: the source does not change
+    torch.testing.assert_close(t.to_eager(), want, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------
+# what the rules leave: eager's values and errors
+
+def test_a_view_eager_cannot_make_raises_eagers_error():
+    x = torch.randn(2, 3, 4)
+    lt = fastlazy.lazy(x).transpose(0, 1)
+    with pytest.raises(RuntimeError) as lazy_error:
+        lt.view(-1)
+    with pytest.raises(RuntimeError) as eager_error:
+        x.transpose(0, 1).view(-1)
+    assert str(lazy_error.value) == str(eager_error.value)
+
+
+def test_reshape_of_a_tensor_it_cannot_view_copies():
+    x = torch.randn(2, 3)
+    lx = fastlazy.lazy(x.clone())
+    r = lx.t().reshape(-1)
+    torch.testing.assert_close(r.to_eager(), x.t().reshape(-1), rtol=0, atol=0)
+    r.mul_(0)                        # eager's reshape copied: x is untouched
+    torch.testing.assert_close(lx.to_eager(), x, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: x.view(5),
+    lambda x: x.view(-1, -1),
+    lambda x: x.view(2, -2),
+    lambda x: x.transpose(0, 3),
+    lambda x: x.permute(0, 0),
+    lambda x: x.permute(1),
+    lambda x: torch.permute(x, 1, 0),
+    lambda x: torch.reshape(x, 3, 2),
+    lambda x: x.unsqueeze(3),
+])
+def test_calls_eager_refuses_raise_its_error(call):
+    x = torch.randn(2, 3)
+    with pytest.raises(Exception) as eager_error:
+        call(x)
+    with pytest.raises(type(eager_error.value)):
+        call(fastlazy.lazy(x))
+
+
+# --------------------------------------------------------------------------
+# writes through the views, autograd
+
+def test_writes_through_the_views_reach_the_base_and_the_other_views():
+    x = torch.arange(24.0).view(2, 3, 4)
+    lx = fastlazy.lazy(x.clone())
+    ex = x.clone()
+    makers = [lambda t: t.view(6, 4), lambda t: t.transpose(0, 2),
+             lambda t: t.permute(1, 2, 0).unsqueeze(0)]
+    lv = [make(lx) for make in makers]
+    ev = [make(ex) for make in makers]
+    for got, want in zip(lv, ev):
+        root, size, stride, offset = views.place(got)
+        assert root is lx and (size, stride, offset) == (want.shape, want.stride(), 0)
+    lv[1].mul_(2)
+    ev[1].mul_(2)
+    lv[2][0, 1].add_(100)
+    ev[2][0, 1].add_(100)
+    lx.sub_(1)
+    ex.sub_(1)
+    torch.testing.assert_close(lx.to_eager(), ex, rtol=0, atol=0)
+    for got, want in zip(lv, ev):
+        torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+def test_gradients_flow_through_the_views_as_in_eager():
+    w = torch.randn(2, 5, 16, requires_grad=True)
+    lw = fastlazy.lazy(w.detach().clone()).requires_grad_()
+    _attention_layout(lw).square().sum().backward()
+    _attention_layout(w).square().sum().backward()
+    torch.testing.assert_close(lw.grad.to_eager() if isinstance(lw.grad, fastlazy.LazyTensor)
+                               else lw.grad, w.grad)
+
+
+def test_a_view_under_no_grad_does_not_require_grad():
+    lw = fastlazy.lazy(torch.randn(2, 3)).requires_grad_()
+    with torch.no_grad():
+        v = lw.transpose(0, 1)
+    assert not v.requires_grad
+    assert lw.view(6).requires_grad
+
+
+# --------------------------------------------------------------------------
+# one graph for every shape
+
+def test_a_new_sequence_length_is_the_same_graph():
+    """The sizes that follow the input's are read when the graph runs: a
+    new length is a cache hit, not a new graph."""
+    for n, length in enumerate((5, 7, 12)):
+        x = torch.randn(2, length, 16)
+        before = metrics.counters()
+        got = _attention_layout(fastlazy.lazy(x) * 1)
+        torch.testing.assert_close(got.to_eager(), _attention_layout(x * 1), rtol=0, atol=0)
+        after = metrics.counters()
+        assert after["generic_calls"] == before["generic_calls"]
+        if n:
+            assert after["cache_misses"] == before["cache_misses"], f"length {length}: new graph"
