@@ -73,9 +73,11 @@ cpdef enum Rule:
     R_TRANSPOSE = 26
     R_PERMUTE = 27
     R_UNSQUEEZE = 28
-    R_CONTIGUOUS = 29   # the input itself where it is contiguous; else a copy
-    R_GENERIC = 30      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 31
+    R_SELECT = 29       # select and x[i]
+    R_SLICE = 30        # narrow and x[a:b:c]
+    R_CONTIGUOUS = 31   # the input itself where it is contiguous; else a copy
+    R_GENERIC = 32      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 33
 
 
 # Op flags (an op-table row's `flags`).
@@ -135,6 +137,9 @@ cpdef enum NodeFlag:
 #               (csrc/view_rules.pxi), bits 0..VIEW_SIZES_BITS-1
 #   transpose:  the two dims, 3 bits each; unsqueeze: the dim (4 bits)
 #   permute:    dim i in bits 3i..3i+2, the rank in bits PERMUTE_RANK_SHIFT+
+#   select:     the dim (3 bits), the index + SELECT_INDEX_BIAS from bit 3
+#   slice:      the dim (3 bits), from bit 3 the index of its interned
+#               (start, end, step); SLICE_START_OPEN, SLICE_END_OPEN: None
 #   every row:  bit ABSENT_SHIFT + i: optional operand i was not given (a
 #               row whose operands are all required may use these bits);
 #               bits CHOICE_SHIFT..+3: index of the choice param's value
@@ -175,6 +180,9 @@ cpdef enum:  # AttrLayout
     ATTR_VIEW_SIZES_BITS = 24
     ATTR_DIM_BITS = 3
     ATTR_PERMUTE_RANK_SHIFT = 24
+    ATTR_SELECT_INDEX_BIAS = 1 << 26
+    ATTR_SLICE_START_OPEN = 1 << 27
+    ATTR_SLICE_END_OPEN = 1 << 28
 
 
 # How a view's values follow from its place in its root's storage

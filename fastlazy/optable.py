@@ -22,8 +22,10 @@ from fastlazy._core import (ATTR_ADAPTIVE_SIZE_BITS, ATTR_CHOICE_SHIFT, ATTR_CON
                             ATTR_POOL_PADDING_SHIFT, ATTR_POOL_STRIDE_BITS, ATTR_POOL_STRIDE_SHIFT,
                             ATTR_SDPA_CAUSAL, ATTR_SDPA_GQA, ATTR_SDPA_SCALE_BITS,
                             ATTR_SDPA_SCALE_SHIFT, ATTR_SMALL_MASK, ATTR_DIM_BITS,
-                            ATTR_PERMUTE_RANK_SHIFT, MAX_NDIM, Category, OpFlag, Rule,
-                            dtype_of_code, interned_float)
+                            ATTR_PERMUTE_RANK_SHIFT, ATTR_SELECT_INDEX_BIAS,
+                            ATTR_SLICE_END_OPEN, ATTR_SLICE_START_OPEN, ATTR_VIEW_SIZES_BITS,
+                            MAX_NDIM, Category, OpFlag, Rule, dtype_of_code, interned_float,
+                            interned_sizes)
 
 # Dtype categories an op accepts (the computation dtype must be in the mask).
 BOOL, INT, FLOAT, COMPLEX = (Category.CAT_BOOL, Category.CAT_INT, Category.CAT_FLOAT,
@@ -181,6 +183,20 @@ class PermutedDims(AttrValue):
 
 
 @dataclass(frozen=True)
+class SliceBound(AttrValue):
+    """A slice's start (0), end (1) or step (2): from the (start, end, step)
+    its rule interned, None where the attr marks the bound open."""
+    which: int
+
+    def value(self, attr, dtype):
+        if self.which == 0 and attr & ATTR_SLICE_START_OPEN or \
+                self.which == 1 and attr & ATTR_SLICE_END_OPEN:
+            return None
+        index = attr >> ATTR_DIM_BITS & (1 << ATTR_VIEW_SIZES_BITS - ATTR_DIM_BITS) - 1
+        return interned_sizes(index)[self.which]
+
+
+@dataclass(frozen=True)
 class SizeList:
     """The sizes of a view or reshape of operand `index`: the list its rule
     interned (the attr holds its index), each entry a constant or that
@@ -268,7 +284,7 @@ def _rows():
              inplace=("abs_", "absolute_"))
     yield Op("relu", Rule.R_UNARY, c("relu", 0), ("input",), cats=INT | FLOAT,
              functions=("relu",), methods=("relu",), inplace=("relu_",))
-    for name in ("exp", "log", "sqrt", "sigmoid", "tanh"):
+    for name in ("exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh"):
         yield Op(name, Rule.R_UNARY_FLOAT, c(name, 0), ("input",), functions=(name,),
                  methods=(name,), inplace=(name + "_",),
                  nn_functions=(name,) if name in ("sigmoid", "tanh") else ())
@@ -407,6 +423,17 @@ def _rows():
     yield Op("unsqueeze", Rule.R_UNSQUEEZE, c("unsqueeze", 0, Packed(0, ATTR_DIM_BITS + 1, 0)),
              ("input", "dim"), nrequired=2, noperands=1, flags=spread, aliases=True,
              functions=("unsqueeze",), methods=("unsqueeze",))
+    # x[i] and x[a:b:c] record these rows' steps too (view_rules.pxi getitem_view)
+    yield Op("select", Rule.R_SELECT,
+             c("select", 0, Packed(0, ATTR_DIM_BITS, 0),
+               Packed(ATTR_DIM_BITS, 27, -ATTR_SELECT_INDEX_BIAS)),
+             ("input", "dim", "index"), nrequired=3, noperands=1, flags=spread, aliases=True,
+             functions=("select",), methods=("select",))
+    yield Op("narrow", Rule.R_SLICE,
+             c("slice", 0, Packed(0, ATTR_DIM_BITS, 0), SliceBound(0), SliceBound(1),
+               SliceBound(2)),
+             ("input", "dim", "start", "length"), nrequired=4, noperands=1, flags=spread,
+             aliases=True, functions=("narrow",), methods=("narrow",))
     yield Op("contiguous", Rule.R_CONTIGUOUS, c("contiguous", 0), ("input",), noperands=1,
              flags=spread, aliases=True, methods=("contiguous",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
@@ -433,7 +460,6 @@ GENERIC_OPS = {
     "view_as": (False, True, False), "reshape_as": (False, True, False),
     "chunk": (True, True, False),
     "split": (True, True, False), "unbind": (True, True, False),
-    "narrow": (True, True, False), "select": (True, True, False),
     "cat": (True, False, False), "stack": (True, False, False),
     # elementwise beyond the C rules
     "where": (True, True, False), "lerp": (True, True, False),
@@ -442,7 +468,7 @@ GENERIC_OPS = {
     "float": (False, True, False), "half": (False, True, False),
     "double": (False, True, False), "bfloat16": (False, True, False),
     "long": (False, True, False), "int": (False, True, False),
-    "bool": (False, True, False), "rsqrt": (True, True, False),
+    "bool": (False, True, False),
     # reductions beyond the C rules
     "prod": (True, True, False), "var": (True, True, False), "std": (True, True, False),
     "logsumexp": (True, True, False), "norm": (True, True, False),
@@ -529,7 +555,7 @@ def markdown() -> str:
                   Rule.R_ADAPTIVE_AVG_POOL2D: "adaptive 2-d average pooling",
                   Rule.R_SDPA: "attention without dropout",
                   Rule.R_VIEW: "view", Rule.R_TRANSPOSE: "view", Rule.R_PERMUTE: "view",
-                  Rule.R_UNSQUEEZE: "view",
+                  Rule.R_UNSQUEEZE: "view", Rule.R_SELECT: "view", Rule.R_SLICE: "view",
                   Rule.R_CONTIGUOUS: "the input where contiguous, else a copy",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]

@@ -66,7 +66,8 @@ PARAM_KINDS = {
     "scale_grad_by_freq": "flag", "sparse": "flag",
     "query": "operand", "key": "operand", "value": "operand", "attn_mask": "operand",
     "dropout_p": "number", "is_causal": "flag", "scale": "number", "enable_gqa": "flag",
-    "size": "size", "dim0": "dim", "dim1": "dim", "dims": "size",
+    "size": "size", "dim0": "dim", "dim1": "dim", "dims": "size", "index": "size",
+    "start": "size", "length": "size",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR, Rule.R_ADDMM)
@@ -553,8 +554,6 @@ GENERIC_ARGS = {
     "split": [((T((6, 4), F32), 2), {}), ((T((5, 4), F32), [2, 3]), {}),
               ((X34, [1, 1]), {})],
     "unbind": [((X34,), {}), ((X234, 1), {})],
-    "narrow": [((X34, 1, 1, 2), {}), ((X34, 0, 2, 5), {})],
-    "select": [((X34, 0, 2), {}), ((X234, -1, 3), {}), ((X34, 0, 7), {})],
     "cat": [(([X34, T((2, 4), F32)],), {}), (([X34, X34], 1), {}),
             (([X34, T((3, 4), F64)],), {"dim": 0}), (([X34, T((3, 5), F32)],), {})],
     "stack": [(([X34, X34],), {}), (([X34, X34], -1), {}), (([X34, T((4, 3), F32)],), {})],
@@ -576,7 +575,6 @@ GENERIC_ARGS = {
     "long": [((X34,), {})],
     "int": [((T((3, 4), F64),), {})],
     "bool": [((X34,), {})],
-    "rsqrt": [((T((3, 4), F32, special=True),), {}), ((T((3,), I64),), {})],
     "prod": [((X34,), {}), ((X34, 1), {}), ((T((3, 4), I32), 0), {"keepdim": True}),
              ((X34, 2), {})],
     "var": [((X34,), {}), ((X34, 1), {}), ((X234, (0, 2)), {"correction": 0}),
@@ -807,6 +805,12 @@ VIEW_ARGS = {
                       ((X34,), {"dims": (1, 0)})],
     "unsqueeze": [((X34, 0), {}), ((X34, -1), {}), ((T((), F64), 0), {}), ((X34, 3), {}),
                   ((X34, 2), {}), ((X34, -3), {}), ((X34, -4), {}), ((X34,), {"dim": 1})],
+    "select": [((X34, 0, 2), {}), ((X234, -1, 3), {}), ((X34, 0, 7), {}), ((X34, 1, -4), {}),
+               ((X34, -3, 0), {}), ((T((), F64), 0, 0), {}), ((X34, 0, True), {}),
+               ((X34,), {"dim": 1, "index": 0})],
+    "narrow": [((X34, 1, 1, 2), {}), ((X34, 0, 2, 5), {}), ((X34, 1, 0, 4), {}),
+               ((X34, 1, -2, 2), {}), ((X34, 0, 3, 0), {}), ((X34, 0, -4, 1), {}),
+               ((X34, 1, 2, -1), {}), ((X234, 2, 1, 3), {}), ((T((), F64), 0, 0, 1), {})],
     "contiguous": [((X34,), {}), ((T((), I64),), {}), ((X34,), {"memory_format": torch.contiguous_format})],
 }
 

@@ -238,3 +238,76 @@ def test_a_new_sequence_length_is_the_same_graph():
         assert after["generic_calls"] == before["generic_calls"]
         if n:
             assert after["cache_misses"] == before["cache_misses"], f"length {length}: new graph"
+
+
+# --------------------------------------------------------------------------
+# x[index]: basic indexing as select, slice and unsqueeze steps
+
+@pytest.mark.parametrize("index", [
+    0, -1, 1, (slice(None), -1), (Ellipsis, slice(None, 4)), (slice(1, None), None),
+    (slice(None, None, 2),), (None, 0), (0, 1, 2), (-1, Ellipsis, -2),
+    (slice(-3, None), slice(2, 100)), (slice(None), slice(-100, 3)), (Ellipsis, None),
+    (1, Ellipsis, slice(None, None, 3)), (slice(1, 2), slice(4, 1)), (slice(0, 1),),
+], ids=repr)
+def test_basic_indexing_is_recorded_and_placed_as_eagers(index):
+    x = torch.randn(2, 6, 8)
+    lx = fastlazy.lazy(x.clone())
+    before = _generic_calls()
+    got = lx[index]
+    assert _generic_calls() == before, "the generic path recorded it"
+    _same_view(got, x[index])
+
+
+@pytest.mark.parametrize("index", [
+    5, (0, 9), (slice(None, None, 0),), (slice(None, None, -1),), (0, 0, 0, 0),
+    1.0, (slice(0.0, 2),), "a",
+], ids=repr)
+def test_indexing_eager_refuses_raises_its_error(index):
+    x = torch.randn(2, 6, 8)
+    with pytest.raises(Exception) as eager_error:
+        x[index]
+    with pytest.raises(type(eager_error.value)):
+        fastlazy.lazy(x)[index]
+
+
+@pytest.mark.parametrize("index", [
+    torch.tensor([1, 0]), [0, 1], (slice(None), torch.tensor([True, False] * 3)), True,
+    slice(None), Ellipsis, (slice(-10, None),),
+], ids=repr)
+def test_other_indexing_is_the_generic_paths(index):
+    """Tensors, lists and bools index by value (a mask's result has a
+    size the values decide: eager runs it); x[:] and x[...] are new views of
+    all of x in eager: all the generic path's, eager's values."""
+    x = torch.randn(2, 6)
+    lx = fastlazy.lazy(x.clone())
+    before = _generic_calls() + metrics.counters()["fallbacks"]
+    got = lx[index]
+    assert _generic_calls() + metrics.counters()["fallbacks"] == before + 1
+    torch.testing.assert_close(got.to_eager(), x[index], rtol=0, atol=0)
+
+
+def test_writes_through_an_index_reach_the_base():
+    x = torch.zeros(3, 4)
+    lx = fastlazy.lazy(x.clone())
+    lx[1].add_(1)
+    x[1].add_(1)
+    lx[:, 1:3].mul_(3)
+    x[:, 1:3].mul_(3)
+    lx[..., -1].sub_(2)
+    x[..., -1].sub_(2)
+    torch.testing.assert_close(lx.to_eager(), x, rtol=0, atol=0)
+
+
+def test_a_slice_to_the_end_is_the_same_graph_at_every_length():
+    """x[:, :length] of a tensor of that length, x[:, -1] and x[:, 1:]: the
+    bounds past the dim's ends are open, negative ones count from the end
+    when the graph runs -- one graph for every length."""
+    def block(x, length):
+        return x[:, :length].softmax(-1) + x[:, -1:] * x[:, 1:].sum(1, keepdim=True)
+    for n, length in enumerate((4, 6, 9)):
+        x = torch.randn(3, length)
+        before = metrics.counters()
+        got = block(fastlazy.lazy(x) * 1, length)
+        torch.testing.assert_close(got.to_eager(), block(x * 1, length), rtol=0, atol=0)
+        if n:
+            assert metrics.counters()["cache_misses"] == before["cache_misses"]

@@ -15,6 +15,9 @@ cdef int8_t op_raw[MAX_OPS]            # bit i: param i is structure its rule re
 cdef int8_t op_choice_param[MAX_OPS]   # index of a param with a fixed set of values, or -1
 cdef list _op_choices = [None] * MAX_OPS  # op -> tuple of the allowed values
 
+# the rows x[index] records its steps with (basic indexing: view_rules.pxi)
+cdef int select_op = -1, slice_op = -1, unsqueeze_op = -1
+
 cdef PyObject *op_params[MAX_OPS][MAX_PARAMS]
 cdef list _op_param_names = []     # keeps the op_params strings alive
 cdef int n_ops = 0
@@ -25,7 +28,7 @@ def register_op(int op, int rule, int cats, int flags, tuple params,
                 int noperands, int nrequired, int npos, int choice_param=-1,
                 tuple choices=None, int nullable=0, int raw=0):
     """Declare opcode `op` to the recorder (called by fastlazy.optable)."""
-    global n_ops
+    global n_ops, select_op, slice_op, unsqueeze_op
     if not 0 <= op < MAX_OPS or len(params) > MAX_PARAMS or not 0 <= rule < R_COUNT:
         raise ValueError(f"op {op}: bad row")
     op_rule[op] = rule
@@ -45,6 +48,12 @@ def register_op(int op, int rule, int cats, int flags, tuple params,
         _op_param_names.append(name)
         op_params[op][i] = <PyObject*>name
     n_ops = max(n_ops, op + 1)
+    if rule == R_SELECT and select_op < 0:
+        select_op = op
+    elif rule == R_SLICE and slice_op < 0:
+        slice_op = op
+    elif rule == R_UNSQUEEZE and unsqueeze_op < 0:
+        unsqueeze_op = op
 
 
 cdef int parse_args(int op, PyObject **args, Py_ssize_t nargs, object kwnames,

@@ -49,6 +49,10 @@ cdef object getitem(LazyTensor self, object idx):
     func = getattr(TensorType, "__getitem__")
     fast = None
     if not fl_autocast:
+        # basic indexing: the view rules' steps (view_rules.pxi)
+        found = getitem_view(self, idx)
+        if found is not None:
+            return found
         argv[0] = <PyObject*>self
         argv[1] = <PyObject*>idx
         fast = fast_generic_hit(func, argv, 2, None, False)

@@ -384,16 +384,24 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
         d0 = wrap_dim(<object>args[1], m.ndim + 1)
         if d0 < 0:
             return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
-        # eager's stride for the new dim: 1 past the last dim, else that
-        # of the dim it comes before times that dim's size
-        for i in range(m.ndim, d0, -1):
-            out.shape[i] = m.shape[i - 1]
-            new_stride[i] = stride[i - 1]
-        out.shape[d0] = 1
-        new_stride[d0] = 1 if d0 >= m.ndim else m.shape[d0] * stride[d0]
-        memcpy(new_stride, stride, d0 * sizeof(int64_t))
-        out.ndim = m.ndim + 1
-        attr = d0
+        return unsqueeze_step(op, src, d0)
+    elif rule == R_SELECT or rule == R_SLICE:
+        # select(dim, index), narrow(dim, start, length): ints
+        if nargs != 3 + (rule == R_SLICE) or m.ndim == 0:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        for i in range(1, nargs):
+            if type(<object>args[i]) is not int:
+                return not_taken(entry, args, nargs, kwnames, form, "argument type")
+        d0 = wrap_dim(<object>args[1], m.ndim)
+        if d0 < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+        if rule == R_SELECT:
+            found = select_step(op, src, d0, <object>args[2])
+        else:
+            found = narrow_step(op, src, d0, <object>args[2], <object>args[3])
+        if found is None:
+            return not_taken(entry, args, nargs, kwnames, form, "index out of range")
+        return found
     else:
         return not_taken(entry, args, nargs, kwnames, form, "no view rule")
     if attr < 0:
@@ -414,3 +422,206 @@ cdef object record_view(int op, LazyTensor src, Meta *out, int attr, int64_t *st
     if stride != NULL:
         attach_view(t, src, out.ndim, out.shape, stride, offset, 0)
     return t
+
+
+# -- select, slice, and x[index] ----------------------------------------------
+
+cdef object select_step(int op, LazyTensor src, int dim, object index_arg):
+    """src.select(dim, index) (dim in range), recorded; None where eager
+    raises (the index out of range) or the attr cannot hold the index.
+    The index is kept as given -- x[:, -1] is the last row at every
+    length."""
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t new_stride[MAX_NDIM]
+    cdef int64_t offset, n = src.meta.shape[dim], index, i
+    cdef int overflow = 0, k
+    cdef Meta out
+    index = PyLong_AsLongLongAndOverflow(index_arg, &overflow)
+    if overflow or not -ATTR_SELECT_INDEX_BIAS <= index < ATTR_SELECT_INDEX_BIAS:
+        return None
+    i = index + n if index < 0 else index
+    if not 0 <= i < n:
+        return None
+    place_of(src, size, stride, &offset)
+    memcpy(&out, &src.meta, sizeof(Meta))
+    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    for k in range(dim, src.meta.ndim - 1):
+        out.shape[k] = src.meta.shape[k + 1]
+    out.ndim = src.meta.ndim - 1
+    memcpy(new_stride, stride, dim * sizeof(int64_t))
+    memcpy(&new_stride[dim], &stride[dim + 1], (out.ndim - dim) * sizeof(int64_t))
+    return record_view(op, src, &out, dim | <int>(index + ATTR_SELECT_INDEX_BIAS) << ATTR_DIM_BITS,
+                       new_stride, offset + i * stride[dim])
+
+
+cdef object slice_step(int op, LazyTensor src, int dim, int64_t start, bint start_open,
+                       int64_t end, bint end_open, int64_t step):
+    """src[..., start:end:step] at dim (step > 0), recorded with eager's
+    clamping; `src` itself where the slice takes every element.  A bound
+    that reaches past the dim's first or last element is recorded as None
+    (open), so x[:, :length] of a tensor of that length is the same graph
+    at every length; others are kept as given (negative ones count from
+    the end when the graph runs, as in eager).  None where the attr cannot
+    hold the slice."""
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t offset, n = src.meta.shape[dim], s, e
+    cdef int64_t entries[3]
+    cdef Meta out
+    s = 0 if start_open else (start + n if start < 0 else start)
+    s = 0 if s < 0 else (n if s > n else s)
+    e = n if end_open else (end + n if end < 0 else end)
+    e = s if e < s else (n if e > n else e)
+    start_open = s == 0
+    end_open = e == n
+    if start_open and end_open and step == 1:
+        return src
+    entries[0] = 0 if start_open else start
+    entries[1] = 0 if end_open else end
+    entries[2] = step
+    cdef int index = intern_sizes(entries, 3)
+    if index < 0 or index >= 1 << (ATTR_VIEW_SIZES_BITS - ATTR_DIM_BITS):
+        return None
+    place_of(src, size, stride, &offset)
+    memcpy(&out, &src.meta, sizeof(Meta))
+    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    out.shape[dim] = (e - s + step - 1) // step
+    offset += s * stride[dim]
+    stride[dim] *= step
+    cdef int attr = dim | index << ATTR_DIM_BITS
+    if start_open:
+        attr |= ATTR_SLICE_START_OPEN
+    if end_open:
+        attr |= ATTR_SLICE_END_OPEN
+    return record_view(op, src, &out, attr, stride, offset)
+
+
+cdef object narrow_step(int op, LazyTensor src, int dim, object start_arg, object length_arg):
+    """src.narrow(dim, start, length) as a slice; None where eager raises."""
+    cdef int overflow = 0
+    cdef int64_t n = src.meta.shape[dim]
+    cdef int64_t start = PyLong_AsLongLongAndOverflow(start_arg, &overflow)
+    if overflow:
+        return None
+    cdef int64_t length = PyLong_AsLongLongAndOverflow(length_arg, &overflow)
+    if overflow or not -n <= start <= n:
+        return None
+    if start < 0:
+        start += n
+    if length < 0 or start > n - length:
+        return None
+    if start == 0 and length == n:
+        # eager's narrow returns a new view even then
+        return record_whole_slice(op, src, dim)
+    return slice_step(op, src, dim, start, False, start + length, False, 1)
+
+
+cdef object record_whole_slice(int op, LazyTensor src, int dim):
+    """A slice node over every element of the dim (narrow of the whole dim
+    is a new tensor in eager, not its input)."""
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t offset
+    cdef int64_t entries[3]
+    cdef Meta out
+    entries[0] = 0
+    entries[1] = 0
+    entries[2] = 1
+    cdef int index = intern_sizes(entries, 3)
+    if index < 0 or index >= 1 << (ATTR_VIEW_SIZES_BITS - ATTR_DIM_BITS):
+        return None
+    place_of(src, size, stride, &offset)
+    memcpy(&out, &src.meta, sizeof(Meta))
+    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    return record_view(op, src, &out, dim | index << ATTR_DIM_BITS | ATTR_SLICE_START_OPEN
+                       | ATTR_SLICE_END_OPEN, stride, offset)
+
+
+cdef object getitem_view(LazyTensor self, object idx):
+    """self[idx] for basic indexing -- ints, slices of ints, None and one
+    Ellipsis -- recorded as select, slice and unsqueeze steps; None for any
+    other index (tensors, lists, bools, a step <= 0, an int out of range,
+    an index that selects nothing new): the generic path's."""
+    cdef tuple items = idx if type(idx) is tuple else (idx,)
+    cdef Py_ssize_t k, count = len(items)
+    cdef int consumed = 0, d = 0, steps = 0, overflow = 0
+    cdef bint ellipsis = False
+    cdef int64_t start, end, step
+    if self.meta.dtype == DT_COMPLEX32 or count > MAX_NDIM:
+        return None
+    for k in range(count):
+        item = items[k]
+        if type(item) is int or type(item) is slice:
+            consumed += 1
+        elif item is Ellipsis:
+            if ellipsis:
+                return None
+            ellipsis = True
+        elif item is not None:
+            return None
+    if consumed > self.meta.ndim or self.meta.ndim + count - consumed > MAX_NDIM:
+        return None
+    t = self
+    for k in range(count):
+        item = items[k]
+        if type(item) is int:
+            t = select_step(select_op, <LazyTensor>t, d, item)
+            steps += 1
+        elif type(item) is slice:
+            start = end = 0
+            step = 1
+            sl = <slice>item
+            if sl.start is not None:
+                if type(sl.start) is not int:
+                    return None
+                start = PyLong_AsLongLongAndOverflow(sl.start, &overflow)
+            if sl.stop is not None:
+                if type(sl.stop) is not int:
+                    return None
+                end = PyLong_AsLongLongAndOverflow(sl.stop, &overflow)
+            if sl.step is not None:
+                if type(sl.step) is not int:
+                    return None
+                step = PyLong_AsLongLongAndOverflow(sl.step, &overflow)
+            if overflow or step <= 0:
+                return None
+            before = t
+            t = slice_step(slice_op, <LazyTensor>t, d, start, sl.start is None, end,
+                           sl.stop is None, step)
+            if t is not before:
+                steps += 1
+            d += 1
+        elif item is None:
+            t = unsqueeze_step(unsqueeze_op, <LazyTensor>t, d)
+            steps += 1
+            d += 1
+        else:
+            d += self.meta.ndim - consumed
+        if t is None:
+            return None
+    # (x[:] and x[...] are new views in eager, not x: the generic path's)
+    return t if steps else None
+
+
+cdef object unsqueeze_step(int op, LazyTensor src, int d0):
+    """src.unsqueeze(d0), d0 in range."""
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t new_stride[MAX_NDIM]
+    cdef int64_t offset
+    cdef Meta out
+    cdef int i
+    place_of(src, size, stride, &offset)
+    memcpy(&out, &src.meta, sizeof(Meta))
+    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    for i in range(src.meta.ndim, d0, -1):
+        out.shape[i] = src.meta.shape[i - 1]
+        new_stride[i] = stride[i - 1]
+    out.shape[d0] = 1
+    # eager's stride for the new dim: 1 past the last dim, else that of the
+    # dim it comes before times that dim's size
+    new_stride[d0] = 1 if d0 >= src.meta.ndim else src.meta.shape[d0] * stride[d0]
+    memcpy(new_stride, stride, d0 * sizeof(int64_t))
+    out.ndim = src.meta.ndim + 1
+    return record_view(op, src, &out, d0, new_stride, offset)
