@@ -190,15 +190,17 @@ def _count_traces(monkeypatch):
 
 
 def test_an_index_with_slices_takes_a_template(monkeypatch):
-    """x[:, 0] at a new size: the slice is part of the erased key (slices are
-    unhashable before Python 3.12, which once left such calls with no key)."""
+    """x[:, 0, idx] at a new size (an index tensor makes it the generic
+    path's): the slice is part of the erased key (slices are unhashable
+    before Python 3.12, which once left such calls with no key)."""
     traced = _count_traces(monkeypatch)
     before = program_templates.stats()
+    idx = torch.tensor([0, 2])
     for seq in (4, 6, 9):
         x = torch.randn(2, seq, 5)
         lx = fastlazy.lazy(x) * 1          # an intermediate, not an eager tensor's view
-        torch.testing.assert_close(lx[:, 0].to_eager(), x[:, 0])
-        torch.testing.assert_close(lx[:, 1:3].to_eager(), x[:, 1:3])
+        torch.testing.assert_close(lx[:, 0, idx].to_eager(), x[:, 0, idx])
+        torch.testing.assert_close(lx[:, 1:3, idx].to_eager(), x[:, 1:3, idx])
     assert len(traced) == 2                # one per index expression
     assert _delta(before, "reused") == 4
 
