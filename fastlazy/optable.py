@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import torch
+
 from fastlazy._core import (ATTR_ADAPTIVE_SIZE_BITS, ATTR_CHOICE_SHIFT, ATTR_CONV_DILATION_BITS,
                             ATTR_CONV_DILATION_SHIFT, ATTR_CONV_GROUPS_BITS, ATTR_CONV_GROUPS_SHIFT,
                             ATTR_CONV_PADDING_BITS, ATTR_CONV_PADDING_SHIFT, ATTR_CONV_STRIDE_BITS,
@@ -434,7 +436,10 @@ def _rows():
                SliceBound(2)),
              ("input", "dim", "start", "length"), nrequired=4, noperands=1, flags=spread,
              aliases=True, functions=("narrow",), methods=("narrow",))
-    yield Op("contiguous", Rule.R_CONTIGUOUS, c("contiguous", 0), ("input",), noperands=1,
+    # (every argument spelled out: TorchScript's IR has no defaults)
+    yield Op("contiguous", Rule.R_CONTIGUOUS,
+             c("contiguous", 0, memory_format=Const(torch.contiguous_format)), ("input",),
+             noperands=1,
              flags=spread, aliases=True, methods=("contiguous",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),

@@ -311,3 +311,28 @@ def test_a_slice_to_the_end_is_the_same_graph_at_every_length():
         torch.testing.assert_close(got.to_eager(), block(x * 1, length), rtol=0, atol=0)
         if n:
             assert metrics.counters()["cache_misses"] == before["cache_misses"]
+
+
+# --------------------------------------------------------------------------
+# every backend compiles what the rules record (a lowering a backend cannot
+# compile falls back to the eager replay: right values, slow, and only the
+# count of compile failures shows it)
+
+def _every_view_form(x):
+    b, s, h = x.shape
+    heads = _attention_layout(x)                             # sizes read when run
+    t = x.transpose(1, 2)
+    return (heads.sum() + t.contiguous().view(b, h * s).sum()  # contiguous of a view: a copy
+            + x[:, -1].sum() + x[:, 1:, :4].sum() + x.narrow(1, 0, 2).sum()
+            + x.select(2, 0).sum() + x.permute(2, 0, 1)[None].sum())
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "inductor", "auto"],
+                         indirect=True)
+def test_every_backend_compiles_the_views(backend):
+    failures = metrics.counters()["compile_failures"]
+    for length in (5, 7):
+        x = torch.randn(2, length, 16)
+        got = _every_view_form(fastlazy.lazy(x) * 1)
+        torch.testing.assert_close(got.to_eager(), _every_view_form(x * 1))
+    assert metrics.counters()["compile_failures"] == failures

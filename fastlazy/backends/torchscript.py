@@ -393,6 +393,12 @@ def _ir_value(ir, value, arg, ref):
         return ir.call("slice", [sizes, ir.constant(-value.count), ir.constant(None),
                                  ir.constant(1)], type="int[]")
     if arg is None:
+        if isinstance(value, (list, tuple)) and any(isinstance(v, REFS) for v in value):
+            # a view's sizes: read when the graph runs, beside constant ones
+            return ir.list([ref(v) if isinstance(v, REFS) else ir.constant(v)
+                            for v in value], "int[]")
+        if isinstance(value, (torch.layout, torch.memory_format)):
+            return ir.constant(_ENUM_INTS[value])
         return ir.constant(value)
     kind = str(arg.type)
     if isinstance(value, (list, tuple)):
