@@ -76,8 +76,10 @@ cpdef enum Rule:
     R_SELECT = 29       # select and x[i]
     R_SLICE = 30        # narrow and x[a:b:c]
     R_CONTIGUOUS = 31   # the input itself where it is contiguous; else a copy
-    R_GENERIC = 32      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 33
+    R_CAT = 32          # torch.cat of up to MAX_IN tensors (csrc/view_rules.pxi)
+    R_SPLIT = 33        # split and chunk: a tuple of slice steps (narrow's nodes)
+    R_GENERIC = 34      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 35
 
 
 # Op flags (an op-table row's `flags`).
@@ -93,6 +95,8 @@ cpdef enum OpFlag:
     # a view rule's sizes or dims only as one sequence (torch.reshape(x,
     # shape)), not also spread out as Tensor.reshape(*shape) takes them
     OPF_SIZE_SEQUENCE = 64
+    # split's row for chunk: the int is a number of pieces, not their size
+    OPF_CHUNKS = 4
 
 
 # dtype categories; a row's `cats` is a mask of them.
@@ -140,6 +144,7 @@ cpdef enum NodeFlag:
 #   select:     the dim (3 bits), the index + SELECT_INDEX_BIAS from bit 3
 #   slice:      the dim (3 bits), from bit 3 the index of its interned
 #               (start, end, step); SLICE_START_OPEN, SLICE_END_OPEN: None
+#   cat:        the dim (3 bits), the number of tensors from bit 3
 #   every row:  bit ABSENT_SHIFT + i: optional operand i was not given (a
 #               row whose operands are all required may use these bits);
 #               bits CHOICE_SHIFT..+3: index of the choice param's value

@@ -25,7 +25,8 @@ from fastlazy import generic
 from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
                             ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, SIZE_OF_DIM, Rule,
                             interned_sizes)
-from fastlazy.optable import OPS, RAW, SCALAR_ARGS, AttrValue, Call, Opt, SizeList, TrailingDims
+from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, Opt, SizeList, TensorList,
+                              TrailingDims)
 
 _LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
 _SYM_SIZE = torch.ops.aten.sym_size.int
@@ -222,6 +223,8 @@ def _row(op, attr, dtype):
             return Input(operand(expr))
         if isinstance(expr, TrailingDims):
             return Sizes(Input(operand(expr.index)), attr & 15)
+        if isinstance(expr, TensorList):
+            return [Input(k) for k in range(attr >> expr.shift & ATTR_SMALL_MASK)]
         if isinstance(expr, SizeList):
             sizes = []
             for entry in interned_sizes(attr & (1 << ATTR_VIEW_SIZES_BITS) - 1):
@@ -242,7 +245,9 @@ def _row(op, attr, dtype):
             # keywords at the op's default: an absent operand's, or None
             optional = frozenset(name for (name, v), (_, t) in zip(expr.kwargs, kwargs)
                                  if t is None or isinstance(v, Opt) and operand(v.index) is None)
-            calls.append(AtenCall(expr.name, None, args, kwargs, optional))
+            overload = (None if expr.overload is None
+                        else getattr(getattr(torch.ops.aten, expr.name), expr.overload))
+            calls.append(AtenCall(expr.name, overload, args, kwargs, optional))
             return Value(len(calls) - 1)
         raise TypeError(f"bad lowering expression {expr!r}")
 

@@ -199,6 +199,13 @@ class SliceBound(AttrValue):
 
 
 @dataclass(frozen=True)
+class TensorList:
+    """The node's inputs, all of them, as one list (cat's tensors: their
+    number is in the attr from bit `shift`)."""
+    shift: int
+
+
+@dataclass(frozen=True)
 class SizeList:
     """The sizes of a view or reshape of operand `index`: the list its rule
     interned (the attr holds its index), each entry a constant or that
@@ -210,10 +217,13 @@ class SizeList:
 @dataclass(frozen=True)
 class Call:
     """An aten call: `aten::<name>(*args, **kwargs)`; an int argument is the
-    node's input of that index, a Call is a nested call."""
+    node's input of that index, a Call is a nested call.  `overload` names
+    the aten overload where the arguments alone cannot say it (a list of
+    tensors, which TorchScript's IR must type)."""
     name: str
     args: tuple
     kwargs: tuple = ()
+    overload: str | None = None
 
     @staticmethod
     def of(name, *args, **kwargs):
@@ -436,6 +446,20 @@ def _rows():
                SliceBound(2)),
              ("input", "dim", "start", "length"), nrequired=4, noperands=1, flags=spread,
              aliases=True, functions=("narrow",), methods=("narrow",))
+    # split and chunk record narrow's slice steps (this lowering is never
+    # read: their nodes carry narrow's opcode)
+    slices = c("slice", 0, Packed(0, ATTR_DIM_BITS, 0), SliceBound(0), SliceBound(1),
+               SliceBound(2))
+    yield Op("split", Rule.R_SPLIT, slices, ("input", "split_size_or_sections", "dim"),
+             nrequired=2, noperands=1, flags=spread, aliases=True, functions=("split",),
+             methods=("split",))
+    yield Op("chunk", Rule.R_SPLIT, slices, ("input", "chunks", "dim"), nrequired=2,
+             noperands=1, flags=spread | OpFlag.OPF_CHUNKS, aliases=True,
+             functions=("chunk",), methods=("chunk",))
+    yield Op("cat", Rule.R_CAT,
+             Call("cat", (TensorList(ATTR_DIM_BITS), Packed(0, ATTR_DIM_BITS, 0)), (), "default"),
+             ("tensors", "dim"), noperands=1, flags=OpFlag.OPF_RULE_IN_GENERIC,
+             functions=("cat", "concat", "concatenate"))
     # (every argument spelled out: TorchScript's IR has no defaults)
     yield Op("contiguous", Rule.R_CONTIGUOUS,
              c("contiguous", 0, memory_format=Const(torch.contiguous_format)), ("input",),
@@ -463,9 +487,8 @@ GENERIC_OPS = {
     "t": (True, True, False), "squeeze": (True, True, False),
     "expand": (False, True, False), "expand_as": (False, True, False),
     "view_as": (False, True, False), "reshape_as": (False, True, False),
-    "chunk": (True, True, False),
-    "split": (True, True, False), "unbind": (True, True, False),
-    "cat": (True, False, False), "stack": (True, False, False),
+    "unbind": (True, True, False),
+    "stack": (True, False, False),
     # elementwise beyond the C rules
     "where": (True, True, False), "lerp": (True, True, False),
     "addcmul": (True, True, False), "addcdiv": (True, True, False),
@@ -562,6 +585,7 @@ def markdown() -> str:
                   Rule.R_VIEW: "view", Rule.R_TRANSPOSE: "view", Rule.R_PERMUTE: "view",
                   Rule.R_UNSQUEEZE: "view", Rule.R_SELECT: "view", Rule.R_SLICE: "view",
                   Rule.R_CONTIGUOUS: "the input where contiguous, else a copy",
+                  Rule.R_CAT: "concatenation", Rule.R_SPLIT: "views (slices)",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:

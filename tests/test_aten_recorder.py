@@ -48,12 +48,12 @@ def _same(got, want):
     lambda x: x.t(),
     lambda x: F.glu(x[:, :4], dim=1),
     lambda x: F.normalize(x, dim=1),                       # several aten calls
-    lambda x: torch.split(x, 2, dim=1),                    # a list of results
+    lambda x: torch.unbind(x, 1),                          # a tuple of results
     lambda x: F.group_norm(x[None], 1),                    # results the call drops
     # no dropout; an int scale is the generic path's (the C rule takes floats)
     lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None], scale=1),
     lambda x: x.to(torch.float64).sum(0),                  # reads x.device on the way
-], ids=["t", "glu", "normalize", "split", "group_norm", "sdpa", "to-sum"])
+], ids=["t", "glu", "normalize", "unbind", "group_norm", "sdpa", "to-sum"])
 def test_a_new_signature_takes_the_program_its_fake_run_made(call, programs):
     x = torch.randn(4, 5)
     _same(call(fastlazy.lazy(x) * 1), call(x))

@@ -67,7 +67,8 @@ PARAM_KINDS = {
     "query": "operand", "key": "operand", "value": "operand", "attn_mask": "operand",
     "dropout_p": "number", "is_causal": "flag", "scale": "number", "enable_gqa": "flag",
     "size": "size", "dim0": "dim", "dim1": "dim", "dims": "size", "index": "size",
-    "start": "size", "length": "size",
+    "start": "size", "length": "size", "tensors": "operand",
+    "split_size_or_sections": "size", "chunks": "size",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR, Rule.R_ADDMM)
@@ -550,12 +551,7 @@ GENERIC_ARGS = {
     "expand_as": [((T((3, 1), F32), X34), {}), ((X34, T((3, 5), F32)), {})],
     "view_as": [((X34, T((12,), F32)), {}), ((X34, T((5,), F32)), {})],
     "reshape_as": [((X34, T((2, 6), F32)), {}), ((X34, T((5,), F32)), {})],
-    "chunk": [((T((6, 4), F32), 3), {}), ((T((5, 4), F32), 2, 1), {}), ((X34, 0), {})],
-    "split": [((T((6, 4), F32), 2), {}), ((T((5, 4), F32), [2, 3]), {}),
-              ((X34, [1, 1]), {})],
     "unbind": [((X34,), {}), ((X234, 1), {})],
-    "cat": [(([X34, T((2, 4), F32)],), {}), (([X34, X34], 1), {}),
-            (([X34, T((3, 4), F64)],), {"dim": 0}), (([X34, T((3, 5), F32)],), {})],
     "stack": [(([X34, X34],), {}), (([X34, X34], -1), {}), (([X34, T((4, 3), F32)],), {})],
     "where": [((T((3, 4), BOOL), X34, T((4,), F32)), {}), ((T((3, 4), BOOL), X34, 0.5), {}),
               ((T((3, 4), BOOL), T((3, 4), I64), T((3, 4), F64)), {})],
@@ -779,7 +775,7 @@ def attention_cases(row, form):
     yield Case(row, form, "pending", (q, k, v), pending=True)
 
 
-# View rows (csrc/view_rules.pxi): what the rule takes, and what it leaves
+# View rows and cat (csrc/view_rules.pxi): what the rule takes, and what it leaves
 # to the generic path -- keywords, a dtype view, sizes or dims eager
 # refuses, the function forms' spread-out sizes (a TypeError in eager).
 E03 = T((0, 3), I64)
@@ -811,6 +807,20 @@ VIEW_ARGS = {
     "narrow": [((X34, 1, 1, 2), {}), ((X34, 0, 2, 5), {}), ((X34, 1, 0, 4), {}),
                ((X34, 1, -2, 2), {}), ((X34, 0, 3, 0), {}), ((X34, 0, -4, 1), {}),
                ((X34, 1, 2, -1), {}), ((X234, 2, 1, 3), {}), ((T((), F64), 0, 0, 1), {})],
+    "cat": [(([X34, T((2, 4), F32)],), {}), (([X34, X34], 1), {}),
+            (([X34, T((3, 4), F64)],), {"dim": 0}), (([X34, T((3, 5), F32)],), {}),
+            (((X34, T((3, 2), I64), T((3, 1), BOOL)),), {"dim": -1}), (([X34],), {}),
+            (([X34, T((0,), F32)],), {}), (([T((), F32), T((), F32)],), {}),
+            (([X34, X234],), {}), (([X34, X34], 2), {}), (([X34, X34],), {"dim": "a"}),
+            (([X34] * 9,), {}), (([T((2, 0), F32), T((2, 3), F32)], 1), {}),
+            (([X34, X34], 1.0), {}), ((X34,), {})],
+    "chunk": [((T((6, 4), F32), 3), {}), ((T((5, 4), F32), 2, 1), {}), ((X34, 0), {}),
+              ((T((7, 4), F32), 3), {}), ((X34, 5, -1), {}), ((X34, 2), {"dim": 1}),
+              ((T((0, 4), F32), 2), {}), ((T((), F32), 1), {}), ((X34, -1), {})],
+    "split": [((T((6, 4), F32), 2), {}), ((T((5, 4), F32), [2, 3]), {}),
+              ((X34, [1, 1]), {}), ((X34, 3, 1), {}), ((X34, (1, 0, 2)), {}),
+              ((X34, 1), {"dim": -1}), ((X34, 0), {}), ((X34, -2), {}), ((X34, [4, -1]), {}),
+              ((T((0, 4), F32), 2), {}), ((X34, 2.0), {})],
     "contiguous": [((X34,), {}), ((T((), I64),), {}), ((X34,), {"memory_format": torch.contiguous_format})],
 }
 
@@ -836,7 +846,7 @@ def generic_cases(row, form):
 def family(row):
     if row.rule == Rule.R_GENERIC:
         return "generic"
-    if Rule.R_VIEW <= row.rule <= Rule.R_CONTIGUOUS:
+    if Rule.R_VIEW <= row.rule <= Rule.R_SPLIT:
         return "view"
     if row.rule == Rule.R_DROPOUT:
         return "dropout"
@@ -1277,7 +1287,14 @@ def _scalar_program(row, device="cpu"):
         return shapes[0], lambda x, s: form(x * s, *others)
     if fam == "view":
         args, kwargs = VIEW_ARGS[row.name][0]
-        return args[0].shape, lambda x, s: form(x * s, *args[1:], **kwargs)
+        if isinstance(args[0], list):            # cat: the scalar scales the first tensor
+            rest = [make_value(a, device) for a in args[0][1:]]
+            return args[0][0].shape, lambda x, s: form([x * s, *rest], *args[1:], **kwargs)
+
+        def program(x, s):
+            out = form(x * s, *args[1:], **kwargs)
+            return out[0] if isinstance(out, tuple) else out      # split: its first piece
+        return args[0].shape, program
     return (3, 4), lambda x, s: form(x * s)
 
 
@@ -1342,6 +1359,24 @@ def _draw_step(data, row, form, shape, dtype):
         lo = data.draw(st.sampled_from([None, -1, 0.5, "input"]), label="min")
         hi = data.draw(st.sampled_from([None, 2, 1.5]), label="max")
         return ("self", lo, hi), {}
+    if fam == "view":
+        spread = not row.flags & OpFlag.OPF_SIZE_SEQUENCE
+        if row.rule == Rule.R_VIEW:
+            sizes = data.draw(st.sampled_from([(-1,), tuple(reversed(shape)), (1, -1)]),
+                              label="sizes")
+            return (("self", *sizes) if spread else ("self", sizes)), {}
+        if row.rule == Rule.R_PERMUTE:
+            dims = tuple(reversed(range(len(shape))))
+            return (("self", *dims) if spread else ("self", dims)), {}
+        if row.rule == Rule.R_TRANSPOSE:
+            return ("self", pick_int, data.draw(st.integers(-2, 1), label="dim1")), {}
+        if row.rule == Rule.R_UNSQUEEZE:
+            return ("self", pick_int), {}
+        if row.rule == Rule.R_SELECT:
+            return ("self", pick_int, data.draw(st.integers(-1, 1), label="index")), {}
+        if row.rule == Rule.R_SLICE:
+            return ("self", pick_int, 0, 1), {}
+        return ("self",), {}          # contiguous; cat of a bare tensor (eager's TypeError)
     if fam == "matmul":
         k = shape[-1] if shape else 1
         other = ("fresh", (k, 2), dtype)

@@ -24,6 +24,10 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         return call_generic(entry, args, nargs, kwnames, form)
     if R_VIEW <= op_rule[op] <= R_CONTIGUOUS:
         return view_call(entry, op, args, nargs, kwnames, form)
+    if op_rule[op] == R_CAT:
+        return cat_call(entry, op, args, nargs, kwnames, form)
+    if op_rule[op] == R_SPLIT:
+        return split_call(entry, op, args, nargs, kwnames, form)
     if nargs == 2 and kwnames is None and form == FORM_CALL:
         fast = same_meta_binary(op, args, &out)
         if fast is not None:

@@ -543,6 +543,10 @@ cdef class LazyTensor:
             # has pointed at our entry: it takes lazy arguments itself
             entry = func
         if entry is not None:
+            if fl_entry_op(entry) >= 0 and op_rule[fl_entry_op(entry)] == R_CAT:
+                # its LazyTensors sit inside a list, where the entry does
+                # not look: its rule is called here
+                return call_row(entry, args, kwargs)
             if fl_entry_op(entry) >= 0 and op_rule[fl_entry_op(entry)] != R_GENERIC:
                 return entry(*args, **kwargs)
             # a generic row: its LazyTensors may sit inside a list (torch.cat),

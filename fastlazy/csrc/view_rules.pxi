@@ -18,6 +18,8 @@
 # path's programs), so one graph serves every batch size and sequence
 # length.  The size lists are interned; the node's attr holds the index.
 
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport INT64_MAX
 from libc.stdlib cimport calloc
 
@@ -542,8 +544,16 @@ cdef object getitem_view(LazyTensor self, object idx):
     """self[idx] for basic indexing -- ints, slices of ints, None and one
     Ellipsis -- recorded as select, slice and unsqueeze steps; None for any
     other index (tensors, lists, bools, a step <= 0, an int out of range,
-    an index that selects nothing new): the generic path's."""
-    cdef tuple items = idx if type(idx) is tuple else (idx,)
+    a 0-dim tensor's x[...]): the generic path's."""
+    cdef tuple items
+    if type(idx) is tuple:
+        items = idx
+    elif type(idx) is list and 0 < len(idx) < 32 and any_slicing(idx):
+        # eager reads a short list holding a slice, None or ... as a tuple
+        # (deprecated, with a warning this path does not repeat)
+        items = tuple(idx)
+    else:
+        items = (idx,)
     cdef Py_ssize_t k, count = len(items)
     cdef int consumed = 0, d = 0, steps = 0, overflow = 0
     cdef bint ellipsis = False
@@ -600,8 +610,22 @@ cdef object getitem_view(LazyTensor self, object idx):
             d += self.meta.ndim - consumed
         if t is None:
             return None
-    # (x[:] and x[...] are new views in eager, not x: the generic path's)
-    return t if steps else None
+    if steps == 0:
+        # x[:], x[...]: a new view of all of x in eager, not x
+        return record_whole_slice(slice_op, self, 0) if self.meta.ndim else None
+    return t
+
+
+cdef bint any_slicing(list idx) except -1:
+    """Does a list index hold a slice, None or Ellipsis (and otherwise only
+    ints, so that it is basic indexing read as a tuple)?"""
+    cdef bint found = False
+    for item in idx:
+        if type(item) is slice or item is None or item is Ellipsis:
+            found = True
+        elif type(item) is not int:
+            return False
+    return found
 
 
 cdef object unsqueeze_step(int op, LazyTensor src, int d0):
@@ -625,3 +649,171 @@ cdef object unsqueeze_step(int op, LazyTensor src, int d0):
     memcpy(new_stride, stride, d0 * sizeof(int64_t))
     out.ndim = src.meta.ndim + 1
     return record_view(op, src, &out, d0, new_stride, offset)
+
+
+# -- cat ---------------------------------------------------------------------
+
+cdef object _str_dim = "dim"
+
+
+cdef object cat_call(object entry, int op, PyObject **args, Py_ssize_t nargs, object kwnames,
+                     int form):
+    """torch.cat(tensors, dim=0) of 1..MAX_IN tensors of one rank (>= 1),
+    equal sizes but at dim, one device: a node of its own (not a view),
+    in the tensors' result dtype.  Anything else -- more tensors (the
+    generic path nests them), the legacy empty 1-d operand, sizes eager
+    refuses -- is the generic path's."""
+    cdef PyObject *dim_arg = NULL
+    cdef Operand ops[MAX_IN]
+    cdef Meta out
+    cdef Py_ssize_t n, k
+    cdef int i, d, nd
+    if form != FORM_CALL or not 1 <= nargs <= 2:
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+    if nargs == 2:
+        dim_arg = args[1]
+    if kwnames is not None:
+        if nargs != 1 or len(<tuple>kwnames) != 1 or (<tuple>kwnames)[0] != _str_dim:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        dim_arg = args[1]
+    seq = <object>args[0]
+    if type(seq) is not tuple and type(seq) is not list:
+        return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    n = len(seq)
+    if not 1 <= n <= MAX_IN:
+        return not_taken(entry, args, nargs, kwnames, form, "tensor count")
+    cdef bint lazy = False
+    for k in range(n):
+        item = seq[k]
+        if classify(&ops[k], <PyObject*>item) != 1 or not is_tensor(&ops[k]):
+            return not_taken(entry, args, nargs, kwnames, form, "argument type")
+        lazy = lazy or ops[k].kind == K_LAZY
+    # eager skips empty 1-d tensors in the shape checks (a cache's first
+    # torch.cat([torch.tensor([]), keys])), not in the result dtype
+    cdef Py_ssize_t ref = -1
+    for k in range(n):
+        if not (ops[k].m.ndim == 1 and ops[k].m.shape[0] == 0):
+            ref = k
+            break
+    if not lazy or ref < 0 or ops[ref].m.ndim == 0:
+        return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    nd = ops[ref].m.ndim
+    d = 0
+    if dim_arg != NULL:
+        d = wrap_dim(<object>dim_arg, nd)
+        if d < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+    memcpy(&out, ops[ref].m, sizeof(Meta))
+    out.shape[d] = 0
+    for k in range(n):
+        if ops[k].m.ndim == 1 and ops[k].m.shape[0] == 0:
+            continue
+        if ops[k].m.ndim != nd:
+            return not_taken(entry, args, nargs, kwnames, form, "ranks differ")
+        for i in range(nd):
+            if i != d and ops[k].m.shape[i] != ops[ref].m.shape[i]:
+                return not_taken(entry, args, nargs, kwnames, form, "sizes differ")
+        out.shape[d] += ops[k].m.shape[d]
+    if not common_device(&out, ops, <int>n):
+        return not_taken(entry, args, nargs, kwnames, form, "devices differ")
+    out.dtype = result_type(ops, <int>n)
+    if out.dtype == DT_UNDEF:
+        return not_taken(entry, args, nargs, kwnames, form, "dtypes")
+    cdef int flags = 0
+    if not out.requires_grad:
+        for k in range(n):
+            if ops[k].m.requires_grad:
+                flags = NODE_DETACH
+    return record(op, ops, <int>n, &out, d | <int>n << ATTR_DIM_BITS, flags, None)
+
+
+cdef object call_row(object entry, tuple args, dict kwargs):
+    """The call of entry's row (through its rule, as the entry's own call
+    would go), for a call whose LazyTensors sit inside a list (torch.cat)."""
+    cdef PyObject *argv[MAX_PARAMS]
+    cdef Py_ssize_t n = len(args), k
+    keys = tuple(kwargs)
+    values = [kwargs[key] for key in keys]      # alive for the call
+    if n + len(keys) > MAX_PARAMS:
+        return generic_call_of(entry, args, kwargs)
+    for k in range(n):
+        argv[k] = <PyObject*>args[k]
+    for k in range(len(keys)):
+        argv[n + k] = <PyObject*>values[k]
+    return lazy_call(entry, argv, n, keys if keys else None)
+
+
+# -- split and chunk ---------------------------------------------------------
+
+cdef object split_call(object entry, int op, PyObject **args, Py_ssize_t nargs, object kwnames,
+                       int form):
+    """x.split(size or sizes, dim=0) and x.chunk(chunks, dim=0) of a
+    LazyTensor: a tuple of slices of the dim, each a view recorded as
+    narrow's (the row of the opcode slice_op), as eager's split makes
+    them.  Where autograd records them the generic path takes the call:
+    eager's pieces are then the views of one multi-output op, which may not
+    be written in place, and a slice may.  Also the generic path's: sizes
+    eager refuses, an empty dim, keywords but dim."""
+    cdef PyObject *dim_arg = NULL
+    cdef int64_t sizes[64]
+    cdef int64_t n, size, start, total = 0
+    cdef int pieces = 0, overflow = 0, d = 0, k
+    if form != FORM_CALL or not 2 <= nargs <= 3 or type(<object>args[0]) is not LazyTensor:
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+    cdef LazyTensor src = <LazyTensor>args[0]
+    if nargs == 3:
+        dim_arg = args[2]
+    if kwnames is not None:
+        if nargs != 2 or len(<tuple>kwnames) != 1 or (<tuple>kwnames)[0] != _str_dim:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        dim_arg = args[2]
+    if src.meta.ndim == 0 or src.meta.dtype == DT_COMPLEX32 or \
+            src.meta.requires_grad and grad_enabled():
+        return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    if dim_arg != NULL:
+        d = wrap_dim(<object>dim_arg, src.meta.ndim)
+        if d < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+    n = src.meta.shape[d]
+    arg = <object>args[1]
+    if n == 0:
+        return not_taken(entry, args, nargs, kwnames, form, "empty dim")
+    if type(arg) is int:
+        size = PyLong_AsLongLongAndOverflow(arg, &overflow)
+        if overflow or size <= 0:
+            return not_taken(entry, args, nargs, kwnames, form, "size")
+        if op_flags[op] & OPF_CHUNKS:
+            size = (n + size - 1) // size          # chunk: the split size it makes
+        while total < n and pieces < 64:
+            sizes[pieces] = size if n - total > size else n - total
+            total += sizes[pieces]
+            pieces += 1
+    elif (type(arg) is list or type(arg) is tuple) and not op_flags[op] & OPF_CHUNKS:
+        if not 1 <= len(arg) <= 64:
+            return not_taken(entry, args, nargs, kwnames, form, "sizes")
+        for item in arg:
+            if type(item) is not int:
+                return not_taken(entry, args, nargs, kwnames, form, "sizes")
+            size = PyLong_AsLongLongAndOverflow(item, &overflow)
+            if overflow or size < 0:
+                return not_taken(entry, args, nargs, kwnames, form, "sizes")
+            sizes[pieces] = size
+            total += size
+            pieces += 1
+    else:
+        return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    if total != n:
+        return not_taken(entry, args, nargs, kwnames, form, "sizes")
+    cdef tuple result = PyTuple_New(pieces)
+    start = 0
+    for k in range(pieces):
+        if start == 0 and sizes[k] == n:
+            piece = record_whole_slice(slice_op, src, d)
+        else:
+            piece = slice_step(slice_op, src, d, start, False, start + sizes[k], False, 1)
+        if piece is None:
+            return not_taken(entry, args, nargs, kwnames, form, "interned slices full")
+        Py_INCREF(piece)
+        PyTuple_SET_ITEM(result, k, piece)
+        start += sizes[k]
+    return result
