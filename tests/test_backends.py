@@ -204,20 +204,20 @@ class _Counting(torch.utils._python_dispatch.TorchDispatchMode):
 @pytest.mark.parametrize("name", ["torchscript", "native", "eager"])
 def test_a_captured_program_runs_once_for_all_its_outputs(name):
     """Nodes that are outputs of one captured program over the same inputs
-    (the three parts of a split) share one run of it; nodes of op-table
-    rows do not (each may be computed into by a later op)."""
+    (the parts of an unbind) share one run of it; nodes of op-table rows do
+    not (each may be computed into by a later op)."""
     fastlazy.set_backend(name)
     try:
         x = torch.rand(6, 4)
         lx = fastlazy.lazy(x)
-        parts = (lx * 2).split(2)
+        parts = (lx * 2).unbind(0)
         twice = lx.exp() * lx.exp()
         got = parts[0] + parts[1] * parts[2] + twice[:2]
         with _Counting() as counting:
             value = got.to_eager()
-        parts = (x * 2).split(2)
+        parts = (x * 2).unbind(0)
         assert torch.equal(value, parts[0] + parts[1] * parts[2] + (x.exp() * x.exp())[:2])
-        assert counting.calls.get("split") == 1
+        assert counting.calls.get("unbind") == 1
         assert counting.calls.get("exp") == 2
     finally:
         fastlazy.set_backend("torchscript")
