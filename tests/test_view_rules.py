@@ -447,3 +447,14 @@ def test_writing_a_split_piece_autograd_records_raises_eagers_error():
         (w * 1).split(3, 1)[0].mul_(2)
     with pytest.raises(type(eager_error.value)):
         (lw * 1).split(3, 1)[0].mul_(2)
+
+
+def test_to_its_own_dtype_is_the_tensor_itself():
+    """As eager's: no copy, no analysis; another dtype is a recorded cast."""
+    lx = fastlazy.lazy(torch.randn(2, 3)) * 1
+    before = _generic_calls()
+    assert lx.to(torch.float32) is lx
+    assert _generic_calls() == before
+    y = lx.to(torch.float64)
+    assert y is not lx and y.dtype == torch.float64
+    torch.testing.assert_close(y.to_eager(), lx.to_eager().double(), rtol=0, atol=0)
