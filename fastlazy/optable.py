@@ -417,21 +417,23 @@ def _rows():
     # earlier), which reshape copies where view would raise
     view, spread = ("input", "size"), OpFlag.OPF_RULE_IN_GENERIC
     sequence = OpFlag.OPF_RULE_IN_GENERIC | OpFlag.OPF_SIZE_SEQUENCE
-    yield Op("view", Rule.R_VIEW, c("reshape", 0, SizeList()), view, nrequired=2, noperands=1,
-             flags=spread, aliases=True, methods=("view",))
-    yield Op("reshape", Rule.R_VIEW, c("reshape", 0, SizeList()), view, nrequired=2,
-             noperands=1, flags=spread, aliases=True, methods=("reshape",))
-    yield Op("torch_reshape", Rule.R_VIEW, c("reshape", 0, SizeList()), view, nrequired=2,
-             noperands=1, flags=sequence, aliases=True, functions=("reshape",))
+    sized = c("reshape", 0, SizeList())
+    yield Op("view", Rule.R_VIEW, sized, view, nrequired=2, noperands=1, flags=spread,
+             aliases=True, methods=("view",))
+    yield Op("reshape", Rule.R_VIEW, sized, view, nrequired=2, noperands=1, flags=spread,
+             aliases=True, methods=("reshape",))
+    yield Op("torch_reshape", Rule.R_VIEW, sized, view, nrequired=2, noperands=1,
+             flags=sequence, aliases=True, functions=("reshape",))
     transposes = ("transpose", "swapaxes", "swapdims")
     yield Op("transpose", Rule.R_TRANSPOSE,
              c("transpose", 0, Packed(0, ATTR_DIM_BITS, 0), Packed(ATTR_DIM_BITS, ATTR_DIM_BITS, 0)),
              ("input", "dim0", "dim1"), nrequired=3, noperands=1, flags=spread, aliases=True,
              functions=transposes, methods=transposes)
-    yield Op("permute", Rule.R_PERMUTE, c("permute", 0, PermutedDims()), ("input", "dims"),
-             nrequired=2, noperands=1, flags=spread, aliases=True, methods=("permute",))
-    yield Op("torch_permute", Rule.R_PERMUTE, c("permute", 0, PermutedDims()), ("input", "dims"),
-             nrequired=2, noperands=1, flags=sequence, aliases=True, functions=("permute",))
+    permuted = c("permute", 0, PermutedDims())
+    yield Op("permute", Rule.R_PERMUTE, permuted, ("input", "dims"), nrequired=2, noperands=1,
+             flags=spread, aliases=True, methods=("permute",))
+    yield Op("torch_permute", Rule.R_PERMUTE, permuted, ("input", "dims"), nrequired=2,
+             noperands=1, flags=sequence, aliases=True, functions=("permute",))
     yield Op("unsqueeze", Rule.R_UNSQUEEZE, c("unsqueeze", 0, Packed(0, ATTR_DIM_BITS + 1, 0)),
              ("input", "dim"), nrequired=2, noperands=1, flags=spread, aliases=True,
              functions=("unsqueeze",), methods=("unsqueeze",))
@@ -441,15 +443,13 @@ def _rows():
                Packed(ATTR_DIM_BITS, 27, -ATTR_SELECT_INDEX_BIAS)),
              ("input", "dim", "index"), nrequired=3, noperands=1, flags=spread, aliases=True,
              functions=("select",), methods=("select",))
-    yield Op("narrow", Rule.R_SLICE,
-             c("slice", 0, Packed(0, ATTR_DIM_BITS, 0), SliceBound(0), SliceBound(1),
-               SliceBound(2)),
-             ("input", "dim", "start", "length"), nrequired=4, noperands=1, flags=spread,
-             aliases=True, functions=("narrow",), methods=("narrow",))
-    # split and chunk record narrow's slice steps (this lowering is never
-    # read: their nodes carry narrow's opcode)
     slices = c("slice", 0, Packed(0, ATTR_DIM_BITS, 0), SliceBound(0), SliceBound(1),
                SliceBound(2))
+    yield Op("narrow", Rule.R_SLICE, slices, ("input", "dim", "start", "length"), nrequired=4,
+             noperands=1, flags=spread, aliases=True, functions=("narrow",),
+             methods=("narrow",))
+    # split and chunk record narrow's slice steps (their own lowering, the
+    # same, is never read: their nodes carry narrow's opcode)
     yield Op("split", Rule.R_SPLIT, slices, ("input", "split_size_or_sections", "dim"),
              nrequired=2, noperands=1, flags=spread, aliases=True, functions=("split",),
              methods=("split",))
@@ -463,8 +463,7 @@ def _rows():
     # (every argument spelled out: TorchScript's IR has no defaults)
     yield Op("contiguous", Rule.R_CONTIGUOUS,
              c("contiguous", 0, memory_format=Const(torch.contiguous_format)), ("input",),
-             noperands=1,
-             flags=spread, aliases=True, methods=("contiguous",))
+             noperands=1, flags=spread, aliases=True, methods=("contiguous",))
     for name, aliases, cats in (("eq", ("eq",), ALL), ("ne", ("ne", "not_equal"), ALL),
                                 ("lt", ("lt", "less"), REAL),
                                 ("le", ("le", "less_equal"), REAL),

@@ -23,6 +23,15 @@ def lazy_on():
         fastlazy.disable()
 
 
+@pytest.fixture
+def flush_after():
+    """Compute the test's pending graph afterwards, so that no test leaves
+    nodes for the next one to flush (a module applies it to every test:
+    `pytestmark = pytest.mark.usefixtures("flush_after")`)."""
+    yield
+    fastlazy.mark_step()
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     """Run a test once per backend in helpers.BACKENDS (or on the backends a

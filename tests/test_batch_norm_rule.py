@@ -7,16 +7,10 @@ import torch.nn.functional as F
 
 import fastlazy
 from fastlazy import metrics
+from helpers import generic_calls
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    yield
-    fastlazy.mark_step()
-
-
-def _generic_calls():
-    return metrics.counters()["generic_calls"]
+pytestmark = pytest.mark.usefixtures("flush_after")
 
 
 def _stats(channels, dtype=torch.float32):
@@ -39,9 +33,9 @@ def test_inference_is_recorded_by_the_c_rule(shape, call):
     x = torch.randn(*shape)
     stats = _stats(shape[1])
     lx = fastlazy.lazy(x) * 1
-    before = _generic_calls()
+    before = generic_calls()
     got = call(lx, *stats)
-    assert _generic_calls() == before
+    assert generic_calls() == before
     assert got.shape == x.shape and got.dtype == x.dtype
     torch.testing.assert_close(got.to_eager(), call(x * 1, *stats), rtol=0, atol=0)
 
@@ -51,9 +45,9 @@ def test_a_batchnorm_module_in_eval_mode():
     m.running_mean.normal_()
     m.running_var.uniform_(0.5, 2)
     x = torch.randn(2, 4, 3, 3)
-    before = _generic_calls()
+    before = generic_calls()
     got = m(fastlazy.lazy(x) * 1)
-    assert _generic_calls() == before
+    assert generic_calls() == before
     torch.testing.assert_close(got.to_eager(), m(x), rtol=0, atol=0)
 
 
@@ -123,9 +117,9 @@ def test_mixed_dtypes_take_the_generic_path_with_eagers_values():
         with pytest.raises(type(exc)):
             F.batch_norm(fastlazy.lazy(x) * 1, rm, rv, w, b).to_eager()
         return
-    before = _generic_calls()
+    before = generic_calls()
     got = F.batch_norm(fastlazy.lazy(x) * 1, rm, rv, w, b)
-    assert _generic_calls() == before + 1
+    assert generic_calls() == before + 1
     torch.testing.assert_close(got.to_eager(), want)
 
 

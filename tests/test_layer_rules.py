@@ -12,22 +12,16 @@ import torch.nn.functional as F
 
 import fastlazy
 from fastlazy import metrics
+from helpers import generic_calls
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    yield
-    fastlazy.mark_step()
+pytestmark = pytest.mark.usefixtures("flush_after")
 
 
 def _counts():
     """(calls the generic path recorded, calls run eagerly)."""
     c = metrics.counters()
     return c["generic_calls"], c["fallbacks"]
-
-
-def _generic_calls():
-    return _counts()[0]
 
 
 # --------------------------------------------------------------------------
@@ -219,19 +213,19 @@ def test_pooling_gradients_through_both_pools():
 @pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
 def test_embedding_lookups_are_recorded_by_the_c_rule(kwargs, ids_dtype):
     ids, w = torch.tensor([[1, 2, 0], [4, 3, 1]], dtype=ids_dtype), torch.randn(5, 4)
-    before = _generic_calls()
+    before = generic_calls()
     got = F.embedding(fastlazy.lazy(ids), w, **kwargs)
-    assert _generic_calls() == before
+    assert generic_calls() == before
     torch.testing.assert_close(got.to_eager(), F.embedding(ids, w, **kwargs), rtol=0, atol=0)
 
 
 def test_embedding_a_new_sequence_length_needs_no_analysis():
     e = torch.nn.Embedding(10, 4, padding_idx=0)
-    before = _generic_calls()
+    before = generic_calls()
     for seq in (3, 5, 8):
         ids = torch.randint(0, 10, (2, seq))
         torch.testing.assert_close(e(fastlazy.lazy(ids)).to_eager(), e(ids), rtol=0, atol=0)
-    assert _generic_calls() == before
+    assert generic_calls() == before
 
 
 def test_embedding_the_padding_rows_gradient_is_zero_as_in_eager():
@@ -267,10 +261,10 @@ def test_embedding_max_norm_writes_the_lazy_weight_not_the_tensor_it_was_made_fr
 @pytest.mark.parametrize("bias_shape", [(4,), (3, 4), (1, 4), (3, 1), ()])
 def test_addmm_calls_are_recorded_by_the_c_rule(bias_shape):
     b, x, w = torch.randn(bias_shape), torch.randn(3, 5), torch.randn(5, 4)
-    before = _generic_calls()
+    before = generic_calls()
     got = torch.addmm(b, fastlazy.lazy(x) * 1, w)
     method = fastlazy.lazy(b).addmm(x, w)
-    assert _generic_calls() == before
+    assert generic_calls() == before
     want = torch.addmm(b, x, w)
     torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
     torch.testing.assert_close(method.to_eager(), want, rtol=0, atol=0)
@@ -278,7 +272,7 @@ def test_addmm_calls_are_recorded_by_the_c_rule(bias_shape):
 
 def test_addmm_a_new_sequence_length_needs_no_analysis():
     w, b = torch.randn(8, 24), torch.randn(24)
-    before = _generic_calls()
+    before = generic_calls()
     for seq in (3, 5, 8):
         x = torch.randn(2, seq, 8)
         lx = fastlazy.lazy(x)
@@ -286,15 +280,15 @@ def test_addmm_a_new_sequence_length_needs_no_analysis():
         want = torch.addmm(b, x.view(-1, 8), w)
         torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
     # (the views are C rules too: tests/test_view_rules.py)
-    assert _generic_calls() == before
+    assert generic_calls() == before
 
 
 @pytest.mark.parametrize("kwargs", [{"beta": 0.5}, {"alpha": 2}, {"beta": 0, "alpha": 3}])
 def test_addmm_beta_and_alpha_are_the_generic_paths(kwargs):
     b, x, w = torch.randn(4), torch.randn(3, 5), torch.randn(5, 4)
-    before = _generic_calls()
+    before = generic_calls()
     got = torch.addmm(b, fastlazy.lazy(x), w, **kwargs)
-    assert _generic_calls() == before + 1
+    assert generic_calls() == before + 1
     torch.testing.assert_close(got.to_eager(), torch.addmm(b, x, w, **kwargs), rtol=0, atol=0)
 
 
@@ -337,7 +331,7 @@ def test_sdpa_calls_are_recorded_by_the_c_rule(kwargs):
 
 
 def test_sdpa_a_new_sequence_length_needs_no_analysis():
-    before = _generic_calls()
+    before = generic_calls()
     for seq in (3, 5, 8):
         q, k, v = _heads(1, seq), _heads(1, seq), _heads(1, seq)
         got = F.scaled_dot_product_attention(q * 1, k * 1, v * 1, is_causal=True, scale=0.3)
@@ -345,15 +339,15 @@ def test_sdpa_a_new_sequence_length_needs_no_analysis():
                                               is_causal=True, scale=0.3)
         torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
     # (the transposes are C rules too: tests/test_view_rules.py)
-    assert _generic_calls() == before
+    assert generic_calls() == before
 
 
 def test_sdpa_dropout_is_the_generic_paths_and_draws_as_eager():
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
-    before = _generic_calls()
+    before = generic_calls()
     torch.manual_seed(7)
     got = F.scaled_dot_product_attention(fastlazy.lazy(q), k, v, dropout_p=0.5)
-    assert _generic_calls() == before + 1      # its noise drawn at the call, as eager's
+    assert generic_calls() == before + 1      # its noise drawn at the call, as eager's
     torch.manual_seed(7)
     want = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)

@@ -12,16 +12,10 @@ import torch
 
 import fastlazy
 from fastlazy import _core, metrics, views
+from helpers import generic_calls
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    yield
-    fastlazy.mark_step()
-
-
-def _generic_calls():
-    return metrics.counters()["generic_calls"]
+pytestmark = pytest.mark.usefixtures("flush_after")
 
 
 def _same_view(got, want):
@@ -90,9 +84,9 @@ def _attention_layout(x):
 def test_a_transformers_view_chain_takes_no_analysis():
     x = torch.randn(2, 5, 16)
     lx = fastlazy.lazy(x) * 1
-    before = _generic_calls()
+    before = generic_calls()
     got = _attention_layout(lx)
-    assert _generic_calls() == before
+    assert generic_calls() == before
     torch.testing.assert_close(got.to_eager(), _attention_layout(x * 1), rtol=0, atol=0)
 
 
@@ -121,9 +115,9 @@ def test_a_transformers_view_chain_takes_no_analysis():
 def test_views_are_recorded_and_placed_as_eagers(make):
     x = torch.randn(2, 3, 4)
     lx = fastlazy.lazy(x.clone())
-    before = _generic_calls()
+    before = generic_calls()
     got = make(lx)
-    assert _generic_calls() == before, "the generic path recorded it"
+    assert generic_calls() == before, "the generic path recorded it"
     _same_view(got, make(x))
 
 
@@ -254,9 +248,9 @@ def test_a_new_sequence_length_is_the_same_graph():
 def test_basic_indexing_is_recorded_and_placed_as_eagers(index):
     x = torch.randn(2, 6, 8)
     lx = fastlazy.lazy(x.clone())
-    before = _generic_calls()
+    before = generic_calls()
     got = lx[index]
-    assert _generic_calls() == before, "the generic path recorded it"
+    assert generic_calls() == before, "the generic path recorded it"
     _same_view(got, x[index])
 
 
@@ -280,9 +274,9 @@ def test_other_indexing_is_the_generic_paths(index):
     a size the values decide: eager runs it): eager's values."""
     x = torch.randn(2, 6)
     lx = fastlazy.lazy(x.clone())
-    before = _generic_calls() + metrics.counters()["fallbacks"]
+    before = generic_calls() + metrics.counters()["fallbacks"]
     got = lx[index]
-    assert _generic_calls() + metrics.counters()["fallbacks"] == before + 1
+    assert generic_calls() + metrics.counters()["fallbacks"] == before + 1
     torch.testing.assert_close(got.to_eager(), x[index], rtol=0, atol=0)
 
 
@@ -347,10 +341,10 @@ def test_cat_is_recorded_in_the_tensors_result_dtype():
     x, y = torch.randn(2, 3), torch.randint(0, 5, (2, 2))
     lx = fastlazy.lazy(x) * 1
     lx64 = lx.double()
-    before = _generic_calls()
+    before = generic_calls()
     got = [torch.cat([lx, y], dim=1), torch.cat((lx, lx), 0), torch.concat([lx], -1),
            torch.cat([y, lx, lx64], 1)]
-    assert _generic_calls() == before
+    assert generic_calls() == before
     want = [torch.cat([x, y], dim=1), torch.cat((x, x), 0), torch.concat([x], -1),
             torch.cat([y, x, x.double()], 1)]
     for g, w in zip(got, want):
@@ -364,9 +358,9 @@ def test_cat_skips_an_empty_1d_tensor_as_eager_does():
     k = torch.randn(1, 2, 5, 4)
     lk = fastlazy.lazy(k) * 1
     for empty in (torch.tensor([]), torch.tensor([], dtype=torch.float64)):
-        before = _generic_calls()
+        before = generic_calls()
         got = torch.cat([empty, lk], dim=-2)
-        assert _generic_calls() == before
+        assert generic_calls() == before
         want = torch.cat([empty, k * 1], dim=-2)
         assert got.dtype == want.dtype
         torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
@@ -375,9 +369,9 @@ def test_cat_skips_an_empty_1d_tensor_as_eager_does():
 def test_cat_of_more_tensors_than_a_node_holds_is_the_generic_paths():
     x = torch.randn(2, 3)
     lx = fastlazy.lazy(x) * 1
-    before = _generic_calls()
+    before = generic_calls()
     got = torch.cat([lx] * 9, 1)
-    assert _generic_calls() > before
+    assert generic_calls() > before
     torch.testing.assert_close(got.to_eager(), torch.cat([x] * 9, 1), rtol=0, atol=0)
 
 
@@ -404,9 +398,9 @@ def test_gradients_flow_through_cat_and_slices():
 def test_split_and_chunk_are_slices_placed_as_eagers(make):
     x = torch.randn(2, 6)
     lx = fastlazy.lazy(x.clone())
-    before = _generic_calls()
+    before = generic_calls()
     got = make(lx)
-    assert _generic_calls() == before
+    assert generic_calls() == before
     want = make(x)
     assert type(got) is tuple and len(got) == len(want)
     for g, w in zip(got, want):         # placed as eager's, before any value is read
@@ -431,9 +425,9 @@ def test_split_where_autograd_records_it_is_the_generic_paths():
     autograd forbids writing in place: below), not slices."""
     w = torch.randn(2, 6, requires_grad=True)
     lw = fastlazy.lazy(w.detach().clone()).requires_grad_()
-    before = _generic_calls()
+    before = generic_calls()
     pieces = (lw * 1).split(3, 1)
-    assert _generic_calls() == before + 1
+    assert generic_calls() == before + 1
     for got, want in zip(pieces, (w * 1).split(3, 1)):
         torch.testing.assert_close(got.to_eager(), want)
 
@@ -452,9 +446,9 @@ def test_writing_a_split_piece_autograd_records_raises_eagers_error():
 def test_to_its_own_dtype_is_the_tensor_itself():
     """As eager's: no copy, no analysis; another dtype is a recorded cast."""
     lx = fastlazy.lazy(torch.randn(2, 3)) * 1
-    before = _generic_calls()
+    before = generic_calls()
     assert lx.to(torch.float32) is lx
-    assert _generic_calls() == before
+    assert generic_calls() == before
     y = lx.to(torch.float64)
     assert y is not lx and y.dtype == torch.float64
     torch.testing.assert_close(y.to_eager(), lx.to_eager().double(), rtol=0, atol=0)

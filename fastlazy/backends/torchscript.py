@@ -392,15 +392,7 @@ def _ir_value(ir, value, arg, ref):
         sizes = ir.call("size", [ref(value.of)], type="int[]")
         return ir.call("slice", [sizes, ir.constant(-value.count), ir.constant(None),
                                  ir.constant(1)], type="int[]")
-    if arg is None:
-        if isinstance(value, (list, tuple)) and any(isinstance(v, REFS) for v in value):
-            # a view's sizes: read when the graph runs, beside constant ones
-            return ir.list([ref(v) if isinstance(v, REFS) else ir.constant(v)
-                            for v in value], "int[]")
-        if isinstance(value, (torch.layout, torch.memory_format)):
-            return ir.constant(_ENUM_INTS[value])
-        return ir.constant(value)
-    kind = str(arg.type)
+    kind = "" if arg is None else str(arg.type)
     if isinstance(value, (list, tuple)):
         if "Tensor" in kind:
             items = [ir.constant(None) if v is None else ref(v) for v in value]
@@ -414,6 +406,10 @@ def _ir_value(ir, value, arg, ref):
             return ir.list([ref(v) if isinstance(v, REFS) else ir.constant(v)
                             for v in value], "int[]")
         return ir.constant(list(value))
+    if isinstance(value, (torch.layout, torch.memory_format)):
+        return ir.constant(_ENUM_INTS[value])
+    if arg is None:
+        return ir.constant(value)
     if type(value) is int and kind.startswith("List[int]") and arg.N:
         return ir.constant([value] * arg.N)
     if isinstance(value, torch.device):
@@ -423,8 +419,6 @@ def _ir_value(ir, value, arg, ref):
             ir.lines.append(f'  {name} : Device = prim::Constant[value="{value}"]()')
             ir.consts[key] = name
         return ir.consts[key]
-    if isinstance(value, (torch.layout, torch.memory_format)):
-        return ir.constant(_ENUM_INTS[value])
     if type(value) is float and (value != value or abs(value) == float("inf")):
         # the IR's constant syntax has no inf/nan: build it from a string
         return ir.call("Float", [ir.constant(repr(value))], type="float")

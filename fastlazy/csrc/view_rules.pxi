@@ -170,6 +170,14 @@ cdef void place_of(LazyTensor t, int64_t *size, int64_t *stride, int64_t *offset
     offset[0] = 0
 
 
+cdef inline int view_meta(Meta *out, LazyTensor src) except -1:
+    """A view's metadata before its rule changes the shape: src's, with
+    requires_grad as autograd will have it."""
+    memcpy(out, &src.meta, sizeof(Meta))
+    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    return 0
+
+
 cdef bint is_contiguous(int nd, int64_t *size, int64_t *stride) noexcept:
     """c10's is_contiguous: dims of size 1 may have any stride, and an
     empty tensor is contiguous."""
@@ -322,9 +330,8 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     cdef int64_t stride[MAX_NDIM]
     cdef int64_t new_stride[MAX_NDIM]
     cdef int64_t values[MAX_NDIM]
-    cdef int64_t offset, numel = 1
+    cdef int64_t offset, numel
     cdef Meta out
-    cdef Operand ops[1]
     cdef bint seen[MAX_NDIM]
     if (kwnames is not None or form != FORM_CALL or nargs < 1
             or type(<object>args[0]) is not LazyTensor):
@@ -333,9 +340,35 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     cdef Meta *m = &src.meta
     if m.dtype == DT_COMPLEX32:
         return not_taken(entry, args, nargs, kwnames, form, "argument type")
+
+    # the rules that record one step of x[index]
+    if rule == R_UNSQUEEZE:
+        if nargs != 2 or m.ndim >= MAX_NDIM:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        d0 = wrap_dim(<object>args[1], m.ndim + 1)
+        if d0 < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+        return unsqueeze_step(op, src, d0)
+    if rule == R_SELECT or rule == R_SLICE:
+        # select(dim, index), narrow(dim, start, length): ints
+        if nargs != 3 + (rule == R_SLICE) or m.ndim == 0:
+            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        for i in range(1, nargs):
+            if type(<object>args[i]) is not int:
+                return not_taken(entry, args, nargs, kwnames, form, "argument type")
+        d0 = wrap_dim(<object>args[1], m.ndim)
+        if d0 < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+        if rule == R_SELECT:
+            found = select_step(op, src, d0, <object>args[2])
+        else:
+            found = narrow_step(op, src, d0, <object>args[2], <object>args[3])
+        if found is None:
+            return not_taken(entry, args, nargs, kwnames, form, "index out of range")
+        return found
+
     place_of(src, size, stride, &offset)
-    memcpy(&out, m, sizeof(Meta))
-    out.requires_grad = m.requires_grad and grad_enabled()
+    view_meta(&out, src)
 
     if rule == R_CONTIGUOUS:
         if nargs != 1:
@@ -347,8 +380,7 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     if rule == R_VIEW:
         if not read_ints(args, nargs, op_flags[op] & OPF_SIZE_SEQUENCE, values, &n):
             return not_taken(entry, args, nargs, kwnames, form, "argument type")
-        for i in range(m.ndim):
-            numel *= m.shape[i]
+        numel = numel_of(m)
         memcpy(out.shape, values, n * sizeof(int64_t))
         out.ndim = n
         if (not infer_sizes(out.shape, n, numel)
@@ -380,30 +412,6 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
             new_stride[i] = stride[d0]
             attr |= d0 << (ATTR_DIM_BITS * i)
         attr |= n << ATTR_PERMUTE_RANK_SHIFT
-    elif rule == R_UNSQUEEZE:
-        if nargs != 2 or m.ndim >= MAX_NDIM:
-            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
-        d0 = wrap_dim(<object>args[1], m.ndim + 1)
-        if d0 < 0:
-            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
-        return unsqueeze_step(op, src, d0)
-    elif rule == R_SELECT or rule == R_SLICE:
-        # select(dim, index), narrow(dim, start, length): ints
-        if nargs != 3 + (rule == R_SLICE) or m.ndim == 0:
-            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
-        for i in range(1, nargs):
-            if type(<object>args[i]) is not int:
-                return not_taken(entry, args, nargs, kwnames, form, "argument type")
-        d0 = wrap_dim(<object>args[1], m.ndim)
-        if d0 < 0:
-            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
-        if rule == R_SELECT:
-            found = select_step(op, src, d0, <object>args[2])
-        else:
-            found = narrow_step(op, src, d0, <object>args[2], <object>args[3])
-        if found is None:
-            return not_taken(entry, args, nargs, kwnames, form, "index out of range")
-        return found
     else:
         return not_taken(entry, args, nargs, kwnames, form, "no view rule")
     if attr < 0:
@@ -446,8 +454,7 @@ cdef object select_step(int op, LazyTensor src, int dim, object index_arg):
     if not 0 <= i < n:
         return None
     place_of(src, size, stride, &offset)
-    memcpy(&out, &src.meta, sizeof(Meta))
-    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    view_meta(&out, src)
     for k in range(dim, src.meta.ndim - 1):
         out.shape[k] = src.meta.shape[k + 1]
     out.ndim = src.meta.ndim - 1
@@ -458,9 +465,11 @@ cdef object select_step(int op, LazyTensor src, int dim, object index_arg):
 
 
 cdef object slice_step(int op, LazyTensor src, int dim, int64_t start, bint start_open,
-                       int64_t end, bint end_open, int64_t step):
+                       int64_t end, bint end_open, int64_t step, bint whole_is_src):
     """src[..., start:end:step] at dim (step > 0), recorded with eager's
-    clamping; `src` itself where the slice takes every element.  A bound
+    clamping; where the slice takes every element, `src` itself if
+    whole_is_src (one step of an index), else a view of all of it (narrow
+    and split of the whole dim, x[:]: new tensors in eager).  A bound
     that reaches past the dim's first or last element is recorded as None
     (open), so x[:, :length] of a tensor of that length is the same graph
     at every length; others are kept as given (negative ones count from
@@ -477,7 +486,7 @@ cdef object slice_step(int op, LazyTensor src, int dim, int64_t start, bint star
     e = s if e < s else (n if e > n else e)
     start_open = s == 0
     end_open = e == n
-    if start_open and end_open and step == 1:
+    if whole_is_src and start_open and end_open and step == 1:
         return src
     entries[0] = 0 if start_open else start
     entries[1] = 0 if end_open else end
@@ -486,8 +495,7 @@ cdef object slice_step(int op, LazyTensor src, int dim, int64_t start, bint star
     if index < 0 or index >= 1 << (ATTR_VIEW_SIZES_BITS - ATTR_DIM_BITS):
         return None
     place_of(src, size, stride, &offset)
-    memcpy(&out, &src.meta, sizeof(Meta))
-    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    view_meta(&out, src)
     out.shape[dim] = (e - s + step - 1) // step
     offset += s * stride[dim]
     stride[dim] *= step
@@ -513,31 +521,7 @@ cdef object narrow_step(int op, LazyTensor src, int dim, object start_arg, objec
         start += n
     if length < 0 or start > n - length:
         return None
-    if start == 0 and length == n:
-        # eager's narrow returns a new view even then
-        return record_whole_slice(op, src, dim)
-    return slice_step(op, src, dim, start, False, start + length, False, 1)
-
-
-cdef object record_whole_slice(int op, LazyTensor src, int dim):
-    """A slice node over every element of the dim (narrow of the whole dim
-    is a new tensor in eager, not its input)."""
-    cdef int64_t size[MAX_NDIM]
-    cdef int64_t stride[MAX_NDIM]
-    cdef int64_t offset
-    cdef int64_t entries[3]
-    cdef Meta out
-    entries[0] = 0
-    entries[1] = 0
-    entries[2] = 1
-    cdef int index = intern_sizes(entries, 3)
-    if index < 0 or index >= 1 << (ATTR_VIEW_SIZES_BITS - ATTR_DIM_BITS):
-        return None
-    place_of(src, size, stride, &offset)
-    memcpy(&out, &src.meta, sizeof(Meta))
-    out.requires_grad = src.meta.requires_grad and grad_enabled()
-    return record_view(op, src, &out, dim | index << ATTR_DIM_BITS | ATTR_SLICE_START_OPEN
-                       | ATTR_SLICE_END_OPEN, stride, offset)
+    return slice_step(op, src, dim, start, False, start + length, False, 1, False)
 
 
 cdef object getitem_view(LazyTensor self, object idx):
@@ -598,7 +582,7 @@ cdef object getitem_view(LazyTensor self, object idx):
                 return None
             before = t
             t = slice_step(slice_op, <LazyTensor>t, d, start, sl.start is None, end,
-                           sl.stop is None, step)
+                           sl.stop is None, step, True)
             if t is not before:
                 steps += 1
             d += 1
@@ -612,7 +596,8 @@ cdef object getitem_view(LazyTensor self, object idx):
             return None
     if steps == 0:
         # x[:], x[...]: a new view of all of x in eager, not x
-        return record_whole_slice(slice_op, self, 0) if self.meta.ndim else None
+        return slice_step(slice_op, self, 0, 0, True, 0, True, 1, False) \
+            if self.meta.ndim else None
     return t
 
 
@@ -637,8 +622,7 @@ cdef object unsqueeze_step(int op, LazyTensor src, int d0):
     cdef Meta out
     cdef int i
     place_of(src, size, stride, &offset)
-    memcpy(&out, &src.meta, sizeof(Meta))
-    out.requires_grad = src.meta.requires_grad and grad_enabled()
+    view_meta(&out, src)
     for i in range(src.meta.ndim, d0, -1):
         out.shape[i] = src.meta.shape[i - 1]
         new_stride[i] = stride[i - 1]
@@ -656,6 +640,19 @@ cdef object unsqueeze_step(int op, LazyTensor src, int d0):
 cdef object _str_dim = "dim"
 
 
+cdef int dim_argument(PyObject **args, Py_ssize_t nargs, object kwnames, Py_ssize_t position,
+                      PyObject **dim) except -1:
+    """The dim of a call whose last parameter is `dim`, at `position`:
+    given positionally or as the one keyword (dim=), or NULL where not
+    given; 0 for any other keyword."""
+    dim[0] = args[position] if nargs > position else NULL
+    if kwnames is not None:
+        if nargs != position or len(<tuple>kwnames) != 1 or (<tuple>kwnames)[0] != _str_dim:
+            return 0
+        dim[0] = args[position]
+    return 1
+
+
 cdef object cat_call(object entry, int op, PyObject **args, Py_ssize_t nargs, object kwnames,
                      int form):
     """torch.cat(tensors, dim=0) of 1..MAX_IN tensors of one rank (>= 1),
@@ -668,14 +665,9 @@ cdef object cat_call(object entry, int op, PyObject **args, Py_ssize_t nargs, ob
     cdef Meta out
     cdef Py_ssize_t n, k
     cdef int i, d, nd
-    if form != FORM_CALL or not 1 <= nargs <= 2:
+    if (form != FORM_CALL or not 1 <= nargs <= 2
+            or not dim_argument(args, nargs, kwnames, 1, &dim_arg)):
         return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
-    if nargs == 2:
-        dim_arg = args[1]
-    if kwnames is not None:
-        if nargs != 1 or len(<tuple>kwnames) != 1 or (<tuple>kwnames)[0] != _str_dim:
-            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
-        dim_arg = args[1]
     seq = <object>args[0]
     if type(seq) is not tuple and type(seq) is not list:
         return not_taken(entry, args, nargs, kwnames, form, "argument type")
@@ -758,15 +750,10 @@ cdef object split_call(object entry, int op, PyObject **args, Py_ssize_t nargs, 
     cdef int64_t sizes[64]
     cdef int64_t n, size, start, total = 0
     cdef int pieces = 0, overflow = 0, d = 0, k
-    if form != FORM_CALL or not 2 <= nargs <= 3 or type(<object>args[0]) is not LazyTensor:
+    if (form != FORM_CALL or not 2 <= nargs <= 3 or type(<object>args[0]) is not LazyTensor
+            or not dim_argument(args, nargs, kwnames, 2, &dim_arg)):
         return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
     cdef LazyTensor src = <LazyTensor>args[0]
-    if nargs == 3:
-        dim_arg = args[2]
-    if kwnames is not None:
-        if nargs != 2 or len(<tuple>kwnames) != 1 or (<tuple>kwnames)[0] != _str_dim:
-            return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
-        dim_arg = args[2]
     if src.meta.ndim == 0 or src.meta.dtype == DT_COMPLEX32 or \
             src.meta.requires_grad and grad_enabled():
         return not_taken(entry, args, nargs, kwnames, form, "argument type")
@@ -807,10 +794,7 @@ cdef object split_call(object entry, int op, PyObject **args, Py_ssize_t nargs, 
     cdef tuple result = PyTuple_New(pieces)
     start = 0
     for k in range(pieces):
-        if start == 0 and sizes[k] == n:
-            piece = record_whole_slice(slice_op, src, d)
-        else:
-            piece = slice_step(slice_op, src, d, start, False, start + sizes[k], False, 1)
+        piece = slice_step(slice_op, src, d, start, False, start + sizes[k], False, 1, False)
         if piece is None:
             return not_taken(entry, args, nargs, kwnames, form, "interned slices full")
         Py_INCREF(piece)
