@@ -6,7 +6,7 @@
 # modules read them from fastlazy._core (named enums as IntEnum classes, the
 # anonymous one as module attributes) instead of copying the numbers.
 
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint64_t
 from cpython.object cimport PyObject
 
 # -- limits and reserved opcodes --
@@ -78,8 +78,12 @@ cpdef enum Rule:
     R_CONTIGUOUS = 31   # the input itself where it is contiguous; else a copy
     R_CAT = 32          # torch.cat of up to MAX_IN tensors (csrc/view_rules.pxi)
     R_SPLIT = 33        # split and chunk: a tuple of slice steps (narrow's nodes)
-    R_GENERIC = 34      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 35
+    R_SQUEEZE = 34      # squeeze(), squeeze(dim), squeeze(dims): the dims it drops are structure
+    R_UNFLATTEN = 35    # unflatten(dim, sizes): a view to sizes interned as R_VIEW's
+    R_RESHAPE_COPY = 36  # no entry point: the copy R_VIEW's reshape rows record
+                         # where no view can have the sizes
+    R_GENERIC = 37      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 38
 
 
 # Op flags (an op-table row's `flags`).
@@ -97,6 +101,9 @@ cpdef enum OpFlag:
     OPF_SIZE_SEQUENCE = 64
     # split's row for chunk: the int is a number of pieces, not their size
     OPF_CHUNKS = 4
+    # a view rule's row that copies where no view can have the sizes
+    # (reshape), where the others leave the call to the generic path (view)
+    OPF_COPIES = 128
 
 
 # dtype categories; a row's `cats` is a mask of them.
@@ -357,6 +364,10 @@ cdef class Hooks:
     cdef public object graph_failed
     # () -> "file:line" of the user's call
     cdef public object site_of_call
+    # a Python function of torch's called with LazyTensors:
+    # (func, args, kwargs) -> (True, result) where its body was run and
+    # recorded, (False, None) where it is to be recorded whole
+    cdef public object run_body
     # a graph was computed for a reason other than mark_step: (reason name)
     cdef public object note_flush
     # the exception the generic path's signatures raise for a call they do

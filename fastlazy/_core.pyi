@@ -153,6 +153,7 @@ class Hooks:
     programs: Any
     graph_failed: Callable[..., Any]
     site_of_call: Callable[[], str]
+    run_body: Callable[..., tuple[bool, Any]]
     note_flush: Callable[[str], None]
     unsafe: type
     atoms: Any

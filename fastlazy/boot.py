@@ -14,8 +14,8 @@ import os
 
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
                       detached_writes, failures, fx_threads, generic, graph_cache, host_checks,
-                      inference_saves, lazy_device, metrics, mutation, optable, recompiles, route,
-                      sites, tensor_methods, tiering, views)
+                      inference_saves, lazy_device, metrics, mutation, optable, python_bodies,
+                      recompiles, route, sites, tensor_methods, tiering, views)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -36,6 +36,7 @@ def hooks() -> _core.Hooks:
         programs=graph_cache.programs,
         graph_failed=functools.partial(failures.graph_failed, backends.get("eager")),
         site_of_call=sites.site_of_call,
+        run_body=python_bodies.run_body,
         note_flush=metrics.note_flush,
         unsafe=capture.Unsafe,
         atoms=generic.ATOMS,

@@ -23,7 +23,8 @@ import torch.fx
 
 from fastlazy import generic
 from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
-                            ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, SIZE_OF_DIM, Rule,
+                            ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, MAX_NDIM,
+                            SIZE_OF_DIM, Rule,
                             interned_sizes)
 from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, Opt, SizeList, TensorList,
                               TrailingDims)
@@ -229,8 +230,11 @@ def _row(op, attr, dtype):
             sizes = []
             for entry in interned_sizes(attr & (1 << ATTR_VIEW_SIZES_BITS) - 1):
                 if entry <= SIZE_OF_DIM:
-                    source = Input(operand(expr.index))
-                    calls.append(AtenCall("sym_size", _SYM_SIZE, [source, SIZE_OF_DIM - entry]))
+                    # input k's size at dim d: the operand's (k = 0), or
+                    # that of a node the rule added after it
+                    k, d = divmod(SIZE_OF_DIM - entry, MAX_NDIM)
+                    source = Input(operand(expr.index) + k)
+                    calls.append(AtenCall("sym_size", _SYM_SIZE, [source, d]))
                     entry = Value(len(calls) - 1)
                 sizes.append(entry)
             return sizes

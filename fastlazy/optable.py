@@ -73,9 +73,10 @@ class Attr(AttrValue):
 
 
 @dataclass(frozen=True)
-class ReduceDims(AttrValue):
-    """The reduced dims as an explicit list (all of them when the call gave
-    no dim: TorchScript's shape analysis rejects dim=None)."""
+class MaskedDims(AttrValue):
+    """The dims whose bits the attr's low byte sets, as an explicit list: a
+    reduction's (all of them when the call gave no dim: TorchScript's shape
+    analysis rejects dim=None), the dims squeeze drops."""
 
     def value(self, attr, dtype):
         return [k for k in range(MAX_NDIM) if (attr & ATTR_DIM_MASK) >> k & 1]
@@ -316,14 +317,14 @@ def _rows():
              nn_functions=("gelu",))
     # reductions
     reduce = ("input", "dim", "keepdim", "dtype")
-    yield Op("sum", Rule.R_REDUCE, c("sum", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
+    yield Op("sum", Rule.R_REDUCE, c("sum", 0, MaskedDims(), KeepDim(), dtype=ResultDType()),
              reduce, noperands=1, npos=3, flags=OpFlag.OPF_INT_TO_INT64, functions=("sum",),
              methods=("sum",))
-    yield Op("mean", Rule.R_REDUCE, c("mean", 0, ReduceDims(), KeepDim(), dtype=ResultDType()),
+    yield Op("mean", Rule.R_REDUCE, c("mean", 0, MaskedDims(), KeepDim(), dtype=ResultDType()),
              reduce, noperands=1, npos=3, cats=FLOAT | COMPLEX, functions=("mean",),
              methods=("mean",))
     for name in ("amax", "amin"):
-        yield Op(name, Rule.R_REDUCE, c(name, 0, ReduceDims(), KeepDim()),
+        yield Op(name, Rule.R_REDUCE, c(name, 0, MaskedDims(), KeepDim()),
                  ("input", "dim", "keepdim"), noperands=1, cats=REAL, flags=OpFlag.OPF_EMPTY_ERROR,
                  functions=(name,), methods=(name,))
     # softmax: torch.softmax(input, dim, dtype) and F.softmax(input, dim, _stacklevel, dtype)
@@ -420,10 +421,22 @@ def _rows():
     sized = c("reshape", 0, SizeList())
     yield Op("view", Rule.R_VIEW, sized, view, nrequired=2, noperands=1, flags=spread,
              aliases=True, methods=("view",))
-    yield Op("reshape", Rule.R_VIEW, sized, view, nrequired=2, noperands=1, flags=spread,
-             aliases=True, methods=("reshape",))
+    copies = OpFlag.OPF_COPIES
+    yield Op("reshape", Rule.R_VIEW, sized, view, nrequired=2, noperands=1,
+             flags=spread | copies, aliases=True, methods=("reshape",))
     yield Op("torch_reshape", Rule.R_VIEW, sized, view, nrequired=2, noperands=1,
-             flags=sequence, aliases=True, functions=("reshape",))
+             flags=sequence | copies, aliases=True, functions=("reshape",))
+    # what reshape records where no view can have its sizes: eager's copy
+    # (a clone, then a view of it), a new tensor
+    yield Op("reshape_copy", Rule.R_RESHAPE_COPY,
+             c("reshape", c("clone", 0, memory_format=Const(torch.contiguous_format)), SizeList()),
+             view, nrequired=2, noperands=1)
+    yield Op("unflatten", Rule.R_UNFLATTEN, sized, ("input", "dim", "sizes"), nrequired=3,
+             noperands=1, flags=spread, aliases=True, functions=("unflatten",),
+             methods=("unflatten",))
+    yield Op("squeeze", Rule.R_SQUEEZE, Call("squeeze", (0, MaskedDims()), (), "dims"),
+             ("input", "dim"), noperands=1, flags=spread, aliases=True, functions=("squeeze",),
+             methods=("squeeze",))
     transposes = ("transpose", "swapaxes", "swapdims")
     yield Op("transpose", Rule.R_TRANSPOSE,
              c("transpose", 0, Packed(0, ATTR_DIM_BITS, 0), Packed(ATTR_DIM_BITS, ATTR_DIM_BITS, 0)),
@@ -483,7 +496,7 @@ GENERIC_OPS = {
     # name: (torch.<name>, Tensor.<name>, torch.nn.functional.<name>)
     # shape and view ops
     "flatten": (True, True, False),
-    "t": (True, True, False), "squeeze": (True, True, False),
+    "t": (True, True, False),
     "expand": (False, True, False), "expand_as": (False, True, False),
     "view_as": (False, True, False), "reshape_as": (False, True, False),
     "unbind": (True, True, False),
@@ -585,6 +598,8 @@ def markdown() -> str:
                   Rule.R_UNSQUEEZE: "view", Rule.R_SELECT: "view", Rule.R_SLICE: "view",
                   Rule.R_CONTIGUOUS: "the input where contiguous, else a copy",
                   Rule.R_CAT: "concatenation", Rule.R_SPLIT: "views (slices)",
+                  Rule.R_SQUEEZE: "view", Rule.R_UNFLATTEN: "view",
+                  Rule.R_RESHAPE_COPY: "copy (reshape of what it cannot view)",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]
     for op in OPS:

@@ -17,8 +17,8 @@ import threading
 
 import torch
 
-from fastlazy import (_core, autograd_calls, conversions, defaults, fast_paths, value_calls,
-                      watch)
+from fastlazy import (_core, autograd_calls, conversions, defaults, fast_paths, python_bodies,
+                      value_calls, watch)
 from fastlazy.optable import OPS
 
 FORM_CALL, FORM_INPLACE = _core.Form.FORM_CALL, _core.Form.FORM_INPLACE
@@ -140,7 +140,8 @@ def _watch_writes():
                                                 autograd_calls.python_patches(),
                                                 value_calls.python_patches(),
                                                 fast_paths.python_patches(),
-                                                defaults.python_patches()):
+                                                defaults.python_patches(),
+                                                python_bodies.python_patches()):
         # the owner's own attribute as stored (Function.apply: a classmethod)
         original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
         own = attr in vars(owner)

@@ -162,9 +162,9 @@ def test_op_without_a_row_is_recorded_by_the_generic_path():
     r = torch.cumsum(a * 2, 0)
     assert isinstance(r, fastlazy.LazyTensor) and not r.is_materialized
     assert torch.equal(r.to_eager(), torch.cumsum(torch.arange(6.0) * 2, 0))
-    m = a.unflatten(0, (2, 3)).sum(dim=1)
+    m = a.flip(0).sum(dim=0)
     assert isinstance(m, fastlazy.LazyTensor) and not m.is_materialized
-    assert torch.equal(m.to_eager(), torch.arange(6.0).unflatten(0, (2, 3)).sum(1))
+    assert torch.equal(m.to_eager(), torch.arange(6.0).flip(0).sum(0))
     c = counters()
     assert c["generic_calls"] == 2 and c["fallbacks"] == 0
 

@@ -81,6 +81,44 @@ def _attention_layout(x):
     return out.view(b, s, h).unsqueeze(0)
 
 
+def _rows_unflattened(x):
+    """What nn.MultiheadAttention does to its output: (length, batch) rows
+    flattened for a linear layer, then unflattened with sizes read from
+    the input's shape: x.view(length, batch, h) of rows that neither size
+    is a dim of."""
+    b, s, h = x.shape
+    rows = x.permute(1, 0, 2).reshape(s * b, h) * 2     # a copy: no view has those sizes
+    return rows.view(s, b, h)
+
+
+def test_sizes_not_in_the_source_are_read_from_what_it_was_computed_from():
+    """One graph serves every batch and length: the sizes of the final view
+    are read from the permuted tensor, not baked in."""
+    metrics.reset()
+    for b, s in ((2, 5), (3, 5), (5, 7), (4, 2)):
+        x = torch.randn(b, s, 8)
+        before = generic_calls()
+        got = _rows_unflattened(fastlazy.lazy(x) * 1)
+        assert generic_calls() == before
+        torch.testing.assert_close(got.to_eager(), _rows_unflattened(x * 1), rtol=0, atol=0)
+    assert metrics.counters()["cache_misses"] == 1
+
+
+def test_reshape_copies_what_it_cannot_view_as_eager_does():
+    x = torch.randn(2, 3, 4)
+    lx = fastlazy.lazy(x.clone()) * 1
+    before = generic_calls()
+    got = lx.transpose(0, 2).reshape(4, 6)
+    assert generic_calls() == before
+    assert views.place(got)[0] is got, "a copy is a tensor of its own, not a view"
+    want = (x * 1).transpose(0, 2).reshape(4, 6)
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    got.add_(1)                      # the source does not see it
+    torch.testing.assert_close(lx.to_eager(), x * 1, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        lx.transpose(0, 2).view(4, 6)            # view does not copy: eager's error
+
+
 def test_a_transformers_view_chain_takes_no_analysis():
     x = torch.randn(2, 5, 16)
     lx = fastlazy.lazy(x) * 1
@@ -111,6 +149,13 @@ def test_a_transformers_view_chain_takes_no_analysis():
     lambda x: x.transpose(1, 2).transpose(0, 1),
     lambda x: x.unsqueeze(1).transpose(0, 1).view(3, 2, 4),
     lambda x: x.view(2, 3, 2, 2).transpose(2, 3).unsqueeze(0),
+    lambda x: x.unsqueeze(1).squeeze(1),
+    lambda x: x.unsqueeze(0).unsqueeze(-1).squeeze(),
+    lambda x: torch.squeeze(x.unsqueeze(0).unsqueeze(2), (0, 2)),
+    lambda x: x.squeeze(1),                            # not of size 1: a view of all of it
+    lambda x: x.unflatten(2, (2, 2)),
+    lambda x: torch.unflatten(x, 0, (1, -1)),
+    lambda x: x.transpose(0, 2).unflatten(0, (2, -1)),
 ])
 def test_views_are_recorded_and_placed_as_eagers(make):
     x = torch.randn(2, 3, 4)
@@ -320,7 +365,9 @@ def _every_view_form(x):
             + x[:, -1].sum() + x[:, 1:, :4].sum() + x.narrow(1, 0, 2).sum()
             + x.select(2, 0).sum() + x.permute(2, 0, 1)[None].sum()
             + torch.cat([x, x[:, :1]], 1).sum() + x.chunk(2, -1)[1].sum()
-            + sum(piece.sum() for piece in x.split(3, 1)))
+            + sum(piece.sum() for piece in x.split(3, 1))
+            + x.unflatten(-1, (4, -1)).squeeze(0).sum() + t.reshape(-1).sum()  # a copy
+            + _rows_unflattened(x).sum())
 
 
 @pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "inductor", "auto"],

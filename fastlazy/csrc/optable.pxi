@@ -4,7 +4,7 @@
 
 cdef int8_t op_rule[MAX_OPS]
 cdef int8_t op_cats[MAX_OPS]       # allowed categories (CAT_* mask)
-cdef int8_t op_flags[MAX_OPS]
+cdef uint16_t op_flags[MAX_OPS]
 cdef int8_t op_nparams[MAX_OPS]
 cdef int8_t op_noperands[MAX_OPS]  # leading params that are operands
 cdef int8_t op_nrequired[MAX_OPS]
@@ -17,6 +17,8 @@ cdef list _op_choices = [None] * MAX_OPS  # op -> tuple of the allowed values
 
 # the rows x[index] records its steps with (basic indexing: view_rules.pxi)
 cdef int select_op = -1, slice_op = -1, unsqueeze_op = -1
+# the row of the copies reshape makes where it cannot view
+cdef int reshape_copy_op = -1
 
 cdef PyObject *op_params[MAX_OPS][MAX_PARAMS]
 cdef list _op_param_names = []     # keeps the op_params strings alive
@@ -28,7 +30,7 @@ def register_op(int op, int rule, int cats, int flags, tuple params,
                 int noperands, int nrequired, int npos, int choice_param=-1,
                 tuple choices=None, int nullable=0, int raw=0):
     """Declare opcode `op` to the recorder (called by fastlazy.optable)."""
-    global n_ops, select_op, slice_op, unsqueeze_op
+    global n_ops, select_op, slice_op, unsqueeze_op, reshape_copy_op
     if not 0 <= op < MAX_OPS or len(params) > MAX_PARAMS or not 0 <= rule < R_COUNT:
         raise ValueError(f"op {op}: bad row")
     op_rule[op] = rule
@@ -54,6 +56,8 @@ def register_op(int op, int rule, int cats, int flags, tuple params,
         slice_op = op
     elif rule == R_UNSQUEEZE and unsqueeze_op < 0:
         unsqueeze_op = op
+    elif rule == R_RESHAPE_COPY and reshape_copy_op < 0:
+        reshape_copy_op = op
 
 
 cdef int parse_args(int op, PyObject **args, Py_ssize_t nargs, object kwnames,

@@ -598,16 +598,43 @@ cdef int check_saved_inference(int op, Operand *ops, int nops, int attr, int dty
     return 0
 
 
+# Inputs the next record() gives its node after its operands' (the nodes a
+# view's sizes are read from: view_rules.pxi), valid in one segment.  Set
+# just before that call, and taken by it before anything can run Python
+# (which might record other nodes).
+cdef int32_t _extra_refs[MAX_IN]
+cdef int _n_extra = 0
+cdef Segment _extra_seg = None
+
+
+cdef int give_next_node(Segment seg, int32_t *refs, int n) except -1:
+    global _n_extra, _extra_seg
+    memcpy(_extra_refs, refs, n * sizeof(int32_t))
+    _n_extra = n
+    _extra_seg = seg
+    return 0
+
+
 cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
                        int flags, LazyTensor rebind):
     """Append one node; return its LazyTensor (a new one, or `rebind` for an
-    in-place op, which moves that handle to the new node)."""
-    global fl_pending
+    in-place op, which moves that handle to the new node).  None, recording
+    nothing, where give_next_node() named inputs in a segment that is no
+    longer the one recording (a flush ran in between)."""
+    global fl_pending, _n_extra, _extra_seg
     cdef Segment seg
     cdef int32_t refs[MAX_IN]
     cdef int nin, i
     cdef int attr0 = attr, flags0 = flags
     cdef LazyTensor t
+    cdef int32_t extra[MAX_IN]
+    cdef int n_extra = _n_extra
+    cdef Segment extra_seg = None
+    if n_extra:
+        memcpy(extra, _extra_refs, n_extra * sizeof(int32_t))
+        extra_seg = _extra_seg
+        _n_extra = 0
+        _extra_seg = None
     out.inference = recorded_in_inference_mode(rebind)
     if out.requires_grad and reads_inference(ops, nops):
         check_saved_inference(op, ops, nops, attr, out.dtype)
@@ -648,6 +675,8 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
         # flushed seg: then start over on the thread's fresh segment.
         if seg.state == SEG_RECORDING:
             break
+    if n_extra and seg is not extra_seg:
+        return None
     # From here to the owner's assignment: C only.
     if (nops and ops[0].kind != K_ABSENT and ops[0].m.ndim == out.ndim
             and memcmp(ops[0].m.shape, out.shape, out.ndim * sizeof(int64_t)) == 0):
@@ -674,6 +703,13 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
         else:
             h0 = mix(h0, seg.slot_hash[~r])
             h1 = mix(h1, seg.slot_hash[~r] ^ 0x5851F42D4C957F2DULL)
+    for i in range(n_extra):
+        r = extra[i]                # a node of seg (view_rules.pxi: size_sources)
+        nd.inputs[nin + i] = r
+        seg.nodes[r].uses += 1
+        h0 = mix(h0, seg.nodes[r].hash[0])
+        h1 = mix(h1, seg.nodes[r].hash[1])
+    nd.nin = nin + n_extra
     nd.hash[0] = h0
     nd.hash[1] = h1
 

@@ -562,8 +562,12 @@ cdef class LazyTensor:
         name = getattr(func, "__name__", None) or repr(func)
         if name.endswith("_") and not name.endswith("__"):
             return _hooks.record_call(func, name, args, kwargs, True, False)
-        # a Python function of torch's (F.multi_head_attention_forward): a
-        # signature recorded before is recorded again by the core
+        # a Python function of torch's (F.multi_head_attention_forward):
+        # its body recorded call by call (fastlazy.python_bodies), or the
+        # function recorded whole, by signature
+        ran, result = _hooks.run_body(func, args, kwargs)
+        if ran:
+            return result
         return record_by_signature(func, name, args, kwargs, False, None)
 
 

@@ -292,17 +292,67 @@ cdef int matches_at(Meta *source, int64_t *sizes, int n, int offset) noexcept:
     return count
 
 
-cdef int size_list_of(Meta *source, int64_t *given, int n, int64_t numel) except -2:
+cdef enum:
+    MAX_SIZE_SOURCES = 3    # nodes besides its source a view's sizes may be read from
+    SIZE_SEARCH_NODES = 8   # nodes searched for them, the source's nearest first
+
+
+cdef int find_size(Segment seg, int32_t start, int64_t value, int32_t *node) noexcept:
+    """A dim of size `value` in node `start` or the nodes it was computed
+    from (breadth first, inputs in order), that node in `node`; -1 if none
+    of the first SIZE_SEARCH_NODES has one."""
+    cdef int32_t queue[SIZE_SEARCH_NODES]
+    cdef int head = 0, tail = 1, d, j, k
+    cdef int32_t r
+    cdef Node *nd
+    queue[0] = start
+    while head < tail:
+        nd = &seg.nodes[queue[head]]
+        for d in range(nd.meta.ndim):
+            if nd.meta.shape[d] == value:
+                node[0] = queue[head]
+                return d
+        head += 1
+        for j in range(nd.nin):
+            r = nd.inputs[j]
+            if r < 0 or tail == SIZE_SEARCH_NODES:
+                continue
+            for k in range(tail):
+                if queue[k] == r:
+                    break
+            else:
+                queue[tail] = r
+                tail += 1
+    return -1
+
+
+cdef int size_list_of(LazyTensor src, int64_t *given, int n, int64_t numel,
+                      int32_t *sources, int *nsources) except -2:
     """The interned size list that computes `given` (the call's sizes, -1
-    kept) from the source's shape when the graph runs: each size equal to
-    the source's at the aligned dim -- aligned from the left, or from the
-    right where more sizes match so (rows of (batch * length, features)
-    unflattened) -- is read from the source; of the others, the first
-    becomes -1 (the element count divided by the rest) where the call gave
-    no -1 and the source is not empty.  -1 where the interned lists are
-    full."""
+    kept) when the graph runs, from the shapes of the source and of up to
+    MAX_SIZE_SOURCES nodes it was computed from (`sources`, NULL: none):
+
+    - a size equal to the source's at the aligned dim -- aligned from the
+      left, or from the right where more sizes match so (rows of (batch *
+      length, features) unflattened) -- is read from the source;
+    - where more than one size is left and the source is pending, each of
+      them (of 2 or more) that some dim of the source or of the nodes it was
+      computed from has is read from there: x.view(length, batch, features)
+      of rows of (length * batch, features) finds length and batch in the
+      tensor before the rows were flattened, which its graph also holds;
+    - of the sizes still left, the first becomes -1 (the element count
+      divided by the rest) where the call gave no -1 and the source is not
+      empty; the others are constants.
+
+    Each choice gives this call's sizes, so the graph computes this call's
+    view whatever it chose; choosing by what the sizes came from is what
+    lets one graph serve the next batch size.  -1 where the interned lists
+    are full."""
     cdef int64_t entries[MAX_NDIM]
-    cdef int i, d, offset = 0
+    cdef bint left[MAX_NDIM]
+    cdef Meta *source = &src.meta
+    cdef int i, d, k, offset = 0, nleft = 0
+    cdef int32_t node
     cdef bint free = numel > 0
     for i in range(n):
         if given[i] == -1:
@@ -311,14 +361,67 @@ cdef int size_list_of(Meta *source, int64_t *given, int n, int64_t numel) except
         offset = source.ndim - n
     for i in range(n):
         d = i + offset
+        left[i] = False
         if 0 <= d < source.ndim and given[i] >= 0 and source.shape[d] == given[i]:
             entries[i] = SIZE_OF_DIM - d
-        elif free and given[i] > 0:
-            entries[i] = -1
-            free = False
         else:
             entries[i] = given[i]
+            if given[i] > 0:
+                left[i] = True
+                nleft += 1
+    if nleft > 1 and sources != NULL and src.seg is not None:
+        for i in range(n):
+            if nleft == 1:
+                break               # the last is the -1
+            if not left[i] or given[i] < 2:
+                continue
+            d = find_size(src.seg, src.idx, given[i], &node)
+            if d < 0:
+                continue
+            if node == src.idx:
+                k = 0
+            else:
+                for k in range(nsources[0]):
+                    if sources[k] == node:
+                        k += 1
+                        break
+                else:
+                    if nsources[0] == MAX_SIZE_SOURCES:
+                        continue
+                    sources[nsources[0]] = node
+                    nsources[0] += 1
+                    k = nsources[0]
+            entries[i] = SIZE_OF_DIM - (k * MAX_NDIM + d)
+            left[i] = False
+            nleft -= 1
+    for i in range(n):
+        if left[i] and free:
+            entries[i] = -1
+            break
     return intern_sizes(entries, n)
+
+
+cdef object record_sized_view(int op, LazyTensor src, Meta *out, int64_t *given, int n,
+                              int64_t numel, int64_t *stride, int64_t offset):
+    """record_view of a view or reshape to `given`, its sizes as
+    size_list_of reads them (the nodes they are read from its node's
+    inputs after the source); None where the interned lists are full."""
+    cdef int32_t sources[MAX_SIZE_SOURCES]
+    cdef int nsources = 0
+    cdef int attr = size_list_of(src, given, n, numel, sources, &nsources)
+    if attr < 0:
+        return None
+    if nsources:
+        give_next_node(src.seg, sources, nsources)
+        t = record_view(op, src, out, attr, stride, offset)
+        if t is not None:
+            return t
+        # a flush ran before the node was appended (the source is a value
+        # now): its sizes from the source alone
+        attr = size_list_of(src, given, n, numel, NULL, NULL)
+        if attr < 0:
+            return None
+    return record_view(op, src, out, attr, stride, offset)
 
 
 cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
@@ -383,10 +486,22 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
         numel = numel_of(m)
         memcpy(out.shape, values, n * sizeof(int64_t))
         out.ndim = n
-        if (not infer_sizes(out.shape, n, numel)
-                or not view_strides(m.ndim, size, stride, n, out.shape, new_stride)):
+        if not infer_sizes(out.shape, n, numel):
+            return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
+        if view_strides(m.ndim, size, stride, n, out.shape, new_stride):
+            found = record_sized_view(op, src, &out, values, n, numel, new_stride, offset)
+        elif op_flags[op] & OPF_COPIES:
+            # as eager's reshape: a contiguous copy, a new tensor
+            found = record_sized_view(reshape_copy_op, src, &out, values, n, numel, NULL, 0)
+        else:
             return not_taken(entry, args, nargs, kwnames, form, "sizes it cannot view")
-        attr = size_list_of(m, values, n, numel)
+        if found is None:
+            return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
+        return found
+    elif rule == R_UNFLATTEN:
+        return unflatten_call(entry, op, src, args, nargs, kwnames, form)
+    elif rule == R_SQUEEZE:
+        return squeeze_call(entry, op, src, args, nargs, kwnames, form)
     elif rule == R_TRANSPOSE:
         if nargs != 3 or m.ndim == 0:
             return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
@@ -419,6 +534,90 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     return record_view(op, src, &out, attr, new_stride, offset)
 
 
+cdef object unflatten_call(object entry, int op, LazyTensor src, PyObject **args,
+                           Py_ssize_t nargs, object kwnames, int form):
+    """x.unflatten(dim, sizes): a view (one dim split in several always is
+    one) whose other dims are read from the source when the graph runs, and
+    whose split sizes are the call's (a -1 among them kept)."""
+    cdef int64_t sizes[MAX_NDIM]
+    cdef int64_t entries[MAX_NDIM]
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t new_stride[MAX_NDIM]
+    cdef int64_t offset
+    cdef int k = 0, i, d, nd = src.meta.ndim
+    cdef Meta out
+    if nargs != 3 or nd == 0 or not read_ints(args + 1, 2, True, sizes, &k) or k == 0:
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+    d = wrap_dim(<object>args[1], nd)
+    if d < 0 or nd - 1 + k > MAX_NDIM or not infer_sizes(sizes, k, src.meta.shape[d]):
+        return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
+    place_of(src, size, stride, &offset)
+    view_meta(&out, src)
+    out.ndim = nd - 1 + k
+    for i in range(out.ndim):
+        if i < d:
+            out.shape[i] = src.meta.shape[i]
+            entries[i] = SIZE_OF_DIM - i
+        elif i < d + k:
+            out.shape[i] = sizes[i - d]
+            entries[i] = sizes[i - d]
+        else:
+            out.shape[i] = src.meta.shape[i - k + 1]
+            entries[i] = SIZE_OF_DIM - (i - k + 1)
+    # the sizes as the call gave them (its -1 kept, which infer_sizes filled)
+    read_ints(args + 1, 2, True, sizes, &k)
+    for i in range(k):
+        entries[d + i] = sizes[i]
+    view_strides(nd, size, stride, out.ndim, out.shape, new_stride)
+    cdef int attr = intern_sizes(entries, out.ndim)
+    if attr < 0:
+        return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
+    return record_view(op, src, &out, attr, new_stride, offset)
+
+
+cdef object squeeze_call(object entry, int op, LazyTensor src, PyObject **args,
+                         Py_ssize_t nargs, object kwnames, int form):
+    """x.squeeze(), x.squeeze(dim), x.squeeze(dims): a view without the
+    chosen dims of size 1 (every one, where none is named).  The dims it
+    drops are the node's attr: a dim of size 1 at one shape and not at
+    another is another graph."""
+    cdef int64_t dims[MAX_NDIM]
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t offset
+    cdef int nd = src.meta.ndim, k = 0, i, d, chosen = 0, drop = 0
+    cdef Meta out
+    if nd == 0:
+        return not_taken(entry, args, nargs, kwnames, form, "a 0-dim tensor")
+    if nargs == 1:
+        chosen = (1 << nd) - 1
+    elif nargs == 2 and type(<object>args[1]) is int:
+        d = wrap_dim(<object>args[1], nd)
+        if d < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+        chosen = 1 << d
+    elif nargs == 2 and read_ints(args, 2, True, dims, &k):
+        for i in range(k):
+            d = wrap_dim64(dims[i], nd)
+            if d < 0 or chosen >> d & 1:
+                return not_taken(entry, args, nargs, kwnames, form, "dims eager refuses")
+            chosen |= 1 << d
+    else:
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+    place_of(src, size, stride, &offset)
+    view_meta(&out, src)
+    out.ndim = 0
+    for i in range(nd):
+        if chosen >> i & 1 and size[i] == 1:
+            drop |= 1 << i
+        else:
+            out.shape[out.ndim] = size[i]
+            stride[out.ndim] = stride[i]
+            out.ndim += 1
+    return record_view(op, src, &out, drop, stride, offset)
+
+
 cdef object record_view(int op, LazyTensor src, Meta *out, int attr, int64_t *stride,
                         int64_t offset):
     """Record the node; where stride is given, make its tensor a view of
@@ -429,6 +628,8 @@ cdef object record_view(int op, LazyTensor src, Meta *out, int attr, int64_t *st
     ops[0].m = &src.meta
     cdef int flags = NODE_DETACH if src.meta.requires_grad and not out.requires_grad else 0
     t = record(op, ops, 1, out, attr, flags, None)
+    if t is None:
+        return None                 # record()'s: give_next_node's segment is gone
     if stride != NULL:
         attach_view(t, src, out.ndim, out.shape, stride, offset, 0)
     return t

@@ -1,0 +1,125 @@
+"""torch's Python functions called with LazyTensors have their bodies
+recorded call by call (fastlazy/python_bodies.py): no analysis of the whole
+function, one graph across batch sizes, eager's values and errors."""
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastlazy
+from fastlazy import metrics, python_bodies
+from helpers import generic_calls
+
+pytestmark = pytest.mark.usefixtures("lazy_on")
+
+
+def _attention(batch_first=True, **kwargs):
+    torch.manual_seed(0)
+    return torch.nn.MultiheadAttention(32, 4, batch_first=batch_first, **kwargs).eval()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_multi_head_attention_is_recorded_op_by_op(need_weights):
+    mha = _attention()
+    metrics.reset()
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 7, 32)
+        with torch.no_grad():
+            want = mha(x, x, x, need_weights=need_weights)
+            before = generic_calls()
+            got = mha(*[fastlazy.lazy(x)] * 3, need_weights=need_weights)
+        assert generic_calls() == before, "analysed by the generic path"
+        for g, w in zip(got, want):
+            if w is None:
+                assert g is None
+            else:
+                torch.testing.assert_close(g.to_eager(), w)
+    # one graph for every batch size (the sizes the body computes are read
+    # when the graph runs)
+    assert metrics.counters()["cache_misses"] == 1
+
+
+def test_a_body_raises_eagers_error_at_the_call():
+    mha = _attention(batch_first=False)
+    x = torch.randn(5, 2, 32)
+    mask = torch.zeros(3, 3)                    # wrong size: eager raises
+    with pytest.raises(RuntimeError, match="2D attn_mask"):
+        mha(x, x, x, attn_mask=mask)
+    lx = fastlazy.lazy(x)
+    with pytest.raises(RuntimeError, match="2D attn_mask"):
+        mha(lx, lx, lx, attn_mask=mask)
+    # the check is torch's own again for the next call on this thread
+    assert F.has_torch_function((lx,))
+
+
+def test_training_gradients_equal_eagers():
+    mha = _attention().train()
+    mha.dropout = 0.0
+    x = torch.randn(2, 5, 32)
+    out, _ = mha(x, x, x)
+    out.sum().backward()
+    want = [p.grad.clone() for p in mha.parameters()]
+    mha.zero_grad()
+    lx = fastlazy.lazy(x)
+    out, _ = mha(lx, lx, lx)
+    out.sum().backward()
+    for p, w in zip(mha.parameters(), want):
+        torch.testing.assert_close(p.grad, w)
+
+
+def test_the_check_is_answered_no_once_and_only_on_its_thread():
+    lx = fastlazy.lazy(torch.randn(2))
+    seen = []
+
+    def other():
+        seen.append(F.has_torch_function((lx,)))
+
+    python_bodies._state.skip_check = True
+    try:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        first, second = F.has_torch_function((lx,)), F.has_torch_function((lx,))
+    finally:
+        python_bodies._state.skip_check = False
+    assert seen == [True]
+    assert (first, second) == (False, True)
+
+
+def test_only_functions_that_check_first_have_their_bodies_run():
+    assert python_bodies._first_check(F.multi_head_attention_forward) == ("has_torch_function", -1)
+    assert python_bodies._first_check(F.selu) == ("has_torch_function_unary", 1)
+
+    def calls_first(x):
+        y = abs(x)
+        if F.has_torch_function_unary(x):
+            return F.handle_torch_function(calls_first, (x,), x)
+        return y
+
+    assert python_bodies._first_check(calls_first) is None       # not F's module
+    assert python_bodies._first_check(F.boolean_dispatch) is None  # no check
+    assert python_bodies._first_check(torch.nn.functional.linear) is None  # builtin
+
+
+def test_disable_gives_the_module_its_checks_back():
+    fastlazy.disable()
+    try:
+        for name in python_bodies.CHECKS:
+            assert not getattr(getattr(F, name), "fastlazy_gate", False)
+    finally:
+        fastlazy.enable()
+    assert all(getattr(getattr(F, name), "fastlazy_gate", False)
+               for name in python_bodies.CHECKS)
+
+
+def test_a_call_that_writes_its_input_is_recorded_whole():
+    """F.selu(x, inplace=True)'s body calls torch.selu_, which the generic
+    path cannot functionalize alone: the call is analysed whole instead."""
+    x = torch.randn(6)
+    lx = fastlazy.lazy(x) * 1
+    before = metrics.counters()["fallbacks"]
+    out = F.selu(lx, inplace=True)
+    assert out is lx
+    assert metrics.counters()["fallbacks"] == before
+    torch.testing.assert_close(lx.to_eager(), F.selu(x))
