@@ -19,16 +19,25 @@ def _attention(batch_first=True, **kwargs):
     return torch.nn.MultiheadAttention(32, 4, batch_first=batch_first, **kwargs).eval()
 
 
+def _attention_forward(mha, x, need_weights):
+    """nn.MultiheadAttention's ordinary path (its forward takes a fused
+    kernel in inference: test_attention_in_inference_takes_eagers_kernel)."""
+    return F.multi_head_attention_forward(
+        x, x, x, mha.embed_dim, mha.num_heads, mha.in_proj_weight, mha.in_proj_bias,
+        None, None, False, 0.0, mha.out_proj.weight, mha.out_proj.bias, training=False,
+        need_weights=need_weights)
+
+
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_multi_head_attention_is_recorded_op_by_op(need_weights):
-    mha = _attention()
+    mha = _attention(batch_first=False)
     metrics.reset()
     for batch in (2, 3, 5):
-        x = torch.randn(batch, 7, 32)
+        x = torch.randn(7, batch, 32)
         with torch.no_grad():
-            want = mha(x, x, x, need_weights=need_weights)
+            want = _attention_forward(mha, x, need_weights)
             before = generic_calls()
-            got = mha(*[fastlazy.lazy(x)] * 3, need_weights=need_weights)
+            got = _attention_forward(mha, fastlazy.lazy(x), need_weights)
         assert generic_calls() == before, "analysed by the generic path"
         for g, w in zip(got, want):
             if w is None:
@@ -38,6 +47,23 @@ def test_multi_head_attention_is_recorded_op_by_op(need_weights):
     # one graph for every batch size (the sizes the body computes are read
     # when the graph runs)
     assert metrics.counters()["cache_misses"] == 1
+
+
+def test_attention_in_inference_takes_eagers_kernel():
+    """Eager's nn.MultiheadAttention runs torch._native_multi_head_attention
+    in inference; with LazyTensors it is recorded (fastlazy/fast_paths.py):
+    eager's values bit for bit, one graph for every batch size."""
+    mha = _attention()
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 7, 32)
+        with torch.no_grad():
+            want, _ = mha(x, x, x, need_weights=False)
+            lx = fastlazy.lazy(x)
+            got, _ = mha(lx, lx, lx, need_weights=False)
+        torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    assert metrics.counters()["fallbacks"] == 0
+    assert metrics.counters()["cache_misses"] == 1
+    assert torch.overrides.has_torch_function((lx,))    # asked again: torch's answer
 
 
 def test_a_body_raises_eagers_error_at_the_call():
