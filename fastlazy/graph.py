@@ -61,22 +61,20 @@ class GraphView:
         # slots in parameter order are those of the cache key
         records, slot_order = seg.graph(outputs)
         outset = set(outputs)
+        # Without an output that needs autograd history the graph runs under
+        # no_grad as a whole, so per-node detaching is moot.
+        self.grad = any(r.requires_grad for r in records if r.index in outset)
+        detaching = NodeFlag.NODE_DETACH if self.grad else 0
         self.nodes = []
         for r in records:
             op, program, output = node_program.of_record(r.op, r.attr, r.dtype)
             self.nodes.append(Node(
                 r.index, op, program, r.inputs, r.attr, bool(r.flags & NodeFlag.NODE_CAST),
-                bool(r.flags & NodeFlag.NODE_DETACH), r.dtype, r.shape, r.uses,
+                bool(r.flags & detaching), r.dtype, r.shape, r.uses,
                 r.index in outset, r.requires_grad, output,
                 bool(r.flags & NodeFlag.NODE_KEEPS_SHAPE),
                 bool(r.flags & NodeFlag.NODE_WRITTEN)))
-        # Without an output that needs autograd history the graph runs under
-        # no_grad as a whole, so per-node detaching is moot.
-        self.grad = any(n.requires_grad for n in self.nodes if n.is_output)
-        if not self.grad:
-            self.nodes = [dataclasses.replace(n, detach=False) if n.detach else n
-                          for n in self.nodes]
-        else:
+        if self.grad:
             self.nodes = _calls_apart(self.nodes)
         self.outputs = list(outputs)
         self.slots = [self._slot(seg, k, p) for p, k in enumerate(slot_order)]
