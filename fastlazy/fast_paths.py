@@ -44,6 +44,7 @@ import threading
 import torch
 
 from fastlazy import fallback, views
+from fastlazy._core import LazyTensor
 
 
 def _encoder_forward(forward):
@@ -72,12 +73,19 @@ _state = _ThreadState()
 
 
 def _gated(check):
+    """torch.overrides.has_torch_function, answering "no" to the first
+    question about LazyTensors (and tensors eager would answer "no" for)
+    while a gated forward runs: other questions -- torch's own, about the
+    fake tensors of an analysis the forward's calls start -- get torch's
+    answer."""
     @functools.wraps(check)
-    def gated(*args):
+    def gated(relevant_args):
         if _state.answer_as_eager:
-            _state.answer_as_eager = False
-            return False
-        return check(*args)
+            others = tuple(a for a in relevant_args if type(a) is not LazyTensor)
+            if len(others) < len(relevant_args) and not check(others):
+                _state.answer_as_eager = False
+                return False
+        return check(relevant_args)
     return gated
 
 

@@ -149,3 +149,19 @@ def test_a_call_that_writes_its_input_is_recorded_whole():
     assert out is lx
     assert metrics.counters()["fallbacks"] == before
     torch.testing.assert_close(lx.to_eager(), F.selu(x))
+
+
+def test_attention_with_lazy_masks_takes_eagers_kernel():
+    """A lazy padding mask is made a float mask by recorded calls whose
+    analyses ask torch.overrides.has_torch_function about fake tensors:
+    those questions get torch's answer, and the forward's own question
+    about the LazyTensors still takes the fast path (bit for bit)."""
+    mha = _attention()
+    x = torch.randn(3, 5, 32)
+    mask = torch.zeros(3, 5, dtype=torch.bool)
+    mask[0, -1] = True
+    with torch.no_grad():
+        want, _ = mha(x, x, x, key_padding_mask=mask, need_weights=False)
+        lx = fastlazy.lazy(x)
+        got, _ = mha(lx, lx, lx, key_padding_mask=fastlazy.lazy(mask), need_weights=False)
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
