@@ -41,6 +41,10 @@ CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_
 _ARGUMENT_LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF", "BUILD_TUPLE",
                              "PRECALL", "PUSH_NULL", "KW_NAMES", "CACHE", "NOP", "RESUME",
                              "LOAD_FAST_LOAD_FAST"})
+# ... and before the check's name: those, and stores of locals (the tuple
+# of tensors MHA's check asks about) -- nothing that can run other code,
+# which could reach another gated check first
+_BEFORE_CHECK = _ARGUMENT_LOADS | {"STORE_FAST", "STORE_DEREF", "MAKE_CELL", "COPY_FREE_VARS"}
 
 
 class _ThreadState(threading.local):
@@ -85,8 +89,7 @@ def _checks_first(code) -> str | None:
         if check is None:
             if name == "LOAD_GLOBAL" and instruction.argval in CHECKS:
                 check = instruction.argval
-            elif name.startswith("CALL") or name in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD",
-                                                     "LOAD_NAME", "IMPORT_NAME", "BINARY_SUBSCR"):
+            elif name not in _BEFORE_CHECK:
                 return None
         elif name == "CALL" or name.startswith("CALL_FUNCTION"):
             return check

@@ -165,3 +165,30 @@ def test_attention_with_lazy_masks_takes_eagers_kernel():
         lx = fastlazy.lazy(x)
         got, _ = mha(lx, lx, lx, key_padding_mask=fastlazy.lazy(mask), need_weights=False)
     torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+def _in_functional(function):
+    """`function`'s code as if defined in torch.nn.functional (whose
+    checks are gated)."""
+    import types
+    return types.FunctionType(function.__code__, vars(F), function.__name__, None,
+                              function.__closure__)
+
+
+def test_a_body_that_runs_code_before_its_check_is_not_run():
+    """Code before the check (an operator: any object's __add__) could
+    reach another gated check first and take its answer."""
+    def checks_first(x):
+        if has_torch_function_unary(x):  # noqa: F821 - F's global, through _in_functional
+            return handle_torch_function(checks_first, (x,), x)  # noqa: F821
+        return x + 1
+
+    def adds_first(x):
+        y = x + 1
+        if has_torch_function_unary(x):  # noqa: F821
+            return handle_torch_function(adds_first, (x,), x)  # noqa: F821
+        return y
+
+    assert python_bodies._first_check(_in_functional(checks_first)) == \
+        ("has_torch_function_unary", -1)
+    assert python_bodies._first_check(_in_functional(adds_first)) is None
