@@ -22,7 +22,7 @@ cpdef enum:
     MAX_OPS = 512
     GENERIC_OP = 511
     # Parameters of one op-table row.
-    MAX_PARAMS = 8
+    MAX_PARAMS = 16
     # dtype codes (csrc/dtypes.pxi): 0 bool ... 12 complex128
     NDTYPES = 13
     # An entry of a view's interned size list (csrc/view_rules.pxi) is a
@@ -82,8 +82,10 @@ cpdef enum Rule:
     R_UNFLATTEN = 35    # unflatten(dim, sizes): a view to sizes interned as R_VIEW's
     R_RESHAPE_COPY = 36  # no entry point: the copy R_VIEW's reshape rows record
                          # where no view can have the sizes
-    R_GENERIC = 37      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 38
+    R_NATIVE_MHA = 37   # torch._native_multi_head_attention as nn.MultiheadAttention's
+                        # fast path calls it: self-attention, no mask, no weights
+    R_GENERIC = 38      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 39
 
 
 # Op flags (an op-table row's `flags`).
@@ -104,6 +106,8 @@ cpdef enum OpFlag:
     # a view rule's row that copies where no view can have the sizes
     # (reshape), where the others leave the call to the generic path (view)
     OPF_COPIES = 128
+    # the call returns (result, None): the op's second output is not asked for
+    OPF_PAIR_WITH_NONE = 256
 
 
 # dtype categories; a row's `cats` is a mask of them.

@@ -26,8 +26,8 @@ from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_O
                             ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, MAX_NDIM,
                             SIZE_OF_DIM, Rule,
                             interned_sizes)
-from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, Opt, SizeList, TensorList,
-                              TrailingDims)
+from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, DimSize, Item, Opt,
+                              SizeList, TensorList, TrailingDims)
 
 _LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
 _SYM_SIZE = torch.ops.aten.sym_size.int
@@ -222,6 +222,13 @@ def _row(op, attr, dtype):
     def template(expr):
         if isinstance(expr, int):
             return Input(operand(expr))
+        if isinstance(expr, DimSize):
+            calls.append(AtenCall("sym_size", _SYM_SIZE, [Input(operand(expr.index)), expr.dim]))
+            return Value(len(calls) - 1)
+        if isinstance(expr, Item):
+            source = template(expr.call)
+            calls.append(AtenCall("getitem", operator.getitem, [source, expr.index]))
+            return Value(len(calls) - 1)
         if isinstance(expr, TrailingDims):
             return Sizes(Input(operand(expr.index)), attr & 15)
         if isinstance(expr, TensorList):

@@ -37,11 +37,11 @@ REAL = BOOL | INT | FLOAT
 NUMERIC = INT | FLOAT | COMPLEX
 
 # Optional operands that may also be given as None.
-NULLABLE = frozenset({"min", "max", "weight", "bias", "attn_mask"})
+NULLABLE = frozenset({"min", "max", "weight", "bias", "attn_mask", "mask"})
 
 # Parameters that are structure, read by their rule rather than recorded as
 # operands (they sit between operands in the signature).
-RAW = frozenset({"normalized_shape", "training", "momentum"})
+RAW = frozenset({"normalized_shape", "training", "momentum", "embed_dim", "num_head"})
 
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
@@ -111,6 +111,20 @@ class TrailingDims:
     runs (layer_norm's normalized_shape): graphs are shape-generic, so a
     size may not be a constant of the graph."""
     index: int = 0
+
+
+@dataclass(frozen=True)
+class DimSize:
+    """Operand `index`'s size at `dim`, read when the graph runs."""
+    index: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """Output `index` of a call that returns several."""
+    call: "Call"
+    index: int
 
 
 @dataclass(frozen=True)
@@ -411,6 +425,18 @@ def _rows():
               "enable_gqa"),
              nrequired=3, noperands=4, cats=FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
              nn_functions=("scaled_dot_product_attention",))
+    # nn.MultiheadAttention's fast path in inference (fastlazy/fast_paths.py
+    # sends LazyTensors down it): one fused kernel, whose second output (the
+    # weights) is not asked for
+    yield Op("native_multi_head_attention", Rule.R_NATIVE_MHA,
+             Item(Call("_native_multi_head_attention",
+                       (0, 1, 2, DimSize(0, 2), Packed(0, 8, 0), 5, 6, 7, 8, Const(None),
+                        Const(False), Const(True), Const(None)), (), "default"), 0),
+             ("query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias",
+              "proj_weight", "proj_bias", "mask", "need_weights", "average_attn_weights",
+              "mask_type"), nrequired=9, noperands=10, cats=FLOAT,
+             flags=OpFlag.OPF_RULE_IN_GENERIC | OpFlag.OPF_PAIR_WITH_NONE,
+             functions=("_native_multi_head_attention",))
     # views (csrc/view_rules.pxi).  The torch.<name> forms take sizes and
     # dims as one sequence only, the Tensor methods also spread out
     # (x.view(2, 3)).  view and reshape lower to reshape: the graph's input
@@ -594,6 +620,7 @@ def markdown() -> str:
                   Rule.R_MAX_POOL2D: "2-d max pooling", Rule.R_EMBEDDING: "embedding lookup",
                   Rule.R_ADAPTIVE_AVG_POOL2D: "adaptive 2-d average pooling",
                   Rule.R_SDPA: "attention without dropout",
+                  Rule.R_NATIVE_MHA: "fused self-attention (inference)",
                   Rule.R_VIEW: "view", Rule.R_TRANSPOSE: "view", Rule.R_PERMUTE: "view",
                   Rule.R_UNSQUEEZE: "view", Rule.R_SELECT: "view", Rule.R_SLICE: "view",
                   Rule.R_CONTIGUOUS: "the input where contiguous, else a copy",
@@ -606,7 +633,8 @@ def markdown() -> str:
         points = ([f"torch.{n}" for n in op.functions] + [f"Tensor.{n}" for n in op.methods]
                   + [f"Tensor.{n}" for n in op.inplace]
                   + [f"F.{n}" for n in op.nn_functions])
-        aten = "per call signature" if op.lower is None else f"aten::{op.lower.name}"
+        lower = op.lower.call if isinstance(op.lower, Item) else op.lower
+        aten = "per call signature" if lower is None else f"aten::{lower.name}"
         lines.append(f"| {op.name} | {rule_names[op.rule]} | {aten} | "
                      f"{', '.join('`' + p + '`' for p in points)} |")
     return "\n".join(lines)

@@ -341,10 +341,13 @@ def check(fn, *args, lazy=None, returns_self=False, pending=False, expect_record
                 raise Mismatch("the call was " + ("" if recorded else "not ") + "recorded")
         assert_same(got, expected)
     else:
-        if isinstance(expected, (tuple, list)) and expected and all(map(_is_tensor, expected)):
-            # several results (before reading them, which runs the graph)
-            recorded = isinstance(got, (tuple, list)) and all(
-                type(g) is LazyTensor and not g.is_materialized for g in got)
+        if (isinstance(expected, (tuple, list)) and any(map(_is_tensor, expected))
+                and all(e is None or _is_tensor(e) for e in expected)):
+            # several results (before reading them, which runs the graph),
+            # or results and Nones (an output not asked for)
+            recorded = isinstance(got, (tuple, list)) and len(got) == len(expected) and all(
+                g is None if e is None else type(g) is LazyTensor and not g.is_materialized
+                for g, e in zip(got, expected))
         assert_same(got, expected)
 
     # arguments afterwards: in-place effects (or none) as in eager

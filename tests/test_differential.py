@@ -69,6 +69,9 @@ PARAM_KINDS = {
     "size": "size", "dim0": "dim", "dim1": "dim", "dims": "size", "index": "size",
     "start": "size", "length": "size", "tensors": "operand",
     "split_size_or_sections": "size", "chunks": "size", "sizes": "size",
+    "embed_dim": "size", "num_head": "size", "qkv_weight": "operand", "qkv_bias": "operand",
+    "proj_weight": "operand", "proj_bias": "operand", "mask": "operand",
+    "need_weights": "flag", "average_attn_weights": "flag", "mask_type": "size",
 }
 ELEMENTWISE_RULES_MAX = Rule.R_CLAMP          # rules 0..R_CLAMP are elementwise
 MATMUL_RULES = (Rule.R_MM, Rule.R_BMM, Rule.R_MATMUL, Rule.R_LINEAR, Rule.R_ADDMM)
@@ -736,6 +739,24 @@ def embedding_cases(row, form):
     yield Case(row, form, "pending", (ids, w), pending=True)
 
 
+MHA_WEIGHTS = (T((24, 8), F32), T((24,), F32), T((8, 8), F32), T((8,), F32))
+
+
+def fused_attention_cases(row, form):
+    """query, key, value, embed_dim, num_head, the projections, mask,
+    need_weights, average_attn_weights, mask_type (each case's tensors are
+    made apart: key and value are not the query, so these are the generic
+    path's; tests/test_python_bodies.py holds the rule's own call)."""
+    q = T((2, 5, 8), F32)
+    yield Case(row, form, "basic", (q, q, q, 8, 2) + MHA_WEIGHTS + (None, False))
+    yield Case(row, form, "params", (q, q, q, 8, 2) + MHA_WEIGHTS + (None, True, False))
+    yield Case(row, form, "params", (q, q, q, 8, 3) + MHA_WEIGHTS + (None, False))
+    yield Case(row, form, "params", (q, q, q, 6, 2) + MHA_WEIGHTS + (None, False))
+    yield Case(row, form, "shapes", (T((5, 8), F32),) * 3 + (8, 2) + MHA_WEIGHTS + (None, False))
+    yield Case(row, form, "dtypes", (T((2, 5, 8), F64),) * 3 + (8, 2) + MHA_WEIGHTS
+               + (None, False))
+
+
 def attention_cases(row, form):
     """query, key, value, attn_mask, dropout_p, is_causal, scale,
     enable_gqa."""
@@ -870,6 +891,8 @@ def family(row):
         return "embedding"
     if row.rule == Rule.R_SDPA:
         return "attention"
+    if row.rule == Rule.R_NATIVE_MHA:
+        return "fused_attention"
     if row.rule in MATMUL_RULES:
         return "matmul"
     if row.rule == Rule.R_REDUCE:
@@ -889,7 +912,7 @@ GENERATORS = {"unary": unary_cases, "binary": binary_cases, "clamp": clamp_like_
               "reduce": reduce_cases, "softmax": softmax_cases, "matmul": matmul_cases,
               "layer_norm": layer_norm_cases, "batch_norm": batch_norm_cases,
               "conv2d": conv2d_cases, "pooling": pooling_cases, "embedding": embedding_cases,
-              "attention": attention_cases,
+              "attention": attention_cases, "fused_attention": fused_attention_cases,
               "dropout": dropout_cases,
               "view": view_cases,
               "generic": generic_cases}
@@ -1148,6 +1171,9 @@ def _basic_call(row):
         return Case(row, form, "basic", (T((2, 3), I64, index=10), T((10, 4), F32)))
     if fam == "attention":
         return Case(row, form, "basic", (T((1, 2, 3, 4), F32),) * 3)
+    if fam == "fused_attention":
+        q = T((2, 5, 8), F32)
+        return Case(row, form, "basic", (q, q, q, 8, 2) + MHA_WEIGHTS + (None, False))
     if fam == "view":
         args, kwargs = VIEW_ARGS[row.name][0]
         return Case(row, form, "basic", args, kwargs, pending=True)
@@ -1290,6 +1316,13 @@ def _scalar_program(row, device="cpu"):
     if fam == "attention":
         kv = torch.rand(1, 2, 5, 4).to(device)
         return (1, 2, 3, 4), lambda x, s: form(x * s, kv, kv)
+    if fam == "fused_attention":         # self-attention: the rule's own call
+        weights = [make_value(w, device) for w in MHA_WEIGHTS]
+
+        def program(x, s):
+            y = x * s
+            return form(y, y, y, 8, 2, *weights, None, False)[0]
+        return (2, 5, 8), program
     if fam == "embedding":             # the scalar scales the weight
         ids = torch.tensor([[1, 2], [0, 3]]).to(device)
         return (4, 3), lambda x, s: form(ids, x * s)

@@ -54,13 +54,17 @@ def test_attention_in_inference_takes_eagers_kernel():
     in inference; with LazyTensors it is recorded (fastlazy/fast_paths.py):
     eager's values bit for bit, one graph for every batch size."""
     mha = _attention()
+    before = generic_calls()
     for batch in (2, 3, 5):
         x = torch.randn(batch, 7, 32)
         with torch.no_grad():
             want, _ = mha(x, x, x, need_weights=False)
             lx = fastlazy.lazy(x)
-            got, _ = mha(lx, lx, lx, need_weights=False)
+            got, none = mha(lx, lx, lx, need_weights=False)
+        assert none is None
         torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    # its C rule (R_NATIVE_MHA): no analysis at any batch size
+    assert generic_calls() == before
     assert metrics.counters()["fallbacks"] == 0
     assert metrics.counters()["cache_misses"] == 1
     assert torch.overrides.has_torch_function((lx,))    # asked again: torch's answer
@@ -192,3 +196,18 @@ def test_a_body_that_runs_code_before_its_check_is_not_run():
     assert python_bodies._first_check(_in_functional(checks_first)) == \
         ("has_torch_function_unary", -1)
     assert python_bodies._first_check(_in_functional(adds_first)) is None
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "inductor", "auto"],
+                         indirect=True)
+def test_the_fused_attention_compiles_on_every_backend(backend):
+    mha = _attention()
+    failures = metrics.counters()["compile_failures"]
+    for batch in (2, 3):
+        x = torch.randn(batch, 7, 32)
+        with torch.no_grad():
+            want, _ = mha(x, x, x, need_weights=False)
+            lx = fastlazy.lazy(x) * 1
+            got, _ = mha(lx, lx, lx, need_weights=False)
+        torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    assert metrics.counters()["compile_failures"] == failures

@@ -112,6 +112,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             # a view or a base of views: the write shows in the others
             _hooks.after_mutation(self_t)
         return self_t
+    if op_flags[op] & OPF_PAIR_WITH_NONE:
+        return (record(op, ops, nops, &out, attr, flags, None), None)
     return record(op, ops, nops, &out, attr, flags, None)
 
 

@@ -10,8 +10,8 @@ cdef int8_t op_noperands[MAX_OPS]  # leading params that are operands
 cdef int8_t op_nrequired[MAX_OPS]
 cdef int8_t op_npos[MAX_OPS]       # params that may be given positionally
 cdef int8_t op_inplace_param[MAX_OPS]  # index of an `inplace=` flag param, or -1
-cdef int8_t op_nullable[MAX_OPS]       # bit i: operand i may be given as None
-cdef int8_t op_raw[MAX_OPS]            # bit i: param i is structure its rule reads itself
+cdef uint16_t op_nullable[MAX_OPS]     # bit i: operand i may be given as None
+cdef uint16_t op_raw[MAX_OPS]            # bit i: param i is structure its rule reads itself
 cdef int8_t op_choice_param[MAX_OPS]   # index of a param with a fixed set of values, or -1
 cdef list _op_choices = [None] * MAX_OPS  # op -> tuple of the allowed values
 

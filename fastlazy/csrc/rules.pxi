@@ -154,6 +154,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
         return embedding_rule(op, ops, p, out, attr)
     if rule == R_SDPA:
         return sdpa_rule(op, ops, p, out, attr)
+    if rule == R_NATIVE_MHA:
+        return native_mha_rule(op, ops, p, out, attr)
     if rule == R_RTRUEDIV:
         # the reciprocal makes an integral self float before promotion
         recip = ops[0]
@@ -886,4 +888,53 @@ cdef int sdpa_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) exc
         out.requires_grad = out.requires_grad or mask.requires_grad and grad_enabled()
     attr[0] |= ((ATTR_SDPA_CAUSAL if causal else 0) | (ATTR_SDPA_GQA if gqa else 0)
                 | scale << ATTR_SDPA_SCALE_SHIFT)
+    return RULE_OK
+
+
+cdef int native_mha_rule(int op, Operand *ops, PyObject **p, Meta *out, int *attr) except -1:
+    # params: query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
+    # proj_weight, proj_bias, mask, need_weights, average_attn_weights,
+    # mask_type.  The call nn.MultiheadAttention's fast path makes for
+    # self-attention without a mask or weights, in inference: query, key
+    # and value one (B, T, E) tensor, the projections (3E, E), (3E), (E, E),
+    # (E), one dtype and device, no autograd.  The result is (B, T, E) and
+    # the call returns it with None (OPF_PAIR_WITH_NONE); the attr holds
+    # num_head, and embed_dim is the query's size read when the graph runs.
+    # Anything else is the generic path's (its analysis: eager's values
+    # and errors).
+    cdef Meta *q = ops[0].m
+    cdef int64_t e, h
+    cdef int i
+    cdef int64_t expected[4][2]
+    if ops[1].obj != ops[0].obj or ops[2].obj != ops[0].obj or ops[9].kind != K_ABSENT:
+        return RULE_EAGER
+    if p[10] == NULL or <object>p[10] is not False:
+        return RULE_EAGER
+    if p[11] != NULL and type(<object>p[11]) is not bool:
+        return RULE_EAGER
+    if p[12] != NULL and <object>p[12] is not None:
+        return RULE_EAGER
+    cdef int overflow = 0
+    if type(<object>p[3]) is not int or type(<object>p[4]) is not int:
+        return RULE_EAGER
+    e = PyLong_AsLongLongAndOverflow(<object>p[3], &overflow)
+    h = PyLong_AsLongLongAndOverflow(<object>p[4], &overflow)
+    if overflow or q.ndim != 3 or e != q.shape[2] or h <= 0 or h > 255 or e % h != 0 or e == 0:
+        return RULE_EAGER
+    # (key and value are the query: the node reads it three times)
+    if not same_dtype_device(ops, 9, out) or not cat_ok(op, out.dtype) or out.requires_grad:
+        return RULE_EAGER
+    expected[0][0], expected[0][1] = 3 * e, e
+    expected[1][0], expected[1][1] = 3 * e, -1
+    expected[2][0], expected[2][1] = e, e
+    expected[3][0], expected[3][1] = e, -1
+    for i in range(4):
+        if ops[5 + i].kind == K_ABSENT or ops[5 + i].m.ndim != (2 if expected[i][1] >= 0 else 1):
+            return RULE_EAGER
+        if ops[5 + i].m.shape[0] != expected[i][0] or \
+                expected[i][1] >= 0 and ops[5 + i].m.shape[1] != expected[i][1]:
+            return RULE_EAGER
+    memcpy(out, q, sizeof(Meta))
+    out.requires_grad = False
+    attr[0] |= <int>h
     return RULE_OK
