@@ -20,9 +20,10 @@ tier against eager's 0.71).  The fast path's only objection to a
 LazyTensor is that same `has_torch_function` question: with a LazyTensor
 argument its forward runs with it answered as for eager tensors (once, on
 this thread: `torch.overrides.has_torch_function` is gated while fastlazy
-is enabled), so it takes eager's path, and the kernel is recorded by the
-generic path like any other torch function -- eager's values, bit for
-bit.  (`nn.TransformerEncoderLayer`'s fused kernel takes more tensors
+is enabled, as python_bodies gates torch.nn.functional's), so it takes
+eager's path, and the kernel is recorded -- by its C rule (R_NATIVE_MHA)
+for self-attention without a mask or weights, by the generic path
+otherwise: eager's values, bit for bit.  (`nn.TransformerEncoderLayer`'s fused kernel takes more tensors
 than a recorded call may: a layer records its ordinary path, whose
 attention takes the kernel above.)
 
@@ -39,11 +40,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 
 import torch
 
-from fastlazy import fallback, views
+from fastlazy import fallback, python_bodies, views
 from fastlazy._core import LazyTensor
 
 
@@ -65,28 +65,19 @@ def _encoder_forward(forward):
     return call
 
 
-class _ThreadState(threading.local):
-    answer_as_eager = False     # the next gated question on this thread answers "no"
+# the "no" a gated forward's fast-path question gets
+_answer = python_bodies.OneNo()
 
 
-_state = _ThreadState()
+def _about_lazy_tensors(relevant_args):
+    """Is the question about LazyTensors (and tensors eager would answer
+    "no" for)?  Not torch's own questions about the fake tensors of an
+    analysis the forward's calls start: those get torch's answer."""
+    others = tuple(a for a in relevant_args if type(a) is not LazyTensor)
+    return len(others) < len(relevant_args) and not _HAS_TORCH_FUNCTION(others)
 
 
-def _gated(check):
-    """torch.overrides.has_torch_function, answering "no" to the first
-    question about LazyTensors (and tensors eager would answer "no" for)
-    while a gated forward runs: other questions -- torch's own, about the
-    fake tensors of an analysis the forward's calls start -- get torch's
-    answer."""
-    @functools.wraps(check)
-    def gated(relevant_args):
-        if _state.answer_as_eager:
-            others = tuple(a for a in relevant_args if type(a) is not LazyTensor)
-            if len(others) < len(relevant_args) and not check(others):
-                _state.answer_as_eager = False
-                return False
-        return check(relevant_args)
-    return gated
+_HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 
 
 def _eager_path_forward(forward):
@@ -96,12 +87,12 @@ def _eager_path_forward(forward):
     def call(self, *args, **kwargs):
         if next(views.lazy_operands(args, kwargs), None) is None:
             return forward(self, *args, **kwargs)
-        was = _state.answer_as_eager
-        _state.answer_as_eager = True
+        was = _answer.pending
+        _answer.pending = True
         try:
             return forward(self, *args, **kwargs)
         finally:
-            _state.answer_as_eager = was
+            _answer.pending = was
     return call
 
 
@@ -137,5 +128,5 @@ def python_patches():
     if "has_torch_function" in inspect.getsource(attention.forward):
         patches.append((attention, "forward", _eager_path_forward(vars(attention)["forward"])))
     patches.append((torch.overrides, "has_torch_function",
-                    _gated(torch.overrides.has_torch_function)))
+                    python_bodies.gate(_HAS_TORCH_FUNCTION, _answer, _about_lazy_tensors)))
     return patches

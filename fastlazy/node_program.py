@@ -24,8 +24,7 @@ import torch.fx
 from fastlazy import generic
 from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
                             ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, MAX_NDIM,
-                            SIZE_OF_DIM, Rule,
-                            interned_sizes)
+                            SIZE_OF_DIM, Rule, interned_sizes)
 from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, DimSize, Item, Opt,
                               SizeList, TensorList, TrailingDims)
 

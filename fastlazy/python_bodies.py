@@ -27,6 +27,7 @@ generic path cannot functionalize alone, and the whole call it can.
 from __future__ import annotations
 
 import dis
+import functools
 import threading
 import types
 
@@ -47,24 +48,27 @@ _ARGUMENT_LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF", "BUILD_TUP
 _BEFORE_CHECK = _ARGUMENT_LOADS | {"STORE_FAST", "STORE_DEREF", "MAKE_CELL", "COPY_FREE_VARS"}
 
 
-class _ThreadState(threading.local):
-    skip_check = False      # the next gated check on this thread answers "no"
+class OneNo(threading.local):
+    """A "no" a gate gives the next question it takes on this thread."""
+    pending = False
 
 
-_state = _ThreadState()
+_state = OneNo()
 # function -> (the check its body makes first, the position of its
 # `inplace` parameter or -1), or None: read from its code once
 _check_of: dict = {}
 
 
-def _gate(check):
+def gate(check, answer: OneNo, takes=None):
+    """`check` (a form of has_torch_function) answering "no" once while
+    `answer.pending` is set on this thread: to the next question, or to
+    the next that `takes(*arguments)` accepts."""
+    @functools.wraps(check)
     def gated(*args):
-        if _state.skip_check:
-            _state.skip_check = False
+        if answer.pending and (takes is None or takes(*args)):
+            answer.pending = False
             return False
         return check(*args)
-    gated.__name__ = check.__name__
-    gated.__doc__ = check.__doc__
     gated.fastlazy_gate = True
     return gated
 
@@ -76,7 +80,7 @@ def python_patches():
         for name in CHECKS:
             check = vars(module).get(name)
             if check is not None:
-                patches.append((module, name, _gate(check)))
+                patches.append((module, name, gate(check, _state)))
     return patches
 
 
@@ -131,8 +135,8 @@ def run_body(func, args, kwargs):
         return False, None
     if not getattr(func.__globals__.get(name), "fastlazy_gate", False):
         return False, None          # fastlazy is not enabled: the check is torch's own
-    _state.skip_check = True
+    _state.pending = True
     try:
         return True, func(*args, **kwargs)
     finally:
-        _state.skip_check = False
+        _state.pending = False

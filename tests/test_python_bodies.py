@@ -105,14 +105,14 @@ def test_the_check_is_answered_no_once_and_only_on_its_thread():
     def other():
         seen.append(F.has_torch_function((lx,)))
 
-    python_bodies._state.skip_check = True
+    python_bodies._state.pending = True
     try:
         thread = threading.Thread(target=other)
         thread.start()
         thread.join()
         first, second = F.has_torch_function((lx,)), F.has_torch_function((lx,))
     finally:
-        python_bodies._state.skip_check = False
+        python_bodies._state.pending = False
     assert seen == [True]
     assert (first, second) == (False, True)
 

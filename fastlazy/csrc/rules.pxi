@@ -904,8 +904,6 @@ cdef int native_mha_rule(int op, Operand *ops, PyObject **p, Meta *out, int *att
     # and errors).
     cdef Meta *q = ops[0].m
     cdef int64_t e, h
-    cdef int i
-    cdef int64_t expected[4][2]
     if ops[1].obj != ops[0].obj or ops[2].obj != ops[0].obj or ops[9].kind != K_ABSENT:
         return RULE_EAGER
     if p[10] == NULL or <object>p[10] is not False:
@@ -924,17 +922,18 @@ cdef int native_mha_rule(int op, Operand *ops, PyObject **p, Meta *out, int *att
     # (key and value are the query: the node reads it three times)
     if not same_dtype_device(ops, 9, out) or not cat_ok(op, out.dtype) or out.requires_grad:
         return RULE_EAGER
-    expected[0][0], expected[0][1] = 3 * e, e
-    expected[1][0], expected[1][1] = 3 * e, -1
-    expected[2][0], expected[2][1] = e, e
-    expected[3][0], expected[3][1] = e, -1
-    for i in range(4):
-        if ops[5 + i].kind == K_ABSENT or ops[5 + i].m.ndim != (2 if expected[i][1] >= 0 else 1):
-            return RULE_EAGER
-        if ops[5 + i].m.shape[0] != expected[i][0] or \
-                expected[i][1] >= 0 and ops[5 + i].m.shape[1] != expected[i][1]:
-            return RULE_EAGER
+    if not (shaped(&ops[5], 3 * e, e) and shaped(&ops[6], 3 * e, -1)
+            and shaped(&ops[7], e, e) and shaped(&ops[8], e, -1)):
+        return RULE_EAGER
     memcpy(out, q, sizeof(Meta))
     out.requires_grad = False
     attr[0] |= <int>h
     return RULE_OK
+
+
+cdef inline bint shaped(Operand *o, int64_t rows, int64_t cols) noexcept:
+    """Is operand o a (rows, cols) matrix, or where cols is -1 a (rows,)
+    vector?"""
+    if o.kind == K_ABSENT or o.m.ndim != (1 if cols < 0 else 2) or o.m.shape[0] != rows:
+        return False
+    return cols < 0 or o.m.shape[1] == cols

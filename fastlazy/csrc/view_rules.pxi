@@ -550,7 +550,12 @@ cdef object unflatten_call(object entry, int op, LazyTensor src, PyObject **args
     if nargs != 3 or nd == 0 or not read_ints(args + 1, 2, True, sizes, &k) or k == 0:
         return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
     d = wrap_dim(<object>args[1], nd)
-    if d < 0 or nd - 1 + k > MAX_NDIM or not infer_sizes(sizes, k, src.meta.shape[d]):
+    if d < 0 or nd - 1 + k > MAX_NDIM:
+        return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
+    # the split sizes as the call gave them (a -1 kept), before infer_sizes
+    # fills its -1
+    memcpy(&entries[d], sizes, k * sizeof(int64_t))
+    if not infer_sizes(sizes, k, src.meta.shape[d]):
         return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
     place_of(src, size, stride, &offset)
     view_meta(&out, src)
@@ -561,14 +566,9 @@ cdef object unflatten_call(object entry, int op, LazyTensor src, PyObject **args
             entries[i] = SIZE_OF_DIM - i
         elif i < d + k:
             out.shape[i] = sizes[i - d]
-            entries[i] = sizes[i - d]
         else:
             out.shape[i] = src.meta.shape[i - k + 1]
             entries[i] = SIZE_OF_DIM - (i - k + 1)
-    # the sizes as the call gave them (its -1 kept, which infer_sizes filled)
-    read_ints(args + 1, 2, True, sizes, &k)
-    for i in range(k):
-        entries[d + i] = sizes[i]
     view_strides(nd, size, stride, out.ndim, out.shape, new_stride)
     cdef int attr = intern_sizes(entries, out.ndim)
     if attr < 0:
