@@ -11,10 +11,13 @@ them into an fx graph as they happen.
 
 It gives up on what a plain list of calls on the inputs cannot express --
 a tensor that is neither an input nor an earlier call's result (a constant
-the call made from Python values), a random op (make_fx lifts its draws),
-an op that writes an argument, an output that is not a tensor or a flat
+the call made from Python values), an op that writes an input or a view of
+one (make_fx functionalizes those), an output that is not a tensor or a flat
 sequence of them, a call that is not an aten operator -- and capture.py
-then traces the call with make_fx, which handles those.
+then traces the call with make_fx, which handles those.  Writes to tensors
+the call made (dropout's div_ of its noise) are recorded as they happened,
+as make_fx records them, and so are random ops: capture.py lifts their
+draws out of the program whichever way it was made.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ class Recorder(TorchDispatchMode):
         self._nodes = {}            # id(fake tensor) -> the node that makes it
         self._alive = []            # (the tensors behind those ids stay alive)
         self.failed = None          # why the calls are no program, or None
+        self._inputs = list(inputs)
         for i, t in enumerate(inputs):
             node = self.graph.placeholder(f"arg{i}")
             node.meta["val"] = t
@@ -58,9 +62,7 @@ class Recorder(TorchDispatchMode):
     def _record(self, func, args, kwargs, out):
         if not isinstance(func, torch._ops.OpOverload):
             return f"calls {func}"
-        if torch.Tag.nondeterministic_seeded in func.tags and not no_dropout(func, args, kwargs):
-            return "a random op"
-        if func._schema.is_mutable:
+        if func._schema.is_mutable and self._writes_an_input(func, args, kwargs):
             return "writes an argument"
         # (a host check of a kernel's info tensor returns nothing, and is
         # recorded all the same: capture.py keeps it)
@@ -99,6 +101,20 @@ class Recorder(TorchDispatchMode):
         elif out is not None and not isinstance(out, (int, float, bool)):
             return f"returns a {type(out).__name__}"
         return None
+
+    def _writes_an_input(self, func, args, kwargs):
+        """Does the call write one of the program's inputs, or a view of
+        one?  (A write to a tensor the program made stays in the program.)"""
+        for k, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = args[k] if k < len(args) else kwargs.get(arg.name)
+            for written in (value if isinstance(value, (list, tuple)) else (value,)):
+                if not isinstance(written, torch.Tensor):
+                    continue
+                if any(torch._C._is_alias_of(written, t) for t in self._inputs):
+                    return True
+        return False
 
     def program(self, results):
         """The FX graph computing `results` (the call's result tensors,

@@ -226,7 +226,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
             recorded = (None if getattr(func, "functionalize", False)
                         else recorder.program(results))
         if recorded is not None:
-            gm, constants, draws = _checked(recorded, contiguous), (), ()
+            constants, draws = (), _lift_draws(recorded)
+            gm = _checked(recorded, contiguous)
         else:
             gm, constants, draws = _trace(func, args, kwargs, examples, contiguous)
         host_checks.keep_argument_checks(func, args, kwargs, gm.graph)
@@ -822,18 +823,31 @@ class Draw:
     `carriers`' metadata (shape, stride, dtype, device: the values are never
     read), with constant `args`.  It consumes the generator exactly as the
     eager call does at that point, so seeded runs stay eager's bit for bit."""
-    __slots__ = ("target", "args", "kwargs")
+    __slots__ = ("target", "args", "kwargs", "_op", "_carried")
 
     def __init__(self, target, args, kwargs):
         self.target, self.args, self.kwargs = target, args, kwargs
+        # the operator itself, not OpOverload.__call__: watch.py's wrapper
+        # of that flushes pending nodes that read what the call writes, and
+        # a draw writes only the fresh tensors made here (a transformer's
+        # training step draws a dozen times)
+        self._op = getattr(target, "_op", target)
+        self._carried = [k for k, a in enumerate(args) if type(a) is _Carrier]
 
     def __call__(self):
-        def real(a):
-            if type(a) is _Carrier:
-                return torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device=a.device)
-            return a
-        return self.target(*[real(a) for a in self.args],
-                           **{k: real(v) for k, v in self.kwargs.items()})
+        args = list(self.args)
+        for k in self._carried:
+            a = args[k]
+            args[k] = torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device=a.device)
+        if not self.kwargs:
+            return self._op(*args)
+        return self._op(*args, **{k: _real(v) for k, v in self.kwargs.items()})
+
+
+def _real(a):
+    if type(a) is _Carrier:
+        return torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device=a.device)
+    return a
 
 
 class _Carrier:
@@ -863,16 +877,18 @@ _METADATA_ONLY = frozenset(
     if hasattr(getattr(torch.ops.aten, name, None), overload))
 
 
-def _lift_draws(gm):
+def _lift_draws(program):
     """Random ops whose draw depends on metadata and constants alone -- an
     in-place fill (bernoulli_, uniform_, normal_...) of a freshly made
     tensor, rand_like, randn_like -- become inputs of the program, drawn at
     each call (Draw): dropout inside a decomposed kernel (attention's math
     path) is then recorded like the rest.  Any other random op stays, and
-    the purity check refuses the call."""
+    the purity check refuses the call.  `program`: a GraphModule (traced)
+    or a Graph (recorded)."""
+    graph = program if isinstance(program, torch.fx.Graph) else program.graph
     draws = []
-    order = {n: k for k, n in enumerate(gm.graph.nodes)}
-    for node in list(gm.graph.nodes):
+    order = {n: k for k, n in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
         target = node.target
         if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
                 or _SEEDED not in target.tags or no_dropout(target, node.args, node.kwargs)):
@@ -891,25 +907,25 @@ def _lift_draws(gm):
             return a
         draw = Draw(target, tuple(template(a) for a in node.args),
                     {k: template(v) for k, v in node.kwargs.items()})
-        last = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
-        with gm.graph.inserting_after(last):
-            placeholder = gm.graph.placeholder(f"draw{len(draws)}")
+        last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+        with graph.inserting_after(last):
+            placeholder = graph.placeholder(f"draw{len(draws)}")
         placeholder.meta.update(node.meta)
         # the program may write the drawn tensor (dropout's div_): a copy of
         # its own, so the input stays as drawn
-        with gm.graph.inserting_after(placeholder):
-            drawn = gm.graph.call_function(torch.ops.aten.clone.default, (placeholder,))
+        with graph.inserting_after(placeholder):
+            drawn = graph.call_function(torch.ops.aten.clone.default, (placeholder,))
         drawn.meta.update(node.meta)
         drawn.meta["val"] = node.meta["val"].clone()    # its own storage, as a copy has
         node.replace_all_uses_with(drawn)
         if carrier is not None:
             carrier.replace_all_uses_with(drawn, delete_user_cb=lambda u: u is not node)
-        gm.graph.erase_node(node)
+        graph.erase_node(node)
         if carrier is not None and not carrier.users:
-            gm.graph.erase_node(carrier)
+            graph.erase_node(carrier)
         draws.append(draw)
-    if draws:
-        gm.recompile()
+    if draws and not isinstance(program, torch.fx.Graph):
+        program.recompile()
     return tuple(draws)
 
 

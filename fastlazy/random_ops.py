@@ -11,7 +11,13 @@ the commonest ones depend on the input's metadata alone, not its values:
   metadata returns exactly that noise (1 * n == n) and advances the
   generator exactly as the real call would; the input times the noise is
   then recorded, and gives eager's values bit for bit, its gradient too
-  (dropout's backward is the same product).
+  (dropout's backward is the same product).  Where the device's dropout is
+  made of the plain calls (CPU: empty_like(x).bernoulli_(1 - p).div_(1 - p),
+  then x times that), the noise is drawn by those calls themselves, without
+  the tensor of ones and its product: a transformer's training step makes
+  a dozen such draws.  Checked once per device type and dtype against the
+  call itself (same noise, same generator state after), so a torch whose
+  dropout draws otherwise keeps the call on ones.
 - `rand_like`, `randn_like`, `randint_like` fill a tensor of the input's
   metadata: the call on an empty tensor of that metadata is the result.
 
@@ -50,9 +56,9 @@ def record(func, args, kwargs):
 
 
 def _bind(func, args, kwargs):
-    """{parameter: argument} of a call, in the parameters' order; None if
-    the arguments do not bind (eager judges the call)."""
-    names = _BUILTIN_PARAMS.get(func)
+    """{parameter: argument} of a call, in the parameters' order (the ones
+    given); None if the arguments do not bind (eager judges the call)."""
+    names = _BUILTIN_PARAMS.get(func) or _plain_params(func)
     if names is None:
         try:
             return dict(_signature(func).bind(*args, **kwargs).arguments)
@@ -70,6 +76,61 @@ def _bind(func, args, kwargs):
 # inspect.signature builds the Signature anew at each call (~20 us for
 # F.dropout, which a transformer's training step calls a dozen times)
 _signature = functools.lru_cache(maxsize=None)(inspect.signature)
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_params(func):
+    """The parameter names of a Python function whose parameters all take
+    a position or a keyword (F.dropout's), which binding by hand maps as
+    Signature.bind would, in a tenth of its time; else None."""
+    params = _signature(func).parameters.values()
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params)
+
+
+# dropouts whose noise is one bernoulli draw per element: the parameter
+# naming the probability, and the one naming the training flag, with their
+# defaults (None: the call must give it)
+_PLAIN_DROPOUT = {F.dropout: ("p", 0.5, "training", True),
+                  torch._C._VariableFunctions.dropout: ("p", None, "train", None)}
+
+
+def _noise(func, bound, x):
+    """Eager's dropout noise for this call drawn by the calls eager's
+    dropout makes (see the module's docstring), or None where that does not
+    apply: another kind of dropout, a probability of 0, 1 or not a float,
+    not training, or a device and dtype whose dropout draws otherwise."""
+    plain = _PLAIN_DROPOUT.get(func)
+    if plain is None or bound.get("inplace", False) not in (False, True):
+        return None
+    p, training = bound.get(plain[0], plain[1]), bound.get(plain[2], plain[3])
+    if type(p) is not float or not 0.0 < p < 1.0 or training is not True \
+            or not _draws_plainly(x.device.type, x.dtype):
+        return None
+    return _like(x).bernoulli_(1 - p).div_(1 - p)
+
+
+@functools.lru_cache(maxsize=None)
+def _draws_plainly(device_type, dtype):
+    """Does eager's dropout on this device type and dtype draw its noise as
+    empty_like(x).bernoulli_(1 - p).div_(1 - p)?  Tried once, on a small
+    tensor from a generator state restored afterwards: the same noise and
+    the same generator state after both."""
+    if device_type != "cpu":
+        return False             # (CUDA's dropout is a fused kernel of its own)
+    state = torch.random.get_rng_state()
+    try:
+        x = torch.ones(4, 33, dtype=dtype)
+        want = torch.dropout(x, 0.25, True)
+        want_state = torch.random.get_rng_state()
+        torch.random.set_rng_state(state)
+        got = torch.empty_like(x).bernoulli_(0.75).div_(0.75)
+        return torch.equal(got, want) and torch.equal(torch.random.get_rng_state(), want_state)
+    except RuntimeError:          # (no bernoulli_ for this dtype: eager's call judges)
+        return False
+    finally:
+        torch.random.set_rng_state(state)
 
 
 def _like(x):
@@ -95,14 +156,16 @@ def _dropout(func, args, kwargs):
     if any(type(v) is LazyTensor for k, v in bound.items() if k != names[0]):
         return NOT_HANDLED
     inplace = bound.get("inplace", False) is True
-    call = dict(bound)
-    call[names[0]] = _like(x).fill_(1)
-    if "inplace" in call:
-        call["inplace"] = False
-    # eager's own checks (p out of range...) raise here, at the call
-    noise = func(**call)
-    if noise is call[names[0]]:
-        return x                      # not training, or p == 0: the input itself
+    noise = _noise(func, bound, x)
+    if noise is None:
+        call = dict(bound)
+        call[names[0]] = _like(x).fill_(1)
+        if "inplace" in call:
+            call["inplace"] = False
+        # eager's own checks (p out of range...) raise here, at the call
+        noise = func(**call)
+        if noise is call[names[0]]:
+            return x                  # not training, or p == 0: the input itself
     return x.mul_(noise) if inplace else x * noise
 
 

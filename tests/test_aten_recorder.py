@@ -53,7 +53,10 @@ def _same(got, want):
     # no dropout; an int scale is the generic path's (the C rule takes floats)
     lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None], scale=1),
     lambda x: x.to(torch.float64).sum(0),                  # reads x.device on the way
-], ids=["t", "glu", "normalize", "unbind", "group_norm", "sdpa", "to-sum"])
+    # writes an intermediate in place
+    lambda x: torch.gru_cell(x, torch.ones(4, 3), torch.linspace(-1, 1, 45).reshape(9, 5),
+                             torch.linspace(1, -1, 27).reshape(9, 3), None, None),
+], ids=["t", "glu", "normalize", "unbind", "group_norm", "sdpa", "to-sum", "in-place"])
 def test_a_new_signature_takes_the_program_its_fake_run_made(call, programs):
     x = torch.randn(4, 5)
     _same(call(fastlazy.lazy(x) * 1), call(x))
@@ -62,14 +65,44 @@ def test_a_new_signature_takes_the_program_its_fake_run_made(call, programs):
 
 @pytest.mark.parametrize("call", [
     lambda x: x[[0, 2]],                    # an index tensor made from a Python list
-    # writes an intermediate in place
-    lambda x: torch.gru_cell(x, torch.ones(4, 3), torch.linspace(-1, 1, 45).reshape(9, 5),
-                             torch.linspace(1, -1, 27).reshape(9, 3), None, None),
-], ids=["constant", "in-place"])
+], ids=["constant"])
 def test_calls_a_list_of_aten_calls_cannot_express_are_traced(call, programs):
     x = torch.randn(4, 5)
     _same(call(fastlazy.lazy(x) * 1), call(x))
     assert programs["traced"]
+
+
+@pytest.mark.parametrize("where", ["input", "view of an input"])
+def test_a_call_that_writes_its_input_is_no_recorded_program(where):
+    """make_fx functionalizes such a call; a list of the calls as they
+    happened would write the graph's input."""
+    x = torch.randn(4, 5)
+
+    def call(t):
+        y = t.neg()
+        (t if where == "input" else t[1:]).mul_(2)
+        return y + t
+    with aten_recorder.Recorder([x]) as recorder:
+        out = call(x)
+    assert recorder.program([out]) is None and recorder.failed == "writes an argument"
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_attention_with_dropout_is_recorded_with_its_draw_lifted(programs, grad):
+    """The math path's dropout (empty_like, bernoulli_, div_ of the noise)
+    is recorded from the trial run, and its draw made at each call: eager's
+    values and generator state, and no make_fx trace."""
+    q = torch.randn(1, 2, 6, 8)
+    lazy_q = fastlazy.lazy(q).requires_grad_(grad) * 1
+    torch.manual_seed(5)
+    want = F.scaled_dot_product_attention(q * 1, q * 1, q * 1, dropout_p=0.3, is_causal=True)
+    after_eager = torch.rand(3)
+    torch.manual_seed(5)
+    got = F.scaled_dot_product_attention(lazy_q, lazy_q, lazy_q, dropout_p=0.3, is_causal=True)
+    assert torch.equal(torch.rand(3), after_eager)
+    assert torch.equal(got.to_eager(), want)
+    assert programs["recorded"] and not programs["traced"]
+    assert [len(sig.draws) for sig in generic._signatures.values() if sig.draws] == [1]
 
 
 def test_a_random_call_still_runs_eagerly_with_eagers_draws():

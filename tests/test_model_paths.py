@@ -50,6 +50,46 @@ def test_dropout_is_recorded_bit_equal(func, shape, kwargs, dtype):
     assert torch.equal(got_after, after)
 
 
+@pytest.mark.parametrize("plain", [True, False], ids=["plain-draw", "call-on-ones"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["transposed", "strided-slice", "expanded"])
+def test_dropout_noise_of_a_view_is_eagers(layout, dtype, plain, monkeypatch):
+    """Both ways of drawing the noise (the plain calls eager's CPU dropout
+    makes, and the call on a tensor of ones) lay it out as eager's
+    empty_like does, so each number lands where eager's would."""
+    from fastlazy import random_ops
+    if not plain:
+        monkeypatch.setattr(random_ops, "_draws_plainly", lambda device, dtype: False)
+    drawn = []
+    real_noise = random_ops._noise
+    monkeypatch.setattr(random_ops, "_noise",
+                        lambda *a: drawn.append(real_noise(*a)) or drawn[-1])
+    base = torch.randn(6, 8).to(dtype)
+    view = {"transposed": lambda t: t.t(), "strided-slice": lambda t: t[:, ::2],
+            "expanded": lambda t: t[:1].expand(6, 8)}[layout]
+    torch.manual_seed(11)
+    expected = F.dropout(view(base * 2), 0.4, True)
+    after = torch.rand(3)
+    torch.manual_seed(11)
+    got = F.dropout(view(fastlazy.lazy(base) * 2), 0.4, True)
+    assert torch.equal(torch.rand(3), after)
+    assert torch.equal(got.to_eager(), expected)
+    assert [d is not None for d in drawn] == [plain]
+
+
+def test_plain_dropout_draws_are_checked_per_device_and_dtype(monkeypatch):
+    from fastlazy import random_ops
+    assert random_ops._draws_plainly.__wrapped__("cpu", torch.float32)
+    assert not random_ops._draws_plainly.__wrapped__("cuda", torch.float32)
+    # a torch whose CPU dropout drew otherwise keeps the call on ones
+    real = torch.dropout
+    monkeypatch.setattr(torch, "dropout",
+                        lambda x, p, train: real(x, p, train) * (1 - p))
+    assert not random_ops._draws_plainly.__wrapped__("cpu", torch.float32)
+    # feature dropout's noise has another shape: never drawn plainly
+    assert random_ops._noise(F.dropout2d, {"input": None, "p": 0.5}, None) is None
+
+
 def test_dropout_gradient_is_eagers():
     w = torch.randn(4, 5, requires_grad=True)
     torch.manual_seed(3)
