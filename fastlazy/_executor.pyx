@@ -3,6 +3,9 @@
 step by step, ATen's CPU kernels called directly where they can be.  Built
 only where torch was importable when fastlazy was built (see
 fastlazy/step_executor.py, which loads it)."""
+from cpython.object cimport PyObject
+from cpython.pycapsule cimport PyCapsule_New
+from libc.stdint cimport int64_t
 from libcpp.memory cimport shared_ptr, make_shared
 from libcpp.string cimport string
 
@@ -14,6 +17,24 @@ cdef extern from *:
 # the torch this module was compiled against (fastlazy.step_executor uses
 # it only under that torch)
 TORCH_VERSION = FASTLAZY_TORCH_VERSION.decode()
+
+
+cdef extern from "tensor_facts.h":
+    ctypedef struct fl_tensor_facts:
+        pass
+    ctypedef int (*fl_read_tensor_fn)(PyObject *, fl_tensor_facts *, int64_t *, int64_t *,
+                                      int) noexcept
+    const char *FL_TENSOR_READER_CAPSULE
+
+
+cdef extern from "tensor_reader.h" namespace "fastlazy":
+    int read_tensor(PyObject *, fl_tensor_facts *, int64_t *, int64_t *, int) noexcept
+
+
+def tensor_reader():
+    """The C++ reader of an eager tensor's metadata (tensor_facts.h), in a
+    capsule for fastlazy._core.set_tensor_reader."""
+    return PyCapsule_New(<void *><fl_read_tensor_fn>read_tensor, FL_TENSOR_READER_CAPSULE, NULL)
 
 
 cdef extern from "step_executor.h" namespace "fastlazy" nogil:

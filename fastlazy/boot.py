@@ -15,7 +15,8 @@ import os
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
                       detached_writes, failures, fx_threads, generic, graph_cache, host_checks,
                       inference_saves, lazy_device, metrics, mutation, optable, python_bodies,
-                      recompiles, route, sites, tensor_methods, tiering, views)
+                      recompiles, route, sites, step_executor, tensor_methods, tiering,
+                      views)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -48,6 +49,7 @@ def boot() -> None:
     if _booted:
         return
     _core.install(hooks())
+    _core.set_tensor_reader(step_executor.tensor_reader())
     optable.register(_core.register_op)
     host_checks.define()
     detached_writes.define()

@@ -60,6 +60,13 @@ def set_enabled(on: bool) -> None:
     _enabled = bool(on)
 
 
+def tensor_reader():
+    """The extension's reader of eager tensors' metadata, in a capsule for
+    the core (csrc/tensor_facts.h), or None where it is not built for this
+    torch.  It serves whether or not graphs run on the executor."""
+    return None if _module is None else _module.tensor_reader()
+
+
 def why_not() -> str | None:
     """Why graphs run on the interpreter (None where the executor is on)."""
     if _module is None:

@@ -44,7 +44,13 @@ def maker(generator: torch.Generator, fill: int):
         taken[kind] += 1
         if drawn:
             def create():
-                return torch.rand(shape, generator=generator, dtype=dtype).to(device)
+                try:
+                    return torch.rand(shape, generator=generator, dtype=dtype).to(device)
+                except (RuntimeError, NotImplementedError):
+                    # no rand kernel for this dtype (the float8s): drawn
+                    # wider, then converted
+                    wide = torch.complex64 if dtype.is_complex else torch.float32
+                    return torch.rand(shape, generator=generator, dtype=wide).to(device, dtype)
         else:
             def create():
                 return torch.empty(shape, dtype=dtype, device=device).fill_(fill)

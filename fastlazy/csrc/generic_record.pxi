@@ -435,45 +435,95 @@ cdef int describe_lazy(FastDesc *d, LazyTensor lt) except -1:
 cdef int describe_eager(FastDesc *d, object x) except -1:
     """An eager tensor's words, read once: they describe the operand too."""
     cdef Operand *o
-    cdef int i, code, device
-    cdef Py_ssize_t nd
-    if not _fast_eager or d.ntensors >= MAX_IN or d.nwords + 2 * MAX_NDIM + 1 > FK_WORDS:
-        return 0
-    if tensor_get(_get_layout, x) is not _strided:
-        return 0
-    code = dtype_code(tensor_get(_get_dtype, x))
-    if code == DT_UNDEF:
-        return 0
-    shape = tensor_get(_get_shape, x)
-    nd = PyTuple_GET_SIZE(shape)
-    if nd > MAX_NDIM:
-        return 0
-    if tensor_get(_get_is_cpu, x) is True:
-        device = 0
-    elif tensor_get(_get_is_cuda, x) is True:
-        device = 1 + x.get_device()
-    else:
-        return 0                # mps, meta, xpu...: signature_key decides
-    stride = _tensor_stride(x)
-    if PyTuple_GET_SIZE(stride) != nd:
+    cdef int i, nd
+    cdef int64_t strides[MAX_NDIM]
+    if d.ntensors >= MAX_IN or d.nwords + 2 * MAX_NDIM + 1 > FK_WORDS:
         return 0
     o = &d.ops[d.ntensors]
+    nd = FL_UNREAD
+    if read_tensor != NULL:
+        nd = eager_by_reader(o, x, strides)
+    if nd == FL_UNREAD:
+        nd = eager_by_getters(o, x, strides) if _fast_eager else 0
+    if nd < 0:
+        return 0
     o.kind = K_TENSOR
     o.obj = <PyObject*>x
     o.m = &o.own
-    o.own.dtype = code
-    o.own.ndim = nd
-    o.own.device = device
-    o.own.requires_grad = tensor_get(_get_requires_grad, x) is True
-    put(d, FT_EAGER | (<int64_t>code << 8) | (<int64_t>nd << 16) | (<int64_t>device << 24)
-        | (<int64_t>o.own.requires_grad << 32))
+    put(d, FT_EAGER | (<int64_t>o.own.dtype << 8) | (<int64_t>nd << 16)
+        | (<int64_t>o.own.device << 24) | (<int64_t>o.own.requires_grad << 32))
     for i in range(nd):
-        o.own.shape[i] = <object>PyTuple_GET_ITEM(shape, i)
         put(d, o.own.shape[i])
     for i in range(nd):
-        put(d, <object>PyTuple_GET_ITEM(stride, i))
+        put(d, strides[i])
     d.ntensors += 1
     return 1
+
+
+def eager_operand_facts(x):
+    """What the flat key reads of the eager tensor x, with the reader now
+    installed: (dtype, sizes, strides, device code, requires_grad), or None
+    where x has no flat key.  For tests."""
+    cdef FastDesc d
+    d.nwords = d.nobjs = d.ntensors = 0
+    if not (type(x) is TensorType or type(x) is _Parameter) or not describe_eager(&d, x):
+        return None
+    cdef Operand *o = &d.ops[0]
+    cdef int nd = o.own.ndim
+    words = [d.words[i] for i in range(1, 1 + 2 * nd)]
+    return (DTYPES[o.own.dtype], tuple(words[:nd]), tuple(words[nd:]), o.own.device,
+            bool(o.own.requires_grad))
+
+
+cdef enum:
+    NO_FLAT_KEY = -3            # (FL_UNREAD, FL_TOO_MANY_DIMS: tensor_facts.h)
+
+
+cdef int eager_by_reader(Operand *o, object x, int64_t *strides) except -100:
+    """describe_eager's reading of x through the C++ reader: its rank with
+    o.own and `strides` filled; FL_UNREAD where the reader cannot answer,
+    NO_FLAT_KEY where x has no flat key."""
+    cdef fl_tensor_facts facts
+    cdef int nd = read_tensor(<PyObject*>x, &facts, o.own.shape, strides, MAX_NDIM)
+    if nd == FL_UNREAD:
+        return FL_UNREAD
+    if nd == FL_TOO_MANY_DIMS or not facts.strided or facts.device < 0:
+        return NO_FLAT_KEY      # sparse, mkldnn; mps, meta, xpu...: signature_key decides
+    o.own.dtype = dtype_code(<object>facts.dtype)
+    o.own.ndim = nd
+    o.own.device = facts.device
+    o.own.requires_grad = facts.requires_grad
+    return nd if o.own.dtype != DT_UNDEF else NO_FLAT_KEY
+
+
+cdef int eager_by_getters(Operand *o, object x, int64_t *strides) except -100:
+    """eager_by_reader through torch.Tensor's getters."""
+    cdef Py_ssize_t nd, i
+    if tensor_get(_get_layout, x) is not _strided:
+        return NO_FLAT_KEY
+    code = dtype_code(tensor_get(_get_dtype, x))
+    if code == DT_UNDEF:
+        return NO_FLAT_KEY
+    shape = tensor_get(_get_shape, x)
+    nd = PyTuple_GET_SIZE(shape)
+    if nd > MAX_NDIM:
+        return NO_FLAT_KEY
+    if tensor_get(_get_is_cpu, x) is True:
+        o.own.device = 0
+    elif tensor_get(_get_is_cuda, x) is True:
+        o.own.device = 1 + x.get_device()
+    else:
+        return NO_FLAT_KEY      # mps, meta, xpu...: signature_key decides
+    stride = _tensor_stride(x)
+    if PyTuple_GET_SIZE(stride) != nd:
+        return NO_FLAT_KEY
+    for i in range(nd):
+        o.own.shape[i] = <object>PyTuple_GET_ITEM(shape, i)
+        strides[i] = <object>PyTuple_GET_ITEM(stride, i)
+    o.own.dtype = code
+    o.own.ndim = nd
+    o.own.requires_grad = tensor_get(_get_requires_grad, x) is True
+    return nd
 
 
 cdef uint64_t fast_hash(FastDesc *d, object func) except? 0:

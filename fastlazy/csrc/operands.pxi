@@ -72,11 +72,71 @@ cdef inline object tensor_get(PyGetSetDefFull *g, object x):
     return g.get(x, g.closure)
 
 
+cdef extern from "tensor_facts.h":
+    ctypedef struct fl_tensor_facts:
+        PyObject *dtype
+        int device
+        int strided
+        int requires_grad
+    ctypedef int (*fl_read_tensor_fn)(PyObject *, fl_tensor_facts *, int64_t *, int64_t *,
+                                      int) noexcept
+    enum:
+        FL_UNREAD
+        FL_TOO_MANY_DIMS
+    const char *FL_TENSOR_READER_CAPSULE
+
+cdef extern from "Python.h":
+    void *PyCapsule_GetPointer(object, const char *) except? NULL
+
+
+# The C++ reader of an eager tensor's metadata (tensor_facts.h), where the
+# step executor's extension is built for this torch; NULL: the getters.
+cdef fl_read_tensor_fn read_tensor = NULL
+
+
+def set_tensor_reader(capsule):
+    """Read eager tensors' metadata with the reader in `capsule`
+    (fastlazy._executor.tensor_reader()), or with torch's getters (None)."""
+    global read_tensor
+    read_tensor = (NULL if capsule is None else
+                   <fl_read_tensor_fn>PyCapsule_GetPointer(capsule, FL_TENSOR_READER_CAPSULE))
+
+
+def tensor_reader_installed():
+    """Does the core read eager tensors with the C++ reader?"""
+    return read_tensor != NULL
+
+
+cdef int meta_from_reader(Meta *m, object t) except -2:
+    """meta_from_tensor for a torch.Tensor or Parameter through the C++
+    reader: 1 or 0 as meta_from_tensor, FL_UNREAD where it cannot answer."""
+    cdef fl_tensor_facts facts
+    cdef int nd = read_tensor(<PyObject*>t, &facts, m.shape, NULL, MAX_NDIM)
+    if nd == FL_UNREAD:
+        return FL_UNREAD
+    if nd == FL_TOO_MANY_DIMS or facts.device < 0:
+        return 0
+    cdef int d = dtype_code(<object>facts.dtype)
+    if d == DT_UNDEF:
+        return 0
+    m.dtype = d
+    m.ndim = nd
+    m.device = facts.device
+    m.requires_grad = facts.requires_grad
+    return 1
+
+
 cdef int meta_from_tensor(Meta *m, object t) except -1:
     """Fill m from an eager tensor: the slow path (attribute reads), taken only
     for eager tensors passed beside LazyTensors."""
-    if _fast_eager and (type(t) is TensorType or type(t) is _Parameter):
-        return meta_from_getters(m, t)
+    cdef int read
+    if type(t) is TensorType or type(t) is _Parameter:
+        if read_tensor != NULL:
+            read = meta_from_reader(m, t)
+            if read != FL_UNREAD:
+                return read
+        if _fast_eager:
+            return meta_from_getters(m, t)
     cdef int d = dtype_code(t.dtype)
     if d == DT_UNDEF:
         return 0
@@ -154,7 +214,8 @@ cdef int classify(Operand *o, PyObject *p) except -1:
     if type(x) is complex:
         o.kind = K_SCALAR; o.scalar = SC_COMPLEX; o.own.dtype = -1; o.own.ndim = 0
         return 1
-    if isinstance(x, TensorType):
+    # (the exact types first: isinstance on a Parameter costs ~100 ns)
+    if type(x) is TensorType or type(x) is _Parameter or isinstance(x, TensorType):
         o.kind = K_TENSOR
         return meta_from_tensor(&o.own, x) and o.own.dtype != DT_COMPLEX32
     return 0

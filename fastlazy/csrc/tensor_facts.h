@@ -1,0 +1,39 @@
+/* What fastlazy's core reads of an eager tensor passed beside LazyTensors,
+ * and the signature of the function that reads it.
+ *
+ * The core reads it through torch.Tensor's Python getters (a torch.Size,
+ * a stride tuple and a Python int per size: about 250 ns a tensor).  The
+ * step executor's extension, compiled against the installed torch's
+ * headers, reads the same from the C++ tensor in about 20 ns, and hands
+ * its reader to the core (fastlazy.step_executor installs it); a build
+ * without the executor keeps the getters.  Plain C: both extensions
+ * include it. */
+#ifndef FASTLAZY_TENSOR_FACTS_H
+#define FASTLAZY_TENSOR_FACTS_H
+
+#include <Python.h>
+#include <stdint.h>
+
+/* what fl_read_tensor returns besides a rank */
+#define FL_UNREAD (-1)      /* not read (a nested tensor, symbolic sizes...): ask the getters */
+#define FL_TOO_MANY_DIMS (-2)
+
+/* the name of the capsule that carries the reader from one extension to the other */
+#define FL_TENSOR_READER_CAPSULE "fastlazy.fl_read_tensor_fn"
+
+typedef struct {
+    PyObject *dtype;        /* the tensor's torch.dtype (borrowed) */
+    int device;             /* 0 cpu, 1 + index for cuda:index, -1 any other device */
+    int strided;            /* layout is torch.strided (strides read only then) */
+    int requires_grad;
+} fl_tensor_facts;
+
+/* Read a torch.Tensor (or Parameter) `t`: its rank, with its sizes into
+ * sizes[0..rank) and, where `strides` is not NULL and the layout is
+ * strided, its strides; FL_TOO_MANY_DIMS (nothing written to the arrays)
+ * where the rank exceeds `capacity`; FL_UNREAD where it cannot answer.
+ * Never raises. */
+typedef int (*fl_read_tensor_fn)(PyObject *t, fl_tensor_facts *facts, int64_t *sizes,
+                                 int64_t *strides, int capacity);
+
+#endif

@@ -1,0 +1,48 @@
+// fl_read_tensor (tensor_facts.h) for the torch this extension is compiled
+// against: the C++ tensor behind a torch.Tensor read directly, as torch's
+// own getters read it, without making a Python object per size.
+#pragma once
+
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "tensor_facts.h"
+
+namespace fastlazy {
+
+inline int read_tensor(PyObject *obj, fl_tensor_facts *facts, int64_t *sizes,
+                       int64_t *strides, int capacity) noexcept {
+    try {
+        const at::Tensor &t = THPVariable_Unpack(obj);
+        if (!t.defined())
+            return FL_UNREAD;
+        c10::TensorImpl *impl = t.unsafeGetTensorImpl();
+        // (their sizes are not a plain list: the getters answer, or raise)
+        if (impl->is_nested() || impl->has_symbolic_sizes_strides())
+            return FL_UNREAD;
+        c10::IntArrayRef shape = t.sizes();
+        const int64_t rank = static_cast<int64_t>(shape.size());
+        facts->dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(t.scalar_type()));
+        const c10::Device device = t.device();
+        facts->device = device.is_cpu() ? 0 : device.is_cuda() ? 1 + device.index() : -1;
+        facts->strided = t.layout() == c10::kStrided;
+        facts->requires_grad = t.requires_grad();
+        if (rank > capacity)
+            return FL_TOO_MANY_DIMS;
+        for (int64_t i = 0; i < rank; ++i)
+            sizes[i] = shape[i];
+        if (strides != nullptr && facts->strided) {
+            c10::IntArrayRef stride = t.strides();
+            for (int64_t i = 0; i < rank; ++i)
+                strides[i] = stride[i];
+        }
+        return static_cast<int>(rank);
+    } catch (...) {
+        return FL_UNREAD;
+    }
+}
+
+}  // namespace fastlazy

@@ -1,0 +1,162 @@
+"""Eager operands' metadata read by the C++ reader (csrc/tensor_facts.h,
+installed from the step executor's extension) and by torch's getters (its
+fallback): both give eager's results, through a C rule and through the
+generic path's flat keys, for every layout, dtype and kind of tensor an
+eager operand may be."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import fastlazy
+from fastlazy import _core, step_executor
+
+pytestmark = pytest.mark.usefixtures("lazy_on")
+
+
+@pytest.fixture(params=["c++", "getters"])
+def reader(request):
+    if request.param == "c++" and not step_executor.available():
+        pytest.skip(f"the step executor's extension is {step_executor.why_not()}")
+    _core.set_tensor_reader(step_executor.tensor_reader() if request.param == "c++" else None)
+    yield request.param
+    _core.set_tensor_reader(step_executor.tensor_reader())
+
+
+def test_the_reader_comes_with_the_executor():
+    assert _core.tensor_reader_installed() == step_executor.available()
+
+
+def _inference():
+    with torch.inference_mode():
+        return torch.randn(3, 4)
+
+
+EAGER = {
+    "contiguous": lambda: torch.randn(3, 4),
+    "0-dim": lambda: torch.tensor(2.5),
+    "transposed": lambda: torch.randn(4, 3).t(),
+    "expanded": lambda: torch.randn(1, 4).expand(3, 4),
+    "offset slice": lambda: torch.randn(5, 9)[1:4, ::2][:, :4],
+    "empty": lambda: torch.randn(0, 4),
+    "int64": lambda: torch.arange(12).reshape(3, 4),
+    "float64": lambda: torch.randn(3, 4, dtype=torch.float64),
+    "bool": lambda: torch.rand(3, 4) > 0.5,
+    "parameter": lambda: nn.Parameter(torch.randn(3, 4)),
+    "frozen parameter": lambda: nn.Parameter(torch.randn(3, 4), requires_grad=False),
+    "requires grad": lambda: torch.randn(3, 4, requires_grad=True),
+    "inference": _inference,
+    "8 dims": lambda: torch.randn(1, 1, 1, 1, 1, 1, 3, 4),
+    "9 dims": lambda: torch.randn(1, 1, 1, 1, 1, 1, 1, 3, 4),
+    "float8": lambda: torch.randn(3, 4).to(torch.float8_e4m3fn),
+    "uint16": lambda: torch.arange(12).reshape(3, 4).to(torch.uint16),
+    "complex32": lambda: torch.randn(3, 4, dtype=torch.complex64).to(torch.complex32),
+    "meta": lambda: torch.empty(3, 4, device="meta"),
+    "sparse": lambda: torch.randn(3, 4).to_sparse(),
+}
+
+
+def _outcome(fn):
+    """fn()'s result, or the type of what it raised.  A LazyTensor's
+    metadata is read before its value: it is what the reader told."""
+    try:
+        out = fn()
+    except Exception as exc:                  # (the type is what is compared)
+        return type(exc)
+    if type(out) is fastlazy.LazyTensor:
+        told = _metadata(out)
+        out = out.to_eager()
+        assert told == _metadata(out)
+    return out
+
+
+def _metadata(t):
+    return t.shape, t.dtype, t.device, t.requires_grad
+
+
+def _assert_same(got, want):
+    if isinstance(want, type):
+        assert got is want
+        return
+    assert not isinstance(got, type), got
+    assert _metadata(got) == _metadata(want)
+    if want.device.type == "meta":
+        return
+    if want.is_sparse:
+        got, want = got.to_dense(), want.to_dense()
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(EAGER))
+@pytest.mark.parametrize("call", ["add (C rule)", "where (generic)"])
+def test_an_eager_operand_gives_eagers_result(reader, name, call):
+    """The same call three times (the generic path's later two are hits
+    found by the flat key, read off the eager operand each time)."""
+    e = EAGER[name]()
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    if call.startswith("add"):
+        def run(a):
+            return a + e
+    else:
+        def run(a):
+            return torch.where(a > 0, a, e)
+    want = _outcome(lambda: run(x))
+    for _ in range(3):
+        _assert_same(_outcome(lambda: run(fastlazy.lazy(x))), want)
+
+
+@pytest.mark.parametrize("name", ["contiguous", "0-dim", "transposed", "int64", "parameter",
+                                  "requires grad", "inference", "8 dims"])
+def test_a_wrapped_eager_tensor_keeps_its_metadata(reader, name):
+    e = EAGER[name]()
+    assert _metadata(fastlazy.lazy(e)) == _metadata(e)
+
+
+@pytest.mark.parametrize("name", list(EAGER))
+def test_the_flat_key_reads_what_torch_says(reader, name):
+    e = EAGER[name]()
+    keyed = (e.layout is torch.strided and e.device.type == "cpu" and e.dim() <= 8
+             and e.dtype not in (torch.float8_e4m3fn, torch.uint16))
+    want = (e.dtype, tuple(e.shape), e.stride(), 0, e.requires_grad) if keyed else None
+    assert _core.eager_operand_facts(e) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_flat_key_reads_any_view_as_torch_does(data):
+    """Views of every placement (hypothesis draws sizes, a permutation,
+    steps and offsets), both readers."""
+    ndim = data.draw(st.integers(0, 5))
+    sizes = data.draw(st.lists(st.integers(0, 4), min_size=ndim, max_size=ndim))
+    base = torch.randn([2 * n + 2 for n in sizes])
+    index = tuple(slice(data.draw(st.integers(0, 1)), None, data.draw(st.integers(1, 2)))
+                  for _ in sizes)
+    view = base[index]
+    view = view[tuple(slice(0, n) for n in sizes)]
+    view = view.permute(data.draw(st.permutations(range(ndim))))
+    if ndim and data.draw(st.booleans()):
+        view = view.unsqueeze(0).expand(3, *view.shape)
+    want = (view.dtype, tuple(view.shape), view.stride(), 0, False)
+    for capsule in (step_executor.tensor_reader(), None):
+        _core.set_tensor_reader(capsule)
+        try:
+            assert _core.eager_operand_facts(view) == want
+        finally:
+            _core.set_tensor_reader(step_executor.tensor_reader())
+
+
+def test_a_changed_operand_is_read_again_at_every_hit(reader):
+    """The reader keeps nothing between calls: a weight resized in place
+    between two hits gives eager's result (and eager's error) each time."""
+    e = torch.randn(4, 3)
+    z, a = torch.zeros(1), torch.randn(2, 4)
+    for _ in range(3):
+        _assert_same(_outcome(lambda: torch.addmm(z, fastlazy.lazy(a), e)),
+                     torch.addmm(z, a, e))
+    e.resize_(4, 5).copy_(torch.randn(4, 5))
+    _assert_same(_outcome(lambda: torch.addmm(z, fastlazy.lazy(a), e)), torch.addmm(z, a, e))
+    e.t_()
+    _assert_same(_outcome(lambda: torch.addmm(z, fastlazy.lazy(a), e)),
+                 _outcome(lambda: torch.addmm(z, a, e)))
