@@ -17,12 +17,20 @@ looks it up, and with a LazyTensor argument it runs on the values:
 - `torch.utils.dlpack.to_dlpack` exports the value's memory;
 - `torch.vmap` (and functorch's transforms built on `_add_batch_dim`)
   batches the value: the function runs eagerly, as do its results;
-- `torch.jit.trace` traces on the values of its example inputs.
+- `torch.jit.trace` traces on the values of its example inputs;
+- `torch.Tensor._make_subclass` (tensor subclasses' constructors) makes the
+  subclass instance around the value;
+- a TorchScript function (`torch.jit.script(fn)`, `torch.jit.trace(fn)`)
+  runs on the values, and its tensor results come back as LazyTensors, as
+  an op run eagerly does (it hands its arguments to its graph without
+  asking `__torch_function__`, and read a LazyTensor as an empty tensor).
 """
 from __future__ import annotations
 
 import functools
 import importlib
+
+import torch
 
 from fastlazy import fallback
 from fastlazy._core import LazyTensor
@@ -59,9 +67,22 @@ def _on_values(function):
     return call
 
 
+def _script_function_call(call):
+    @functools.wraps(call)
+    def __call__(self, *args, **kwargs):
+        if not (_has_lazy(args) or _has_lazy(kwargs.values())):
+            return call(self, *args, **kwargs)
+        fallback.count("ScriptFunction", "a TorchScript function runs on the values")
+        return fallback.run(functools.partial(call, self), args, kwargs)
+    return __call__
+
+
 def python_patches():
     """(owner, attr, replacement) for each binding this torch has."""
-    patches = []
+    patches = [(torch._C.ScriptFunction, "__call__",
+                _script_function_call(torch._C.ScriptFunction.__call__)),
+               (torch.Tensor, "_make_subclass",
+                staticmethod(_on_values(torch.Tensor._make_subclass)))]
     for module_name, attr in _BINDINGS:
         try:
             module = importlib.import_module(module_name)

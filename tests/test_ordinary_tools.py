@@ -130,3 +130,46 @@ def test_enable_says_what_it_returned():
     text = repr(fastlazy.enable())
     assert "fastlazy enabled" in text and "fastlazy.disable()" in text
     assert "object at" not in text
+
+
+def _scaled_sine(t):
+    return t.sin() * 2 + 1
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_a_torchscript_function_runs_on_the_values(how):
+    """A ScriptFunction hands its arguments to its graph without asking
+    __torch_function__: it read a LazyTensor as an empty meta tensor."""
+    t, x = pair()
+    scripted = (torch.jit.script(_scaled_sine) if how == "script"
+                else torch.jit.trace(_scaled_sine, (t,)))
+    got = scripted(x * 3)
+    assert type(got) is LazyTensor
+    torch.testing.assert_close(got.to_eager(), _scaled_sine(t * 3))
+    torch.testing.assert_close(scripted(t), _scaled_sine(t))     # eager calls as before
+
+
+class _Tagged(torch.Tensor):
+    pass
+
+
+def test_make_subclass_of_a_lazy_tensor_holds_its_value():
+    t, x = pair()
+    sub = torch.Tensor._make_subclass(_Tagged, x * 2)
+    assert type(sub) is _Tagged
+    torch.testing.assert_close(torch.Tensor(sub), t * 2)
+
+
+def test_cpp_code_computing_on_a_lazy_tensor_raises_instead_of_a_wrong_value(monkeypatch):
+    """Where torch's C++ reads a LazyTensor as a tensor without asking
+    __torch_function__ (the ScriptFunction call, had fastlazy not wrapped
+    it), computing with it raises: never an empty result."""
+    from fastlazy import value_calls
+    call = value_calls.torch._C.ScriptFunction.__call__
+    scripted = torch.jit.script(_scaled_sine)
+    _, x = pair()
+    monkeypatch.setattr(torch._C.ScriptFunction, "__call__", call.__wrapped__)
+    # (the TorchScript interpreter re-raises it without its message)
+    with pytest.raises(RuntimeError):
+        scripted(x)

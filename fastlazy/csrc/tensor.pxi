@@ -129,7 +129,24 @@ cdef LazyTensor wrap_value(object value):
 # an empty 1-d meta tensor, which no number parameter takes (it is not
 # 0-dim), so the parser goes on to the signature whose Tensor parameter
 # hands the call to LazyTensor.__torch_function__, or raises its TypeError.
-cdef object _STANDIN = torch.empty(0, device="meta")
+# C++ that computes with it without asking __torch_function__ first reaches
+# its __torch_dispatch__, which raises: never a silent empty result.
+class _StandIn(torch.Tensor):
+    @staticmethod
+    def __new__(cls):
+        return torch.Tensor._make_wrapper_subclass(cls, (0,), dtype=torch.float32,
+                                                   device="meta")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(
+            f"fastlazy: a LazyTensor reached torch C++ code that does not hand it to "
+            f"__torch_function__ (it called {func}); pass x.to_eager() there instead")
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+cdef object _STANDIN = _StandIn()
 cdef void *_standin_words[2]
 memcpy(_standin_words, (<char *><PyObject *>_STANDIN) + sizeof(PyObject), sizeof(_standin_words))
 
