@@ -121,3 +121,35 @@ def test_eager_code_unchanged_under_enable():
             torch.maximum(a, 2)
     for e, g in zip(expected, got):
         assert torch.equal(e, g)
+
+
+def test_a_module_holding_an_entry_point_is_copied_and_pickled_as_with_torchs():
+    """A module built under enable() may keep a patched function
+    (activation=F.gelu; HuggingFace's activations keep F.gelu):
+    nn.TransformerEncoder deep-copies its layer while it is built, and
+    torch.save pickles it.  A copy keeps the entry; a pickle holds torch's
+    own function, which loads without fastlazy."""
+    import copy
+    import io
+    import pickle
+    import torch.nn.functional as F
+    fastlazy.enable()
+    try:
+        assert type(F.gelu).__name__ == "Entry"       # (the case at hand)
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, activation=F.gelu, dropout=0.0)
+        encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        assert encoder.layers[1].activation is F.gelu
+        assert copy.copy(torch.tanh) is torch.tanh and copy.deepcopy(F.gelu) is F.gelu
+        assert pickle.loads(pickle.dumps(F.gelu)) is F.gelu.__wrapped__
+        assert pickle.loads(pickle.dumps(torch.Tensor.add)) is torch.Tensor.add.__wrapped__
+        buffer = io.BytesIO()
+        torch.save(encoder, buffer)
+        x = torch.randn(1, 3, 16)
+        want = encoder(x)
+    finally:
+        fastlazy.disable()
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded.layers[0].activation is F.gelu      # torch's own, fastlazy disabled
+    torch.testing.assert_close(loaded(x), want)
+    assert copy.deepcopy(layer).activation is layer.activation

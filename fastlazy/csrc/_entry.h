@@ -200,6 +200,39 @@ fl_entry_get_qualname(FLEntry *e, void *closure)
     return PyObject_GetAttrString(e->orig, "__qualname__");
 }
 
+/* A module that stored an entry (HuggingFace's activations keep F.gelu)
+ * is copied and pickled as with torch's own function: a copy is the entry
+ * itself, as copying a function gives the function, and a pickle holds
+ * the original (operator.getitem((original,), 0) when loaded), which
+ * loads without fastlazy and takes LazyTensors through __torch_function__. */
+static PyObject *
+fl_entry_reduce(FLEntry *e, PyObject *unused)
+{
+    PyObject *operator_module = PyImport_ImportModule("operator");
+    if (operator_module == NULL)
+        return NULL;
+    PyObject *getitem = PyObject_GetAttrString(operator_module, "getitem");
+    Py_DECREF(operator_module);
+    if (getitem == NULL)
+        return NULL;
+    PyObject *reduced = Py_BuildValue("(N((O)i))", getitem, e->orig, 0);
+    return reduced;
+}
+
+static PyObject *
+fl_entry_copy(PyObject *self, PyObject *unused)
+{
+    Py_INCREF(self);
+    return self;
+}
+
+static PyMethodDef fl_entry_methods[] = {
+    {"__reduce__", (PyCFunction)fl_entry_reduce, METH_NOARGS, NULL},
+    {"__copy__", (PyCFunction)fl_entry_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", (PyCFunction)fl_entry_copy, METH_O, NULL},
+    {NULL}
+};
+
 static PyGetSetDef fl_entry_getset[] = {
     {"__doc__", (getter)fl_entry_get_doc, NULL, NULL, NULL},
     {"__name__", (getter)fl_entry_get_name, NULL, NULL, NULL},
@@ -222,6 +255,7 @@ static PyTypeObject FLEntryType = {
     .tp_clear = (inquiry)fl_entry_clear,
     .tp_descr_get = fl_entry_descr_get,
     .tp_members = fl_entry_members,
+    .tp_methods = fl_entry_methods,
     .tp_getset = fl_entry_getset,
     .tp_dictoffset = offsetof(FLEntry, dict),
 };
