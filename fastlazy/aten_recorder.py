@@ -26,7 +26,8 @@ import operator
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from fastlazy.host_checks import HOST_CHECKS
 
@@ -36,17 +37,23 @@ class Recorder(TorchDispatchMode):
     the call's tensor arguments (in order: the program's placeholders); then
     program(results) is the aten program of what ran, or None."""
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, numbers=()):
         super().__init__()
         self.graph = torch.fx.Graph()
         self._nodes = {}            # id(fake tensor) -> the node that makes it
         self._alive = []            # (the tensors behind those ids stay alive)
         self.failed = None          # why the calls are no program, or None
         self._inputs = list(inputs)
+        # the call's Python numbers and lists of them, whose tensors
+        # (x[i] = 3 copies from one, x[[0, 2]] indexes with one) become
+        # constants of the program: see _constant
+        self._numbers = numbers
+        self._last_placeholder = None
         for i, t in enumerate(inputs):
             node = self.graph.placeholder(f"arg{i}")
             node.meta["val"] = t
             self._bind(t, node)
+            self._last_placeholder = node
 
     def _bind(self, t, node):
         self._nodes[id(t)] = node
@@ -80,6 +87,8 @@ class Recorder(TorchDispatchMode):
             if isinstance(x, torch.Tensor):
                 node = self._nodes.get(id(x))
                 if node is None:
+                    node = self._constant(x)
+                if node is None:
                     outside.append(x)
                 return node
             return x
@@ -101,6 +110,30 @@ class Recorder(TorchDispatchMode):
         elif out is not None and not isinstance(out, (int, float, bool)):
             return f"returns a {type(out).__name__}"
         return None
+
+    def _constant(self, x):
+        """A placeholder for x, made outside the program, where x is the
+        tensor torch makes of one of the call's Python numbers or lists of
+        them (eager's wrapped number; `x[i] = 3`'s value in x's dtype; the
+        index tensor of `x[..., [-2], :]`): the program's input after the
+        call's tensors, its value kept in the placeholder's "constant"
+        (capture.py passes it, as it passes make_fx's lifted constants).
+        None for any other tensor, whose values might be the trial run's
+        own."""
+        # (in a fake run, the fake tensor of a constant keeps the real one)
+        value = getattr(x, "constant", None) if isinstance(x, FakeTensor) else x
+        if (value is None or value.numel() > MAX_CONSTANT_NUMEL or value.layout != torch.strided
+                or value.device.type != "cpu" or value.requires_grad or not self._numbers):
+            return None
+        if not any(_holds(value, n) for n in self._numbers):
+            return None
+        with self.graph.inserting_after(self._last_placeholder):
+            node = self.graph.placeholder(f"constant{len(self._alive)}")
+        node.meta["val"] = x
+        node.meta["constant"] = value
+        self._bind(x, node)
+        self._last_placeholder = node
+        return node
 
     def _writes_an_input(self, func, args, kwargs):
         """Does the call write one of the program's inputs, or a view of
@@ -131,6 +164,21 @@ class Recorder(TorchDispatchMode):
             outputs.append(node)
         self.graph.output(tuple(outputs))
         return self.graph
+
+
+# the largest constant taken from the call's Python values (a list index)
+MAX_CONSTANT_NUMEL = 4096
+
+
+def _holds(x, value):
+    """Is x the Python number, or (nested) list of numbers, `value`
+    converted to x's dtype, as torch converts one it makes a tensor of?"""
+    # (outside the fake run's mode, which would make the tensor fake)
+    with _disable_current_modes():
+        try:
+            return torch.equal(torch.tensor(value, dtype=x.dtype), x)
+        except (RuntimeError, TypeError, ValueError, OverflowError):  # (not convertible)
+            return False
 
 
 def no_dropout(func, args, kwargs):

@@ -226,7 +226,9 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
             recorded = (None if getattr(func, "functionalize", False)
                         else recorder.program(results))
         if recorded is not None:
-            constants, draws = (), _lift_draws(recorded)
+            constants = tuple(n.meta["constant"] for n in recorded.nodes
+                              if n.op == "placeholder" and "constant" in n.meta)
+            draws = _lift_draws(recorded)
             gm = _checked(recorded, contiguous)
         else:
             gm, constants, draws = _trace(func, args, kwargs, examples, contiguous)
@@ -382,7 +384,7 @@ def _fake_run(func, args, kwargs, examples):
         with _quiet(_FAKE_LOG), FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fakes = [mode.from_tensor(e) for e in examples]
             fa, fk = _substitute((args, kwargs), iter(fakes))
-            with Recorder(fakes) as recorder:
+            with Recorder(fakes, _numbers((args, kwargs))) as recorder:
                 out = func(*fa, **fk)
             return fakes, out, mode, recorder
     except Exception as exc:     # eager raises too, or the op has no fake kernel
@@ -434,23 +436,24 @@ _READS_VALUES = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output
 
 def _trial_takes(func, tensors):
     """May a trial run stand for the fake run of this call (before its
-    aten calls are seen)?"""
-    return (not getattr(func, "functionalize", False)
-            and sum(t.numel() for t in tensors) <= REAL_CHECK_NUMEL)
+    aten calls are seen)?  (A call functionalized, mutation.py's in-place
+    write of a copy, may: its writes are to the copy, which the program
+    makes, and a write to an input fails the recording.)"""
+    return sum(t.numel() for t in tensors) <= REAL_CHECK_NUMEL
 
 
 def _trial_run(func, args, kwargs, tensors):
     """(the trial tensors standing for `tensors`, func's result on them, its
     aten program as recorded) from a real run on trial values, or None
     where that cannot stand for the fake run: inputs larger than a trial
-    run's budget; a call functionalized; aten calls that are no plain
-    program or read values.  The real run is the better judge where it
+    run's budget; aten calls that are no plain program or read values.  The real run is the better judge where it
     applies: its results' metadata are the kernel's own (fake kernels
     differ in corners: sdpa's strides, pow's dtype), and it is the trial
     run _run_small would make anyway.
 
     Integer and bool tensor arguments (indices, masks) are run twice, all
-    zeros and all ones: a C++ kernel may read their values on the host
+    zeros and all ones (all -1 where ones raise: an index into a dim of
+    size 1): a C++ kernel may read their values on the host
     without an aten call (tensor_split's indices) and pass what it read to
     the aten calls it makes, which would bake the trial's values into the
     program.  The two runs must make the same program with results of the
@@ -464,7 +467,9 @@ def _trial_run(func, args, kwargs, tensors):
     first = _recorded_trial(func, args, kwargs, tensors, 0, judges=not indices)
     if first is None or not indices:
         return first
-    second = _recorded_trial(func, args, kwargs, tensors, 1, judges=False)
+    # all ones, or where that is no valid index (a dim of size 1), all -1
+    second = (_recorded_trial(func, args, kwargs, tensors, 1, judges=False)
+              or _recorded_trial(func, args, kwargs, tensors, -1, judges=False))
     return first if second is not None and _same_run(first, second) else None
 
 
@@ -476,7 +481,7 @@ def _recorded_trial(func, args, kwargs, tensors, fill, judges):
     trial = _trial_tensors(tensors, fill)
     a, k = _substitute((args, kwargs), iter(trial))
     try:
-        with Recorder(trial) as recorder:
+        with Recorder(trial, _numbers((args, kwargs))) as recorder:
             out = func(*a, **k)
     except Exception as exc:
         if not judges:
@@ -487,12 +492,62 @@ def _recorded_trial(func, args, kwargs, tensors, fill, judges):
     if not all(isinstance(v, torch.Tensor) for v in results):
         return None
     recorded = recorder.program(results)
-    if recorded is None or any(
+    if recorded is None or any(_reads_values(node) for node in recorded.nodes):
+        return None
+    if getattr(func, "functionalize", False) and any(
             node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-            and any(tag in node.target.tags for tag in _READS_VALUES)
-            for node in recorded.nodes):
+            and _SEEDED in node.target.tags for node in recorded.nodes):
+        # a random fill of the written copy (x.uniform_()): make_fx's
+        # functionalized trace is the form whose draw _lift_draws lifts
         return None
     return trial, out, recorded
+
+
+def _reads_values(node):
+    """Did this recorded aten call read its inputs' values to decide a
+    shape or a Python value?  Indexing with integer index tensors is
+    tagged so for the boolean masks it also takes, but its shape is the
+    indices' (as in _checked's exception for the fake run)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if not any(tag in node.target.tags for tag in _READS_VALUES):
+        return False
+    if node.target in _SHAPE_FROM_FAKE:
+        indices = [i for i in node.args[1] if i is not None]
+        return not all(i.meta["val"].dtype in (torch.int64, torch.int32) for i in indices)
+    return True
+
+
+_NUMBER_TYPES = (bool, int, float, complex)
+
+
+def _numbers(arguments):
+    """The Python numbers among a call's arguments (a bool is one too),
+    and the lists of them (an index [0, 2]; nested lists of one depth
+    each), anywhere in its lists, tuples and dicts."""
+    found = []
+
+    def visit(value):
+        if type(value) in _NUMBER_TYPES:
+            found.append(value)
+        elif type(value) is dict:
+            for item in value.values():
+                visit(item)
+        elif type(value) in (list, tuple) and value:
+            if type(value) is list and _number_list(value):
+                found.append(value)
+            for item in value:
+                visit(item)
+    visit(arguments)
+    return tuple(found)
+
+
+def _number_list(value):
+    """A list of numbers, or of such lists of one length."""
+    if all(type(v) in _NUMBER_TYPES for v in value):
+        return True
+    return (all(type(v) is list and v and _number_list(v) for v in value)
+            and len({len(v) for v in value}) == 1)
 
 
 def _same_run(first, second):

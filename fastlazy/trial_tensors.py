@@ -33,7 +33,8 @@ def maker(generator: torch.Generator, fill: int):
     touched), valid where eager checks a value's range (binary_cross_entropy's
     probabilities, multinomial's weights) and nonsingular (zeros would make
     linalg ops see singular matrices); integers and bools `fill` (0 and 1
-    are valid indices of any dimension of two or more)."""
+    are valid indices of any dimension of two or more, 0 and -1 of any
+    dimension)."""
     taken: collections.Counter = collections.Counter()
 
     def make(shape, dtype, device, requires_grad=False):
