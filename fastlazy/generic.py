@@ -103,6 +103,17 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         tensors = []
         key = _core.signature_key(func, args, kwargs, tensors, ruled, _autocast_key())
     sig = _signatures.get(key)
+    if sig is None and len(tensors) > MAX_INPUTS and func in _NESTED:
+        # a long sequence (densenet's torch.cat of every earlier layer's
+        # features): its groups and their join are calls of their own,
+        # each judged as eager judges it, with no analysis of the whole
+        # for each new length.  One that raises is judged whole below,
+        # whose error is eager's for the whole sequence (the tensor's
+        # number in it)
+        try:
+            return _record_nested(func, args, kwargs, name, by_entries=True)
+        except Exception:          # noqa: BLE001 - raised again by the analysis
+            pass
     if sig is None:
         sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"),
                        ruled)
@@ -251,12 +262,18 @@ def _sequence(args, kwargs):
     return seq, rest
 
 
-def _record_nested(func, args, kwargs, name):
+def _record_nested(func, args, kwargs, name, by_entries=False):
     """func over a long sequence as func over groups of MAX_INPUTS tensors,
-    joined by _NESTED[func] (itself nested if there are many groups)."""
+    joined by _NESTED[func] (itself nested if there are many groups).
+    by_entries: each group and the join are called as a user's call is
+    (torch.cat's C rule takes them, with eager's checks and errors)."""
     seq, rest = _sequence(args, kwargs)
     kwargs = {k: v for k, v in kwargs.items() if k != "tensors"}
     groups = [list(seq[i:i + MAX_INPUTS]) for i in range(0, len(seq), MAX_INPUTS)]
+    if by_entries:
+        call, join = getattr(torch, func.__name__), getattr(torch, _NESTED[func].__name__)
+        parts = [call(group, *rest, **kwargs) for group in groups]
+        return join(parts, *rest, **kwargs)
     parts = [record(func, (group,) + rest, kwargs, name) for group in groups]
     return record(_NESTED[func], (parts,) + rest, kwargs, name)
 

@@ -105,6 +105,22 @@ def test_more_tensors_than_a_node_holds_are_recorded_as_a_tree(backend, call, n,
     assert counters()["fallbacks"] == 0
 
 
+def test_a_growing_sequence_is_recorded_without_an_analysis_per_length(monkeypatch):
+    """DenseNet's blocks concatenate 1, 2, ... n feature maps: a length
+    past a node's inputs is recorded as groups and their join, each taken
+    by torch.cat's C rule, with no signature analysis for each new length
+    (86 of them, 36 ms of densenet121's first call)."""
+    from fastlazy import capture
+    analysed = []
+    real = capture.analyse
+    monkeypatch.setattr(capture, "analyse", lambda *a: analysed.append(a) or real(*a))
+    eager, mixed = _many(30)
+    for n in range(9, 31):
+        got = torch.cat(mixed[:n], 1)
+        assert torch.equal(got.to_eager(), torch.cat(eager[:n], 1))
+    assert not analysed
+
+
 def test_a_bad_long_sequence_raises_eagers_error_for_the_whole_call():
     eager, mixed = _many(12)
     eager[10] = torch.rand(3, 1)            # rows differ, in the second group
