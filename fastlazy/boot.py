@@ -16,7 +16,7 @@ from fastlazy import (_core, autograd_calls, backends, capture, compile_process,
                       detached_writes, failures, fx_threads, generic, graph_cache, host_checks,
                       inference_saves, lazy_device, metrics, mutation, optable, python_bodies,
                       recompiles, route, sites, step_executor, tensor_methods, tiering,
-                      views)
+                      views, watch)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -57,6 +57,7 @@ def boot() -> None:
     metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
     metrics.fusion_listing = graph_cache.fusion
     autograd_calls.on_create_graph = _keep_training_graphs_fast
+    watch.on_swap = tiering.forget_parameters
     graph_cache.set_backend(backends.default_name())
     lazy_device.install()
     if hasattr(os, "register_at_fork"):

@@ -356,6 +356,15 @@ class _Frozen:
         on_write = _Written(weakref.ref(self))
         _core.watch_writes([ref() for _, ref, _, _ in parameters], on_write)
         weakref.finalize(self, _core.unwatch_writes, on_write)
+        _live_frozen.add(self)
+
+    def forget(self, tensors) -> None:
+        """Give up the frozen program if it holds one of `tensors`, and
+        with it its weak references to them (torch.utils.swap_tensors
+        refuses a tensor that has any)."""
+        if any(ref() is t for _, ref, _, _ in self.parameters for t in tensors):
+            self.written = True
+            self.parameters = ()
 
     def tensors(self):
         return [(k, ref()) for k, ref, _, _ in self.parameters]
@@ -364,12 +373,12 @@ class _Frozen:
         """call(*inputs) where the frozen tensors are the inputs, unchanged,
         and the other shapes the compiled ones; else changed(inputs,
         for_good) computes the call."""
-        parameters, shapes = self.parameters, self.shapes
+        shapes = self.shapes
 
         def guarded(*inputs):
             if self.written:
                 return changed(inputs, True)
-            for k, ref, version, pointer in parameters:
+            for k, ref, version, pointer in self.parameters:
                 t = inputs[k]
                 if t is not ref() or t._version != version or t.data_ptr() != pointer:
                     return changed(inputs, True)
@@ -378,6 +387,17 @@ class _Frozen:
                     return changed(inputs, False)
             return call(*inputs)
         return guarded
+
+
+# every _Frozen alive, for forget_parameters
+_live_frozen: weakref.WeakSet = weakref.WeakSet()
+
+
+def forget_parameters(*tensors) -> None:
+    """No frozen program holds any of `tensors` from now on (they are
+    about to be swapped: watch.on_swap)."""
+    for frozen in list(_live_frozen):
+        frozen.forget(tensors)
 
 
 class _Written:

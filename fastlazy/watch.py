@@ -88,6 +88,16 @@ def _flush_schema_writes(op, args, kwargs):
             _core.flush_reading(value)
 
 
+def _no_swap_hook(t1, t2):
+    pass
+
+
+# Called with two tensors torch.utils.swap_tensors is about to swap, which
+# it refuses to do while any weak reference to them lives: the tiered
+# engine's frozen programs let go of theirs (set by boot).
+on_swap = _no_swap_hook
+
+
 def python_patches():
     """(owner, attr, replacement) for the writes patched in Python."""
     ops = torch._ops
@@ -120,6 +130,7 @@ def python_patches():
 
     def swap_tensors(t1, t2):
         _core.flush_reading((t1, t2))
+        on_swap(t1, t2)
         return swap(t1, t2)
 
     patches = [(ops.OpOverload, "__call__", OpOverload__call__),

@@ -547,6 +547,24 @@ def test_frozen_parameters_follow_writes_replacements_and_new_shapes(auto, monke
     torch.testing.assert_close(_lazy_run(net, x), expected)
 
 
+@pytest.mark.parametrize("how", ["swap_tensors", "m.double() swapping"])
+def test_frozen_parameters_can_be_swapped(auto, monkeypatch, how):
+    """torch.utils.swap_tensors refuses a tensor with a weak reference, and
+    a frozen program holds its parameters weakly: swapping one (as
+    nn.Module._apply does under set_swap_module_params_on_conversion) must
+    work as in eager, and the program give way to the new values."""
+    net, x = _settled_on_frozen(monkeypatch)
+    if how == "swap_tensors":
+        torch.utils.swap_tensors(net.fc.weight, torch.nn.Parameter(torch.randn(5, 4 * 6 * 6)))
+    else:
+        monkeypatch.setattr(torch.__future__, "_swap_module_params_on_conversion", True)
+        net.double()
+        x = x.double()
+    with torch.no_grad():
+        expected = net(x)
+    torch.testing.assert_close(_lazy_run(net, x), expected)
+
+
 def _write_through_data(p):
     p.data.mul_(0.5)
 
