@@ -32,9 +32,7 @@ VOCAB, HIDDEN, LAYERS, HEADS, INTERMEDIATE, POSITIONS, LENGTH = 1000, 64, 2, 4, 
 def _vision(name):
     def build():
         import torchvision
-        options = {"swin_t": {"stochastic_depth_prob": 0.0},
-                   "efficientnet_b0": {"dropout": 0.0, "stochastic_depth_prob": 0.0}}
-        return (getattr(torchvision.models, name)(num_classes=100, **options.get(name, {})),
+        return (getattr(torchvision.models, name)(num_classes=100),
                 (torch.randn(1, 3, 64, 64),), lambda out: out)
     return build
 
