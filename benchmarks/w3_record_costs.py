@@ -66,17 +66,23 @@ def _cases():
     ]
 
 
-def _per_call(fn, args, reader) -> float:
-    """The best of ROUNDS rounds of CALLS calls, seconds per call."""
-    _core.set_tensor_reader(reader)
+def _per_call(fn, args, rounds=ROUNDS, calls=CALLS) -> float:
+    """The best of `rounds` rounds of `calls` calls, seconds per call (the
+    pending nodes dropped after each round)."""
     best = float("inf")
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         start = time.perf_counter()
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn(*args)
-        best = min(best, (time.perf_counter() - start) / CALLS)
+        best = min(best, (time.perf_counter() - start) / calls)
         fastlazy.mark_step()
     return best
+
+
+def _recording(fn, args, reader) -> float:
+    """_per_call with eager operands read by `reader` (None: the getters)."""
+    _core.set_tensor_reader(reader)
+    return _per_call(fn, args)
 
 
 def main(argv=None) -> None:
@@ -99,10 +105,10 @@ def main(argv=None) -> None:
             for _ in range(50):
                 fn(*lazy)
             fastlazy.mark_step()
-            with_getters = _per_call(fn, lazy, None)
-            recorded = _per_call(fn, lazy, reader) if reader is not None else with_getters
+            with_getters = _recording(fn, lazy, None)
+            recorded = _recording(fn, lazy, reader) if reader is not None else with_getters
             # (eager's run of the op itself, for scale: its kernel runs)
-            eager_time = min(_eager(fn, eager) for _ in range(3))
+            eager_time = _per_call(fn, eager, rounds=3, calls=200)
             lines.append(f"| `{name}` | {how} | {eager_time * 1e9:,.0f} ns "
                          f"| {recorded * 1e9:,.0f} ns | {with_getters * 1e9:,.0f} ns "
                          f"| {'yes' if recorded * 1e9 <= TARGET_NS else 'no'} |")
@@ -114,13 +120,6 @@ def main(argv=None) -> None:
                      f"{step_executor.why_not()})")
     if args.out:
         pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
-
-
-def _eager(fn, args) -> float:
-    start = time.perf_counter()
-    for _ in range(200):
-        fn(*args)
-    return (time.perf_counter() - start) / 200
 
 
 if __name__ == "__main__":

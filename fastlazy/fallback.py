@@ -28,8 +28,12 @@ def materialize(x):
 
 
 def wrap_result(out):
-    """Eager results as LazyTensors (tensors inside tuples/lists too)."""
+    """Eager results as LazyTensors (tensors inside tuples/lists too); an
+    instance of a tensor subclass keeps its type (x.as_subclass(cls), a
+    library's tensor type), which a LazyTensor would lose."""
     if isinstance(out, torch.Tensor):
+        if type(out) is not torch.Tensor and type(out) is not torch.nn.Parameter:
+            return out
         return _core.lazy_or_eager(out)
     if isinstance(out, tuple):
         items = [wrap_result(v) for v in out]

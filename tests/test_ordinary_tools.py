@@ -173,3 +173,13 @@ def test_cpp_code_computing_on_a_lazy_tensor_raises_instead_of_a_wrong_value(mon
     # (the TorchScript interpreter re-raises it without its message)
     with pytest.raises(RuntimeError):
         scripted(x)
+
+
+def test_as_subclass_of_a_lazy_tensor_is_the_subclass():
+    """x.as_subclass(cls) (torchvision's tv_tensors wrap tensors so) gives
+    a cls, as eager does, holding the value: a LazyTensor would lose the
+    type its caller asked for."""
+    t, x = pair()
+    sub = (x * 2).as_subclass(_Tagged)
+    assert type(sub) is _Tagged
+    torch.testing.assert_close(torch.Tensor(sub), t * 2)
