@@ -17,7 +17,6 @@ The bench runs every contender at one intra-op thread; --threads runs both
 sides here at N.
 """
 import argparse
-import time
 
 import torch
 
@@ -38,13 +37,7 @@ def read_only(a, b, c, d, e, f, g, h, i):
 def best_ms(fn, args, calls=20, rounds=5):
     for _ in range(3):
         fn(*args)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e3
+    return workloads.best_per_call(fn, args, calls, rounds) * 1e3
 
 
 def main():

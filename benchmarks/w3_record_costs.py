@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import time
 
 import torch
 import torch.nn.functional as F
 
 import fastlazy
+import workloads
 from fastlazy import _core, step_executor
 
 CALLS = 2000
@@ -66,23 +66,11 @@ def _cases():
     ]
 
 
-def _per_call(fn, args, rounds=ROUNDS, calls=CALLS) -> float:
-    """The best of `rounds` rounds of `calls` calls, seconds per call (the
-    pending nodes dropped after each round)."""
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        best = min(best, (time.perf_counter() - start) / calls)
-        fastlazy.mark_step()
-    return best
-
-
 def _recording(fn, args, reader) -> float:
-    """_per_call with eager operands read by `reader` (None: the getters)."""
+    """Seconds per recorded call, eager operands read by `reader` (None:
+    the getters), the pending nodes dropped after each round."""
     _core.set_tensor_reader(reader)
-    return _per_call(fn, args)
+    return workloads.best_per_call(fn, args, CALLS, ROUNDS, fastlazy.mark_step)
 
 
 def main(argv=None) -> None:
@@ -108,7 +96,7 @@ def main(argv=None) -> None:
             with_getters = _recording(fn, lazy, None)
             recorded = _recording(fn, lazy, reader) if reader is not None else with_getters
             # (eager's run of the op itself, for scale: its kernel runs)
-            eager_time = _per_call(fn, eager, rounds=3, calls=200)
+            eager_time = workloads.best_per_call(fn, eager, calls=200, rounds=3)
             lines.append(f"| `{name}` | {how} | {eager_time * 1e9:,.0f} ns "
                          f"| {recorded * 1e9:,.0f} ns | {with_getters * 1e9:,.0f} ns "
                          f"| {'yes' if recorded * 1e9 <= TARGET_NS else 'no'} |")

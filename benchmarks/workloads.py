@@ -111,6 +111,21 @@ W1 = tuple(Workload(f"{k}ops", k, chain(k)) for k in OPS) + (
     Workload("32ops-cf", 32, control_flow, ((0,), (1,))),)
 
 
+def best_per_call(fn: Callable, args, calls: int, rounds: int,
+                  after_round: Callable = lambda: None) -> float:
+    """The best of `rounds` rounds of `calls` calls of fn(*args), seconds
+    per call (other work on the machine only ever adds time);
+    after_round() runs between rounds, unclocked."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        best = min(best, (time.perf_counter() - start) / calls)
+        after_round()
+    return best
+
+
 @contextlib.contextmanager
 def fastlazy_state(on: bool, backend: str | None = None):
     """fastlazy enabled or disabled (and its backend) for a block; the
