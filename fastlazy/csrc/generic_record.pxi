@@ -475,48 +475,38 @@ def eager_operand_facts(x):
             bool(o.own.requires_grad))
 
 
-cdef enum:
-    NO_FLAT_KEY = -3            # (FL_UNREAD, FL_TOO_MANY_DIMS: tensor_facts.h)
-
-
 cdef int eager_by_reader(Operand *o, object x, int64_t *strides) except -100:
     """describe_eager's reading of x through the C++ reader: its rank with
     o.own and `strides` filled; FL_UNREAD where the reader cannot answer,
-    NO_FLAT_KEY where x has no flat key."""
-    cdef fl_tensor_facts facts
-    cdef int nd = read_tensor(<PyObject*>x, &facts, o.own.shape, strides, MAX_NDIM)
-    if nd == FL_UNREAD:
-        return FL_UNREAD
-    if nd == FL_TOO_MANY_DIMS or not facts.strided or facts.device < 0:
-        return NO_FLAT_KEY      # sparse, mkldnn; mps, meta, xpu...: signature_key decides
-    o.own.dtype = dtype_code(<object>facts.dtype)
-    o.own.ndim = nd
-    o.own.device = facts.device
-    o.own.requires_grad = facts.requires_grad
-    return nd if o.own.dtype != DT_UNDEF else NO_FLAT_KEY
+    NOT_DESCRIBED where x has no flat key."""
+    cdef int strided
+    cdef int nd = meta_by_reader(&o.own, x, strides, &strided)
+    if nd >= 0 and not strided:
+        return NOT_DESCRIBED    # sparse, mkldnn: signature_key decides
+    return nd
 
 
 cdef int eager_by_getters(Operand *o, object x, int64_t *strides) except -100:
     """eager_by_reader through torch.Tensor's getters."""
     cdef Py_ssize_t nd, i
     if tensor_get(_get_layout, x) is not _strided:
-        return NO_FLAT_KEY
+        return NOT_DESCRIBED
     code = dtype_code(tensor_get(_get_dtype, x))
     if code == DT_UNDEF:
-        return NO_FLAT_KEY
+        return NOT_DESCRIBED
     shape = tensor_get(_get_shape, x)
     nd = PyTuple_GET_SIZE(shape)
     if nd > MAX_NDIM:
-        return NO_FLAT_KEY
+        return NOT_DESCRIBED
     if tensor_get(_get_is_cpu, x) is True:
         o.own.device = 0
     elif tensor_get(_get_is_cuda, x) is True:
         o.own.device = 1 + x.get_device()
     else:
-        return NO_FLAT_KEY      # mps, meta, xpu...: signature_key decides
+        return NOT_DESCRIBED      # mps, meta, xpu...: signature_key decides
     stride = _tensor_stride(x)
     if PyTuple_GET_SIZE(stride) != nd:
-        return NO_FLAT_KEY
+        return NOT_DESCRIBED
     for i in range(nd):
         o.own.shape[i] = <object>PyTuple_GET_ITEM(shape, i)
         strides[i] = <object>PyTuple_GET_ITEM(stride, i)

@@ -107,34 +107,42 @@ def tensor_reader_installed():
     return read_tensor != NULL
 
 
-cdef int meta_from_reader(Meta *m, object t) except -2:
-    """meta_from_tensor for a torch.Tensor or Parameter through the C++
-    reader: 1 or 0 as meta_from_tensor, FL_UNREAD where it cannot answer."""
+cdef enum:
+    NOT_DESCRIBED = -3      # (FL_UNREAD, FL_TOO_MANY_DIMS: tensor_facts.h)
+
+
+cdef int meta_by_reader(Meta *m, object t, int64_t *strides, int *strided) except -100:
+    """m filled from a torch.Tensor or Parameter by the C++ reader: t's
+    rank; FL_UNREAD where the reader cannot answer; NOT_DESCRIBED where a
+    LazyTensor's metadata cannot describe t (too many dims, a device other
+    than cpu and cuda, a dtype without a code).  `strides` (or NULL) and
+    *strided as the reader gives them."""
     cdef fl_tensor_facts facts
-    cdef int nd = read_tensor(<PyObject*>t, &facts, m.shape, NULL, MAX_NDIM)
+    cdef int nd = read_tensor(<PyObject*>t, &facts, m.shape, strides, MAX_NDIM)
     if nd == FL_UNREAD:
         return FL_UNREAD
     if nd == FL_TOO_MANY_DIMS or facts.device < 0:
-        return 0
+        return NOT_DESCRIBED
     cdef int d = dtype_code(<object>facts.dtype)
     if d == DT_UNDEF:
-        return 0
+        return NOT_DESCRIBED
     m.dtype = d
     m.ndim = nd
     m.device = facts.device
     m.requires_grad = facts.requires_grad
-    return 1
+    strided[0] = facts.strided
+    return nd
 
 
 cdef int meta_from_tensor(Meta *m, object t) except -1:
     """Fill m from an eager tensor: the slow path (attribute reads), taken only
     for eager tensors passed beside LazyTensors."""
-    cdef int read
+    cdef int read, strided
     if type(t) is TensorType or type(t) is _Parameter:
         if read_tensor != NULL:
-            read = meta_from_reader(m, t)
+            read = meta_by_reader(m, t, NULL, &strided)
             if read != FL_UNREAD:
-                return read
+                return read >= 0
         if _fast_eager:
             return meta_from_getters(m, t)
     cdef int d = dtype_code(t.dtype)
