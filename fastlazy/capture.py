@@ -102,7 +102,7 @@ def _substitute(x, it):
     return x
 
 
-def _example(t, make=torch.empty):
+def example_of(t, make=torch.empty):
     """A real tensor standing for argument t in the fake runs (never
     written, so never touched), with t's view geometry."""
     if type(t) is LazyTensor:
@@ -186,7 +186,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     if trial is not None:
         fakes, out, recorded = trial
     elif gm is None:
-        examples = [_example(t) for t in tensors]
+        examples = [example_of(t) for t in tensors]
         fakes, out, mode, recorder = _fake_run(func, args, kwargs, examples)
     leaves, spec = pytree.tree_flatten(out)
     results = [v for v in leaves if v is not None]     # (attn_output, None)
@@ -228,8 +228,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         if recorded is not None:
             constants = tuple(n.meta["constant"] for n in recorded.nodes
                               if n.op == "placeholder" and "constant" in n.meta)
-            draws = _lift_draws(recorded)
-            gm = _checked(recorded, contiguous)
+            draws = lift_draws(recorded)
+            gm = checked(recorded, contiguous)
         else:
             gm, constants, draws = _trace(func, args, kwargs, examples, contiguous)
         host_checks.keep_argument_checks(func, args, kwargs, gm.graph)
@@ -324,7 +324,7 @@ def _meta_run(erased, func, args, kwargs, tensors):
 
 def _meta_judged(erased, func, args, kwargs, tensors):
     try:
-        metas = [_example(t, _meta_empty) for t in tensors]
+        metas = [example_of(t, _meta_empty) for t in tensors]
         ma, mk = _substitute((args, kwargs), iter(metas))
         out = func(*ma, **mk)
     except Exception:     # noqa: BLE001 - no meta kernel, or eager would raise
@@ -394,6 +394,12 @@ def _fake_run(func, args, kwargs, examples):
 _FAKE_LOG = logging.getLogger("torch._subclasses.fake_tensor")
 
 
+def quiet_fake_log():
+    """A context in which fake_tensor logs no traceback for a call its
+    kernel rejects (eager's own error reaches the user instead)."""
+    return _quiet(_FAKE_LOG)
+
+
 @contextlib.contextmanager
 def _quiet(logger):
     was = logger.disabled
@@ -425,7 +431,7 @@ def _trial_tensors(tensors, fill=0):
     geometry and trial values (fastlazy.trial_tensors: floats uniform in
     [0, 1), integers and bools all `fill`)."""
     make = trial_tensors.maker(torch.Generator().manual_seed(0), fill)
-    return [_example(t, make) for t in tensors]
+    return [example_of(t, make) for t in tensors]
 
 
 # A trial run whose aten calls include one of these read the trial values
@@ -498,7 +504,7 @@ def _recorded_trial(func, args, kwargs, tensors, fill, judges):
             node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
             and _SEEDED in node.target.tags for node in recorded.nodes):
         # a random fill of the written copy (x.uniform_()): make_fx's
-        # functionalized trace is the form whose draw _lift_draws lifts
+        # functionalized trace is the form whose draw lift_draws lifts
         return None
     return trial, out, recorded
 
@@ -507,7 +513,7 @@ def _reads_values(node):
     """Did this recorded aten call read its inputs' values to decide a
     shape or a Python value?  Indexing with integer index tensors is
     tagged so for the boolean masks it also takes, but its shape is the
-    indices' (as in _checked's exception for the fake run)."""
+    indices' (as in checked's exception for the fake run)."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     if not any(tag in node.target.tags for tag in _READS_VALUES):
@@ -689,9 +695,9 @@ def _trace(func, args, kwargs, examples, contiguous):
         gm = make_fx(program, tracing_mode="fake")(*examples)
     except Exception as exc:
         raise Unsafe(f"not traceable to aten ({type(exc).__name__})") from None
-    constants = _lift_constants(gm)
-    draws = _lift_draws(gm)
-    return _checked(gm, contiguous), constants, draws
+    constants = lift_constants(gm)
+    draws = lift_draws(gm)
+    return checked(gm, contiguous), constants, draws
 
 
 # aten ops whose kernels take any strides and lay their results out from
@@ -719,7 +725,7 @@ def _takes_any_layout(graph):
                for n in graph.nodes)
 
 
-def _checked(program, contiguous):
+def checked(program, contiguous):
     """A call's aten program (a GraphModule traced, or a Graph recorded) as
     a GraphModule, once it has passed the purity checks (else Unsafe), with
     sizes read from its inputs and its outputs a flat tuple; `contiguous`
@@ -932,7 +938,7 @@ _METADATA_ONLY = frozenset(
     if hasattr(getattr(torch.ops.aten, name, None), overload))
 
 
-def _lift_draws(program):
+def lift_draws(program):
     """Random ops whose draw depends on metadata and constants alone -- an
     in-place fill (bernoulli_, uniform_, normal_...) of a freshly made
     tensor, rand_like, randn_like -- become inputs of the program, drawn at
@@ -1001,7 +1007,7 @@ def _fill_carrier(node, order):
     return carrier
 
 
-def _lift_constants(gm):
+def lift_constants(gm):
     """The tensors the program made from the call's Python values (x[[0, 2]]
     traces the list as a constant index tensor), turned into inputs after the
     call's own: per signature, so per value; the lowerings stay plain aten

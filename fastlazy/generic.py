@@ -25,7 +25,7 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, capture, program_templates, views
+from fastlazy import _core, capture, lifted_floats, program_templates, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import MAX_INPUTS, Signature, Unsafe, WritesInputs
 
@@ -83,6 +83,7 @@ def forget_signatures():
         _signatures.clear()
         _core.forget_generic()
     program_templates.forget()
+    lifted_floats.forget()
 
 
 def lowering(index):
@@ -114,15 +115,27 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             return _record_nested(func, args, kwargs, name, by_entries=True)
         except Exception:          # noqa: BLE001 - raised again by the analysis
             pass
+    scalars = ()
     if sig is None:
-        sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"),
-                       ruled)
-        with _lock:
-            if len(_signatures) >= MAX_SIGNATURES:
-                # a loop over ever-new shapes: start over rather than grow
-                _signatures.clear()
-                _core.forget_generic()
-            _signatures[key] = sig
+        loose = lifted_floats.loose_key(key)
+        lifted = None if loose is None else lifted_floats.match(loose[0])
+        if lifted is not None:
+            scalars = lifted.takes(lifted_floats.floats_of(args, kwargs))
+            if scalars is not None:
+                sig, prepared = lifted.sig, None
+        if sig is None:
+            scalars = ()
+            sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"),
+                           ruled)
+            with _lock:
+                if len(_signatures) >= MAX_SIGNATURES:
+                    # a loop over ever-new shapes: start over rather than grow
+                    _signatures.clear()
+                    _core.forget_generic()
+                _signatures[key] = sig
+            if loose is not None and sig.reason is None:
+                lifted_floats.observe(loose[0], loose[1], func, args, kwargs, tensors, sig,
+                                      lambda gm: _intern(gm, name or getattr(func, "__name__", "?")))
     if sig.reason is not None:
         if sig.written != ():
             # the eager run writes these arguments (all of them where the
@@ -144,6 +157,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
     if sig.draws:
         # drawn now, in the call's order, as eager draws them
         inputs += tuple([_core.lazy(draw()) for draw in sig.draws])
+    inputs += scalars
     new = iter(_core.record_generic(sig.lowering.index, inputs, sig.recorded, sig.detach,
                                     written)
                if sig.recorded else ())
@@ -319,4 +333,5 @@ def reset():
     with _lock:
         _signatures.clear()
         _core.forget_generic()
+    lifted_floats.forget()
 

@@ -114,11 +114,61 @@ def _lower(graph, node, env, meta, cast):
 
 def _call(graph, call, args, kwargs):
     if call.overload is not None:
+        if isinstance(call.overload, torch._ops.OpOverload):
+            return _scalars_as_tensors(graph, call.overload, tuple(args), kwargs)
         return graph.call_function(call.overload, tuple(args), kwargs)
     if call.name in _DECOMPOSE and any(isinstance(kwargs.get(k), torch.fx.Node) or k == "*"
                                        for k in _DECOMPOSE[call.name][0]):
         return _DECOMPOSE[call.name][1](graph, args, kwargs)
     return graph.call_function(fx_target(call.name), tuple(args), kwargs)
+
+
+def _scalars_as_tensors(graph, op, args, kwargs):
+    """A captured program's call of aten op `op`, where a Python float it
+    takes as an input (fastlazy.lifted_floats) reaches a Scalar argument:
+    here a 0-dim tensor, passed to the op's overload that takes a Tensor
+    there (masked_fill.Scalar -> masked_fill.Tensor), cast to the dtype of
+    the op's first tensor, to which the Scalar overload converts it.  An op
+    with no such overload is not compiled (the graph stays on the fast
+    tier): inductor takes a Scalar only as a constant."""
+    schema = op._schema.arguments
+    given = [(i, a) for i, a in enumerate(args)] + [
+        (next(i for i, arg in enumerate(schema) if arg.name == name), a)
+        for name, a in kwargs.items()]
+    scalars = {i for i, a in given
+               if isinstance(a, torch.fx.Node) and str(schema[i].type) in ("number", "float")}
+    if not scalars:
+        return graph.call_function(op, args, kwargs)
+    if op is torch.ops.aten.scalar_tensor.default and scalars == {0}:
+        return graph.call_function(_TO_COPY, (args[0],), {
+            k: v for k, v in kwargs.items() if k in ("dtype", "device")})
+    tensor_op = _tensor_overload(op, frozenset(scalars))
+    first = next((a for i, a in given if i not in scalars and isinstance(a, torch.fx.Node)), None)
+    if tensor_op is None or first is None:
+        raise NotImplementedError(
+            f"{op} takes a Python float that varies between calls, which inductor "
+            "compiles only as a constant (the graph runs on the fast tier)")
+    cast = {i: graph.call_function(torch.ops.aten.type_as.default, (a, first))
+            for i, a in given if i in scalars}
+    args = tuple(cast.get(i, a) for i, a in enumerate(args))
+    kwargs = {name: cast.get(i, a) for (name, a), (i, _) in zip(kwargs.items(), given[len(args):])}
+    return graph.call_function(tensor_op, args, kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_overload(op, positions):
+    """The overload of op's packet whose schema is op's with a Tensor at
+    each of `positions` in place of a Scalar; None if it has none."""
+    mine = op._schema.arguments
+    for name in op.overloadpacket.overloads():
+        other = getattr(op.overloadpacket, name)
+        theirs = other._schema.arguments
+        if len(theirs) == len(mine) and all(
+                a.name == b.name and (str(b.type) == "Tensor" if i in positions
+                                      else str(a.type) == str(b.type))
+                for i, (a, b) in enumerate(zip(mine, theirs))):
+            return other
+    return None
 
 
 # aten takes these arguments as Python numbers; as graph inputs (0-dim

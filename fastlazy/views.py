@@ -52,7 +52,7 @@ def traced_contiguous(t) -> bool:
     dims aside, as torch judges.  Either may have another layout when its
     graph runs -- a root made from a permuted or channels-last eager tensor,
     a slice of one -- so programs traced on such an input make it
-    contiguous first (capture._checked): a `.contiguous()` the trace left
+    contiguous first (capture.checked): a `.contiguous()` the trace left
     out, or a `view`, then sees what the trace saw."""
     where = geometry(t)
     if where is None or 0 in t.shape:

@@ -47,8 +47,9 @@ def dtype_code_of(dtype):
 
 def record_generic(int lowering, tuple inputs, list outs, bint detach, bint written=False):
     """Append one node per entry of `outs` -- (output index, dtype, shape,
-    requires_grad) -- each reading all of `inputs` (LazyTensors); return
-    their LazyTensors.  written: the call wrote its first input in place
+    requires_grad) -- each reading all of `inputs` (LazyTensors, then any
+    Python floats the program takes: fastlazy.lifted_floats); return their
+    LazyTensors.  written: the call wrote its first input in place
     (NODE_WRITTEN; the program is its functional form)."""
     cdef Operand ops[MAX_IN]
     cdef int n = len(inputs), i, j
@@ -56,8 +57,8 @@ def record_generic(int lowering, tuple inputs, list outs, bint detach, bint writ
     if n > MAX_IN or not 0 <= lowering < (1 << ATTR_GENERIC_OUT_SHIFT):
         raise ValueError("generic call out of range")
     for i in range(n):
-        if type(inputs[i]) is not LazyTensor:
-            raise TypeError("generic inputs are LazyTensors")
+        if type(inputs[i]) is not LazyTensor and (i == 0 or type(inputs[i]) is not float):
+            raise TypeError("generic inputs are LazyTensors and floats")
         classify(&ops[i], <PyObject*>inputs[i])
     cdef int flags = (NODE_DETACH if detach else 0) | (NODE_WRITTEN if written else 0)
     result = []

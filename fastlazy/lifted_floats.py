@@ -1,0 +1,279 @@
+"""Python floats of generic calls as inputs of the program, once they vary.
+
+A generic call's signature holds every argument's value (fastlazy.generic),
+and its program has each Python float baked in: `x.masked_fill(m, v)`,
+`torch.where(c, x, v)`, `torch.lerp(a, b, w)`, `torch.full_like(x, v)` with
+a v that changes every call were a new signature, a new analysis and a new
+graph structure -- a compile -- every call.
+
+So once one signature has been met with two different values of some of
+its floats (the *loose* key: the signature with its floats erased), its
+call is traced once more with those floats symbolic (SymFloats of a shape
+environment that holds nothing else: tensor sizes stay static).  If the
+floats reach the aten program only as arguments -- the shape environment
+recorded no guard on any of them: no Python or C++ code branched on, or
+specialized, a value -- the program takes them as inputs, and every later
+call of the loose signature is recorded from it, its floats appended to
+the node's inputs as scalar slots, with no analysis and the same graph
+structure whatever the values.  Where a guard was recorded (F.pad's and
+layer_norm's values reach a `float` or `double` in C++; dropout checks
+0 <= p <= 1) the values stay baked in, as before.
+
+A value eager would refuse is left to the exact path, whose analysis runs
+the call and raises eager's error: lifted values must be NaN, infinite,
+or within the range of the narrowest floating dtype among the call's
+tensors and results, and the results must be floating (a float filled
+into an integer tensor may overflow).
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+import torch.fx
+
+from fastlazy import capture, host_checks, views
+from fastlazy._core import LazyTensor
+from fastlazy.capture import Unsafe
+
+MAX_LOOSE = 4096          # loose signatures remembered before starting over
+
+
+class Lifted:
+    """A loose signature's program with some floats as inputs: `sig` (the
+    exact Signature it was made beside, its lowering replaced), which float
+    positions are inputs, the values of the others, and the bound on
+    values (`limit`), and the conditions code checked of them (`guards`:
+    functions of the lifted values) that must hold."""
+    __slots__ = ("sig", "positions", "fixed", "limit", "guards")
+
+    def __init__(self, sig, positions, fixed, limit, guards):
+        self.sig = sig
+        self.positions = positions
+        self.fixed = fixed
+        self.limit = limit
+        self.guards = guards
+
+    def takes(self, floats):
+        """The floats to append as inputs, or None where this program does
+        not take the call's values."""
+        for k, v in self.fixed:
+            if floats[k].hex() != v:
+                return None
+        lifted = tuple([floats[k] for k in self.positions])
+        for v in lifted:
+            if abs(v) > self.limit and math.isfinite(v):
+                return None
+        for guard in self.guards:
+            if not guard(*lifted):
+                return None
+        return lifted
+
+
+_lock = threading.Lock()
+# loose key -> the first call's float values (hex strings), or a Lifted,
+# or None where lifting was refused
+_loose: dict = {}
+
+
+def forget():
+    with _lock:
+        _loose.clear()
+
+
+def loose_key(key):
+    """(the signature key with its floats erased, their values as hex
+    strings) -- None for a key without floats.  signature_key writes a
+    float as (float, its hex)."""
+    parts = key[1]
+    floats = [p[1] for p in parts if type(p) is tuple and len(p) == 2 and p[0] is float]
+    if not floats:
+        return None
+    loose = tuple([_FLOAT if type(p) is tuple and len(p) == 2 and p[0] is float else p
+                   for p in parts])
+    return (key[0], loose) + key[2:], floats
+
+
+_FLOAT = (float,)
+
+
+def match(loose):
+    """The Lifted program of a loose key, if one was made."""
+    entry = _loose.get(loose)
+    return entry if type(entry) is Lifted else None
+
+
+def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
+    """A call of loose signature `loose` was analysed exactly (`sig`).  If
+    an earlier one had other values, try to lift the floats that differ:
+    the Lifted made (its lowering interned by `lower`), else None."""
+    with _lock:
+        first = _loose.get(loose, _MISSING)
+        if first is _MISSING:
+            if len(_loose) >= MAX_LOOSE:
+                _loose.clear()
+            _loose[loose] = hexes
+            return None
+    if type(first) is not list or first == hexes:
+        return None
+    positions = tuple(k for k, (a, b) in enumerate(zip(first, hexes)) if a != b)
+    try:
+        lifted = _lift(func, args, kwargs, tensors, sig, positions, hexes, lower)
+    except Unsafe:
+        lifted = None
+    with _lock:
+        _loose[loose] = lifted
+    return lifted
+
+
+_MISSING = object()
+
+
+def floats_of(args, kwargs):
+    """The call's Python floats, in signature_key's order."""
+    found = []
+    _visit((args, kwargs), found)
+    return found
+
+
+def _visit(x, found):
+    t = type(x)
+    if t is float:
+        found.append(x)
+    elif t is tuple or t is list:
+        for v in x:
+            _visit(v, found)
+    elif t is dict:
+        for v in x.values():
+            _visit(v, found)
+    elif t is slice:
+        _visit(x.start, found)
+        _visit(x.stop, found)
+        _visit(x.step, found)
+
+
+def _replace(x, tensors, floats):
+    """x with its tensors and floats replaced by the next items of the two
+    iterators (`floats` yields a float itself where it stays a constant)."""
+    t = type(x)
+    if t is LazyTensor or isinstance(x, torch.Tensor):
+        return next(tensors)
+    if t is float:
+        return next(floats)
+    if t is tuple or t is list:
+        return t([_replace(v, tensors, floats) for v in x])
+    if t is dict:
+        return {k: _replace(v, tensors, floats) for k, v in x.items()}
+    if t is slice:
+        return slice(_replace(x.start, tensors, floats), _replace(x.stop, tensors, floats),
+                     _replace(x.step, tensors, floats))
+    return x
+
+
+def _lift(func, args, kwargs, tensors, sig, positions, hexes, lower):
+    """The Lifted program of the call, its floats at `positions` inputs;
+    Unsafe where they cannot be."""
+    if sig.reason is not None or sig.nested or sig.constants or sig.draws or not sig.recorded:
+        raise Unsafe("not a recorded program of tensors alone")
+    dtypes = [t.dtype for t in tensors] + [r[1] for r in sig.recorded]
+    if not all(d.is_floating_point or d.is_complex for d in (r[1] for r in sig.recorded)):
+        raise Unsafe("a result that is not floating")
+    limit = min(torch.finfo(d).max for d in dtypes if d.is_floating_point or d.is_complex)
+    floats = floats_of(args, kwargs)
+    if isinstance(func, torch._ops.OpOverload):
+        gm, guards = _op_program(func, args, kwargs, sig, floats, positions), ()
+    else:
+        gm, guards = _symbolic_trace(func, args, kwargs, tensors, floats, positions)
+    outputs = list(gm.graph.nodes)[-1].args[0]
+    if len(outputs) != len(sig.recorded) + sum(1 for kind in sig.kinds if kind[0] == "input"):
+        raise Unsafe("the symbolic program's outputs differ from the call's")
+    lifted_sig = capture.Signature()
+    for name in capture.Signature.__slots__:
+        setattr(lifted_sig, name, getattr(sig, name))
+    lifted_sig.lowering = lower(gm)
+    fixed = tuple((k, hexes[k]) for k in range(len(hexes)) if k not in positions)
+    return Lifted(lifted_sig, positions, fixed, limit, guards)
+
+
+def _symbolic_trace(func, args, kwargs, tensors, floats, positions):
+    """(make_fx's program of the call with the floats at `positions` as
+    SymFloats, placeholders after the tensors'; the conditions on their
+    values the code checked, as functions of them).  Unsafe where code
+    specialized a value (asked if it equals a number) or the program is not
+    a pure aten program."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    symbols = []
+    for n, k in enumerate(positions):
+        source = ConstantSource(f"lifted_float{n}")
+        symbol = env.create_unspecified_symbol(floats[k], source=source)
+        symbols.append(env.create_symfloatnode(symbol, hint=floats[k], source=source))
+
+    def program(*values):
+        ts, fs = values[:len(tensors)], iter(values[len(tensors):])
+        given = iter([next(fs) if k in positions else v for k, v in enumerate(floats)])
+        a, kw = _replace((args, kwargs), iter(ts), given)
+        return func(*a, **kw)
+    if getattr(func, "functionalize", False):
+        program = torch.func.functionalize(program)
+    try:
+        with capture.quiet_fake_log(), FakeTensorMode(shape_env=env, static_shapes=True) as mode:
+            fakes = [mode.from_tensor(capture.example_of(t)) for t in tensors]
+            gm = make_fx(program, tracing_mode="real")(*fakes, *symbols)
+    except Exception as exc:        # noqa: BLE001 - the exact path judges the call
+        raise Unsafe(f"not traceable with symbolic floats ({type(exc).__name__})") from None
+    guards = tuple(_guard(env, guard.expr, symbols) for guard in env.guards)
+    # (functionalize leaves dead copies of what it saw behind: not the program)
+    gm.graph.eliminate_dead_code()
+    if any(node.op == "get_attr" for node in gm.graph.nodes):
+        raise Unsafe("the program reads a constant tensor")
+    contiguous = [type(t) is LazyTensor and views.traced_contiguous(t) for t in tensors]
+    gm = capture.checked(gm, contiguous)
+    host_checks.keep_argument_checks(func, args, kwargs, gm.graph)
+    gm.recompile()
+    return gm, guards
+
+
+def _guard(env, expr, symbols):
+    """A condition the traced code checked of the symbolic floats, as a
+    function of their values (hardtanh's min <= max); Unsafe for one that
+    pins a float to a value."""
+    import sympy
+    if isinstance(expr, sympy.Eq) and any(arg.is_number for arg in expr.args):
+        raise Unsafe("code specialized a float's value")
+    return sympy.lambdify([s.node.expr for s in symbols], expr, modules="math")
+
+
+def _op_program(op, args, kwargs, sig, floats, positions):
+    """An aten op's program with its float arguments at `positions` made
+    inputs.  The op receives them with no code in between (a SymFloat trace
+    would pin them: a schema's `float` argument takes no symbol), so the
+    exact program's one call of the op takes the placeholders instead of
+    the floats it was traced with."""
+    if kwargs or any(type(a) in (list, tuple, dict, slice) for a in args):
+        raise Unsafe("float arguments inside containers")
+    at = [i for i, a in enumerate(args) if type(a) is float]
+    graph = torch.fx.Graph()
+    copies = {}
+    for node in sig.lowering.gm.graph.nodes:
+        copies[node] = graph.node_copy(node, copies.__getitem__)
+    calls = [n for n in graph.nodes if n.op == "call_function" and n.target is op]
+    if len(calls) != 1:
+        raise Unsafe("the program is not one call of the op")
+    call = calls[0]
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    made = list(call.args)
+    for n, k in enumerate(positions):
+        i = at[k]
+        if i >= len(made) or type(made[i]) is not float or made[i].hex() != floats[k].hex():
+            raise Unsafe("the op's program does not take the float as given")
+        with graph.inserting_after(placeholders[-1]):
+            placeholders.append(graph.placeholder(f"lifted_float{n}"))
+        made[i] = placeholders[-1]
+    call.args = tuple(made)
+    return capture.CapturedProgram(graph)
