@@ -33,7 +33,7 @@ import threading
 import torch
 import torch.fx
 
-from fastlazy import capture, host_checks, views
+from fastlazy import _core, capture, host_checks, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
@@ -118,10 +118,13 @@ def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
     if type(first) is not list or first == hexes:
         return None
     positions = tuple(k for k, (a, b) in enumerate(zip(first, hexes)) if a != b)
+    held = _core.hold_pending()         # (as capture.analyse: no flush meanwhile)
     try:
         lifted = _lift(func, args, kwargs, tensors, sig, positions, hexes, lower)
     except Unsafe:
         lifted = None
+    finally:
+        _core.release_pending(held)
     with _lock:
         _loose[loose] = lifted
     return lifted
