@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import pathlib
 import threading
 
 import torch
@@ -93,8 +94,27 @@ def _prime_dynamo():
     """torch._dynamo records the identity of every torch function when it is
     first imported.  Importing it while our entry points are installed would
     make torch.compile (and the inductor backend) see them instead of torch's
-    own functions, so it is imported first (about a second, once)."""
-    import torch._dynamo.trace_rules  # noqa: F401
+    own functions, so it is imported first (about a second, once).
+    fastlazy's own files are among those dynamo never traces: a compiled
+    function called with a LazyTensor breaks its graph there (LazyTensor
+    is no tensor dynamo traces), and the calls into fastlazy that follow
+    run as Python, recording as they would uncompiled.  All but
+    inductor_graph.py, whose functions the inductor backend's graphs call
+    and dynamo must trace."""
+    import torch._dynamo.trace_rules as rules
+    package = pathlib.Path(__file__).parent
+    files = [path.as_posix() for path in sorted(package.glob("*.py"))
+             if path.stem not in ("__init__", "inductor_graph")]
+    files.append((package / "backends").as_posix() + "/")
+    if hasattr(rules, "_recompile_re"):
+        # (add() per module recompiles the pattern of every skipped
+        # directory each time: 55 ms for fastlazy's files)
+        rules.SKIP_DIRS.extend(files)
+        rules._recompile_re()
+    else:
+        for path in files:
+            name = pathlib.PurePosixPath(path).relative_to(package.parent.as_posix())
+            rules.add(".".join(name.with_suffix("").parts))
 
 
 def enable() -> None:

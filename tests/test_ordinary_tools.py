@@ -183,3 +183,34 @@ def test_as_subclass_of_a_lazy_tensor_is_the_subclass():
     sub = (x * 2).as_subclass(_Tagged)
     assert type(sub) is _Tagged
     torch.testing.assert_close(torch.Tensor(sub), t * 2)
+
+
+def test_a_compiled_function_called_with_lazy_tensors_runs_as_written():
+    # dynamo does not trace a LazyTensor (nor fastlazy's own files): the
+    # compiled function's graph breaks, and its calls record lazily
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager")
+    def f(x, w):
+        # (cummax: a generic call, whose first signature is analysed)
+        return torch.cummax(torch.nn.functional.gelu(x @ w), -1).values.sum(-1) + 1
+
+    t, w = torch.rand(3, 4), torch.rand(4, 13)
+    got = f(fastlazy.lazy(t), w)
+    assert type(got) is LazyTensor
+    assert torch.equal(got.to_eager(), f(t, w))
+    assert torch.equal(f(t, w), torch.cummax(torch.nn.functional.gelu(t @ w), -1).values.sum(-1) + 1)
+
+
+def test_a_compiled_module_trains_on_lazy_tensors_as_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    torch.manual_seed(0)
+    lazy = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                             torch.nn.Linear(8, 2)), backend="eager")
+    x = torch.rand(5, 4)
+    for model, inp in ((eager, x), (lazy, fastlazy.lazy(x))):
+        model(inp).square().mean().backward()
+    for a, b in zip(eager.parameters(), lazy.parameters()):
+        assert torch.equal(a.grad, b.grad)

@@ -550,6 +550,12 @@ cdef class LazyTensor:
 
     # -- every other torch function --
 
+    # dynamo (torch.compile) reads this off a tensor's type to tell plain
+    # tensors and traceable subclasses, which it traces, from the rest: a
+    # LazyTensor is neither (torch never dispatches to it: its stand-in's
+    # raises), so a compiled function called with one is not traced.
+    __torch_dispatch__ = _StandIn.__torch_dispatch__
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         query = _metadata_queries.get(func)
