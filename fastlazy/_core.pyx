@@ -117,6 +117,7 @@ def install(Hooks hooks):
 init_dtypes()
 fl_entry_setup(LazyTensor, lazy_call, flush_pending)
 cdef object _entry_type = type(fl_entry_new(sys.intern, "probe", -1, 0))
+ENTRY_TYPE = _entry_type      # the type of every entry point enable() installs
 
 
 # -- making LazyTensors --

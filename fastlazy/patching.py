@@ -102,6 +102,7 @@ def _prime_dynamo():
     inductor_graph.py, whose functions the inductor backend's graphs call
     and dynamo must trace."""
     import torch._dynamo.trace_rules as rules
+    _trace_entries_as_originals()
     package = pathlib.Path(__file__).parent
     files = [path.as_posix() for path in sorted(package.glob("*.py"))
              if path.stem not in ("__init__", "inductor_graph")]
@@ -115,6 +116,23 @@ def _prime_dynamo():
         for path in files:
             name = pathlib.PurePosixPath(path).relative_to(package.parent.as_posix())
             rules.add(".".join(name.with_suffix("").parts))
+
+
+def _trace_entries_as_originals():
+    """While fastlazy is enabled, the torch functions user code calls are
+    its entry points: dynamo would break the graph of a compiled function
+    at each (an object it cannot trace).  Entry's type is wrapped by
+    dynamo's builder as it wraps a TorchScript function: the object's
+    `_torchdynamo_inline`, the original function, is what it traces (and
+    it guards on the entry's type).  Where this torch's dynamo has no such
+    table, compiled code breaks its graph at the entries, as before."""
+    from torch._dynamo.variables.builder import VariableBuilder
+    table = getattr(VariableBuilder, "_type_dispatch_impl", None)
+    wrap = getattr(VariableBuilder, "wrap_jit_function", None)
+    if table is None or wrap is None:
+        return
+    for trace_numpy in (False, True):
+        table(trace_numpy)[_core.ENTRY_TYPE] = wrap
 
 
 def enable() -> None:

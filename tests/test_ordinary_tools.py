@@ -214,3 +214,17 @@ def test_a_compiled_module_trains_on_lazy_tensors_as_eager():
         model(inp).square().mean().backward()
     for a, b in zip(eager.parameters(), lazy.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+def test_torch_compile_of_eager_code_traces_through_the_entry_points():
+    # enable() replaced torch's functions with its entry points: dynamo
+    # traces the original behind each, in one graph, as without fastlazy
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))
+
+    def f(x):
+        return torch.ops.aten.sin(model(x)) + torch.nn.functional.softplus(x).sum()
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    x = torch.rand(3, 4)
+    assert torch.equal(compiled(x), f(x))

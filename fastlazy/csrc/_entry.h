@@ -172,6 +172,11 @@ fl_entry_repr(FLEntry *e)
 static PyMemberDef fl_entry_members[] = {
     {"__wrapped__", T_OBJECT, offsetof(FLEntry, orig), READONLY,
      "the original torch callable this entry falls through to"},
+    /* what dynamo (torch.compile) traces in place of an object of a type
+       its builder wraps as a jit function (fastlazy.patching registers
+       Entry so): the original, which it knows */
+    {"_torchdynamo_inline", T_OBJECT, offsetof(FLEntry, orig), READONLY,
+     "the original torch callable, which torch.compile traces for the entry"},
     {"qualname", T_OBJECT, offsetof(FLEntry, name), READONLY,
      "where the entry is installed (torch.add, Tensor.add, F.relu), for metrics"},
     {"op", T_INT, offsetof(FLEntry, op), READONLY, "opcode"},
