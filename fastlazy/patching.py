@@ -90,6 +90,9 @@ def enabled() -> bool:
     return bool(_installed)
 
 
+_dynamo_primed = False
+
+
 def _prime_dynamo():
     """torch._dynamo records the identity of every torch function when it is
     first imported.  Importing it while our entry points are installed would
@@ -100,13 +103,19 @@ def _prime_dynamo():
     is no tensor dynamo traces), and the calls into fastlazy that follow
     run as Python, recording as they would uncompiled.  All but
     inductor_graph.py, whose functions the inductor backend's graphs call
-    and dynamo must trace."""
+    and dynamo must trace.  Once a process: enable() runs again after
+    every disable()."""
+    global _dynamo_primed
+    if _dynamo_primed:
+        return
     import torch._dynamo.trace_rules as rules
     _trace_entries_as_originals()
     package = pathlib.Path(__file__).parent
     files = [path.as_posix() for path in sorted(package.glob("*.py"))
              if path.stem not in ("__init__", "inductor_graph")]
     files.append((package / "backends").as_posix() + "/")
+    files = [path for path in files if path not in rules.SKIP_DIRS]
+    _dynamo_primed = True
     if hasattr(rules, "_recompile_re"):
         # (add() per module recompiles the pattern of every skipped
         # directory each time: 55 ms for fastlazy's files)

@@ -153,3 +153,19 @@ def test_a_module_holding_an_entry_point_is_copied_and_pickled_as_with_torchs():
     assert loaded.layers[0].activation is F.gelu      # torch's own, fastlazy disabled
     torch.testing.assert_close(loaded(x), want)
     assert copy.deepcopy(layer).activation is layer.activation
+
+
+def test_enable_again_leaves_dynamos_skip_list_as_it_was():
+    # enable() puts fastlazy's files on dynamo's skip list once a process:
+    # a list grown at every enable() recompiles a longer pattern each time
+    import torch._dynamo.trace_rules as rules
+    was = fastlazy.enabled()
+    fastlazy.enable()
+    count = len(rules.SKIP_DIRS)
+    for _ in range(3):
+        fastlazy.disable()
+        fastlazy.enable()
+    assert len(rules.SKIP_DIRS) == count
+    assert any(d.endswith("fastlazy/route.py") for d in rules.SKIP_DIRS)
+    if not was:
+        fastlazy.disable()
