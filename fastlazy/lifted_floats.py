@@ -58,6 +58,8 @@ class Lifted:
     def takes(self, floats):
         """The floats to append as inputs, or None where this program does
         not take the call's values."""
+        if len(floats) != len(self.fixed) + len(self.positions):
+            return None
         for k, v in self.fixed:
             if floats[k].hex() != v:
                 return None
@@ -121,7 +123,7 @@ def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
     held = _core.hold_pending()         # (as capture.analyse: no flush meanwhile)
     try:
         lifted = _lift(func, args, kwargs, tensors, sig, positions, hexes, lower)
-    except Unsafe:
+    except Exception:       # noqa: BLE001 - any failure leaves the exact path alone
         lifted = None
     finally:
         _core.release_pending(held)
