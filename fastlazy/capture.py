@@ -87,18 +87,22 @@ class Signature:
         self.sequence = None
 
 
-def _substitute(x, it):
+def substitute(x, it, floats=None):
     """x with every tensor replaced by the next item of `it` (the order of
-    signature_key)."""
+    signature_key), and every Python float by the next of `floats` if
+    given (fastlazy.lifted_floats)."""
     t = type(x)
     if t is LazyTensor or isinstance(x, torch.Tensor):
         return next(it)
+    if t is float and floats is not None:
+        return next(floats)
     if t is tuple or t is list:
-        return t([_substitute(v, it) for v in x])
+        return t([substitute(v, it, floats) for v in x])
     if t is dict:
-        return {k: _substitute(v, it) for k, v in x.items()}
+        return {k: substitute(v, it, floats) for k, v in x.items()}
     if t is slice:
-        return slice(_substitute(x.start, it), _substitute(x.stop, it), _substitute(x.step, it))
+        return slice(substitute(x.start, it, floats), substitute(x.stop, it, floats),
+                     substitute(x.step, it, floats))
     return x
 
 
@@ -325,7 +329,7 @@ def _meta_run(erased, func, args, kwargs, tensors):
 def _meta_judged(erased, func, args, kwargs, tensors):
     try:
         metas = [example_of(t, _meta_empty) for t in tensors]
-        ma, mk = _substitute((args, kwargs), iter(metas))
+        ma, mk = substitute((args, kwargs), iter(metas))
         out = func(*ma, **mk)
     except Exception:     # noqa: BLE001 - no meta kernel, or eager would raise
         return None
@@ -357,7 +361,7 @@ def _trial_judged(erased, func, args, kwargs, tensors):
 
 def _trial_judged_run(erased, func, args, kwargs, tensors):
     trial = _trial_tensors(tensors)
-    a, k = _substitute((args, kwargs), iter(trial))
+    a, k = substitute((args, kwargs), iter(trial))
     try:
         out = func(*a, **k)
     except Exception:     # noqa: BLE001 - the trial run judges, and raises Unsafe
@@ -383,7 +387,7 @@ def _fake_run(func, args, kwargs, examples):
         # user gets eager's own exception from the eager run instead)
         with _quiet(_FAKE_LOG), FakeTensorMode(allow_non_fake_inputs=False) as mode:
             fakes = [mode.from_tensor(e) for e in examples]
-            fa, fk = _substitute((args, kwargs), iter(fakes))
+            fa, fk = substitute((args, kwargs), iter(fakes))
             with Recorder(fakes, _numbers((args, kwargs))) as recorder:
                 out = func(*fa, **fk)
             return fakes, out, mode, recorder
@@ -485,7 +489,7 @@ def _recorded_trial(func, args, kwargs, tensors, fill, judges):
     that raises raises Unsafe if the trial `judges` the arguments, else
     gives None."""
     trial = _trial_tensors(tensors, fill)
-    a, k = _substitute((args, kwargs), iter(trial))
+    a, k = substitute((args, kwargs), iter(trial))
     try:
         with Recorder(trial, _numbers((args, kwargs))) as recorder:
             out = func(*a, **k)
@@ -585,7 +589,7 @@ def _same_values(func, args, kwargs, tensors, gm):
     in them)?  No where either raises or writes its inputs."""
     trial = _trial_tensors(tensors, fill=1)
     versions = [t._version for t in trial]
-    a, k = _substitute((args, kwargs), iter(trial))
+    a, k = substitute((args, kwargs), iter(trial))
     try:
         with torch.no_grad():
             want = func(*a, **k)
@@ -630,7 +634,7 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled):
         return
     trial = _trial_tensors(tensors)
     try:
-        a, k = _substitute((args, kwargs), iter(trial))
+        a, k = substitute((args, kwargs), iter(trial))
         out = func(*a, **k)
     except Exception as exc:
         raise Unsafe(f"eager judges the arguments (a trial run raised "
@@ -687,7 +691,7 @@ def _trace(func, args, kwargs, examples, contiguous):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def program(*ts):
-        a, k = _substitute((args, kwargs), iter(ts))
+        a, k = substitute((args, kwargs), iter(ts))
         return func(*a, **k)
     if getattr(func, "functionalize", False):
         program = torch.func.functionalize(program)

@@ -120,13 +120,13 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         loose = lifted_floats.loose_key(key)
         lifted = None if loose is None else lifted_floats.match(loose[0])
         if lifted is not None:
-            scalars = lifted.takes(lifted_floats.floats_of(args, kwargs))
+            scalars = lifted.takes(loose[1])
             if scalars is not None:
                 sig, prepared = lifted.sig, None
         if sig is None:
             scalars = ()
-            sig = _analyse(func, args, kwargs, tensors, name or getattr(func, "__name__", "?"),
-                           ruled)
+            title = name or getattr(func, "__name__", "?")
+            sig = _analyse(func, args, kwargs, tensors, title, ruled)
             with _lock:
                 if len(_signatures) >= MAX_SIGNATURES:
                     # a loop over ever-new shapes: start over rather than grow
@@ -135,7 +135,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
                 _signatures[key] = sig
             if loose is not None and sig.reason is None:
                 lifted_floats.observe(loose[0], loose[1], func, args, kwargs, tensors, sig,
-                                      lambda gm: _intern(gm, name or getattr(func, "__name__", "?")))
+                                      lambda gm: _intern(gm, title))
     if sig.reason is not None:
         if sig.written != ():
             # the eager run writes these arguments (all of them where the

@@ -55,15 +55,13 @@ class Lifted:
         self.limit = limit
         self.guards = guards
 
-    def takes(self, floats):
+    def takes(self, hexes):
         """The floats to append as inputs, or None where this program does
-        not take the call's values."""
-        if len(floats) != len(self.fixed) + len(self.positions):
-            return None
+        not take the call's values (`hexes`: as loose_key gives them)."""
         for k, v in self.fixed:
-            if floats[k].hex() != v:
+            if hexes[k] != v:
                 return None
-        lifted = tuple([floats[k] for k in self.positions])
+        lifted = tuple([float.fromhex(hexes[k]) for k in self.positions])
         for v in lifted:
             if abs(v) > self.limit and math.isfinite(v):
                 return None
@@ -135,47 +133,6 @@ def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
 _MISSING = object()
 
 
-def floats_of(args, kwargs):
-    """The call's Python floats, in signature_key's order."""
-    found = []
-    _visit((args, kwargs), found)
-    return found
-
-
-def _visit(x, found):
-    t = type(x)
-    if t is float:
-        found.append(x)
-    elif t is tuple or t is list:
-        for v in x:
-            _visit(v, found)
-    elif t is dict:
-        for v in x.values():
-            _visit(v, found)
-    elif t is slice:
-        _visit(x.start, found)
-        _visit(x.stop, found)
-        _visit(x.step, found)
-
-
-def _replace(x, tensors, floats):
-    """x with its tensors and floats replaced by the next items of the two
-    iterators (`floats` yields a float itself where it stays a constant)."""
-    t = type(x)
-    if t is LazyTensor or isinstance(x, torch.Tensor):
-        return next(tensors)
-    if t is float:
-        return next(floats)
-    if t is tuple or t is list:
-        return t([_replace(v, tensors, floats) for v in x])
-    if t is dict:
-        return {k: _replace(v, tensors, floats) for k, v in x.items()}
-    if t is slice:
-        return slice(_replace(x.start, tensors, floats), _replace(x.stop, tensors, floats),
-                     _replace(x.step, tensors, floats))
-    return x
-
-
 def _lift(func, args, kwargs, tensors, sig, positions, hexes, lower):
     """The Lifted program of the call, its floats at `positions` inputs;
     Unsafe where they cannot be."""
@@ -185,7 +142,7 @@ def _lift(func, args, kwargs, tensors, sig, positions, hexes, lower):
     if not all(d.is_floating_point or d.is_complex for d in (r[1] for r in sig.recorded)):
         raise Unsafe("a result that is not floating")
     limit = min(torch.finfo(d).max for d in dtypes if d.is_floating_point or d.is_complex)
-    floats = floats_of(args, kwargs)
+    floats = [float.fromhex(h) for h in hexes]
     if isinstance(func, torch._ops.OpOverload):
         gm, guards = _op_program(func, args, kwargs, sig, floats, positions), ()
     else:
@@ -222,7 +179,7 @@ def _symbolic_trace(func, args, kwargs, tensors, floats, positions):
     def program(*values):
         ts, fs = values[:len(tensors)], iter(values[len(tensors):])
         given = iter([next(fs) if k in positions else v for k, v in enumerate(floats)])
-        a, kw = _replace((args, kwargs), iter(ts), given)
+        a, kw = capture.substitute((args, kwargs), iter(ts), given)
         return func(*a, **kw)
     if getattr(func, "functionalize", False):
         program = torch.func.functionalize(program)

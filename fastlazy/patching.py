@@ -104,7 +104,7 @@ def _prime_dynamo():
     run as Python, recording as they would uncompiled.  All but
     inductor_graph.py, whose functions the inductor backend's graphs call
     and dynamo must trace.  Once a process: enable() runs again after
-    every disable()."""
+    every disable(), and each addition recompiles the list's pattern."""
     global _dynamo_primed
     if _dynamo_primed:
         return
@@ -114,7 +114,6 @@ def _prime_dynamo():
     files = [path.as_posix() for path in sorted(package.glob("*.py"))
              if path.stem not in ("__init__", "inductor_graph")]
     files.append((package / "backends").as_posix() + "/")
-    files = [path for path in files if path not in rules.SKIP_DIRS]
     _dynamo_primed = True
     if hasattr(rules, "_recompile_re"):
         # (add() per module recompiles the pattern of every skipped
