@@ -265,6 +265,7 @@ ctypedef struct Operand:
     int scalar         # ScalarType, for K_SCALAR
     PyObject *obj      # borrowed argument
     Meta *m            # metadata (points into `own` or into a LazyTensor)
+    int64_t version    # K_TENSOR: its _version, or VERSION_UNREAD (operands.pxi)
     Meta own
 
 
@@ -288,8 +289,9 @@ cdef class Segment:
     cdef int32_t cap
     cdef readonly uint64_t epoch
     cdef readonly list inputs # external values: tensors and Python scalars
-    cdef readonly list input_keys  # per slot: its SlotKey
-    cdef uint64_t *slot_hash  # per slot: hash of its type (C mirror of input_keys)
+    cdef uint64_t *slot_keys  # per slot: its SlotKey
+    cdef uint64_t *slot_hash  # per slot: hash of its key and, where the backend
+                              # compiles per shape, of its shape
     cdef int64_t *slot_version  # per slot: the tensor's _version when recorded, or -1
     cdef int32_t *slot_uses   # per slot: references from nodes not dead; at 0 the
                               # slot's value is let go (inputs[k] = None)
@@ -307,7 +309,7 @@ cdef class Segment:
     cdef object __weakref__
 
     cdef Node *append(self) except NULL
-    cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1
+    cdef int32_t add_slot(self, object value, uint64_t key, Meta *m, int64_t version) except -1
     cdef void release(self) noexcept
     cdef void drop_owner(self, int32_t idx) noexcept
     cdef void kill(self, int32_t idx) noexcept

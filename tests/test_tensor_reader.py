@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import torch.nn.functional as F
 from torch import nn
 
 import fastlazy
@@ -160,3 +161,46 @@ def test_a_changed_operand_is_read_again_at_every_hit(reader):
     e.t_()
     _assert_same(_outcome(lambda: torch.addmm(z, fastlazy.lazy(a), e)),
                  _outcome(lambda: torch.addmm(z, a, e)))
+
+
+
+def _write_behind(e):
+    """Write e in place through the unpatched method: fastlazy does not see it."""
+    if e.dtype == torch.bool:
+        torch.Tensor.logical_not_.__wrapped__(e)
+    else:
+        torch.Tensor.add_.__wrapped__(e, 1)
+
+
+@pytest.mark.parametrize("call", ["linear (C rule)", "masked_fill (signature hit)"])
+def test_the_version_read_with_the_metadata_is_the_tensors(reader, call):
+    """Each eager operand's version counter is read with its metadata: one
+    written twice before the call (version 2, not 0) is no error, one
+    written behind fastlazy's back after the call is, and an inference
+    tensor (it keeps no counter) is never one."""
+    x = torch.randn(2, 4)
+    if call.startswith("linear"):
+        def run(a, e):
+            return F.linear(a, e)
+
+        def operand():
+            return torch.randn(3, 4)
+    else:
+        def run(a, e):
+            return a.masked_fill(e, 0.0)
+
+        def operand():
+            return torch.rand(2, 4) > 0.5
+    for _ in range(3):                       # the generic path's hits included
+        e = operand()
+        _write_behind(e)
+        _write_behind(e)
+        assert e._version == 2
+        _assert_same(_outcome(lambda: run(fastlazy.lazy(x), e)), run(x, e))
+        r = run(fastlazy.lazy(x), e)
+        _write_behind(e)
+        with pytest.raises(RuntimeError, match="modified in place after a lazy op used it"):
+            r.to_eager()
+    with torch.inference_mode():
+        e = operand()
+    _assert_same(_outcome(lambda: run(fastlazy.lazy(x), e)), run(x, e))

@@ -441,6 +441,7 @@ cdef int describe_eager(FastDesc *d, object x) except -1:
     if d.ntensors >= MAX_IN or d.nwords + 2 * MAX_NDIM + 1 > FK_WORDS:
         return 0
     o = &d.ops[d.ntensors]
+    o.version = VERSION_UNREAD
     nd = FL_UNREAD
     if read_tensor != NULL:
         nd = eager_by_reader(o, x, strides)
@@ -481,7 +482,7 @@ cdef int eager_by_reader(Operand *o, object x, int64_t *strides) except -100:
     o.own and `strides` filled; FL_UNREAD where the reader cannot answer,
     NOT_DESCRIBED where x has no flat key."""
     cdef int strided
-    cdef int nd = meta_by_reader(&o.own, x, strides, &strided)
+    cdef int nd = meta_by_reader(&o.own, x, strides, &strided, &o.version)
     if nd >= 0 and not strided:
         return NOT_DESCRIBED    # sparse, mkldnn: signature_key decides
     return nd

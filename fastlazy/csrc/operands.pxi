@@ -78,6 +78,7 @@ cdef extern from "tensor_facts.h":
         int device
         int strided
         int requires_grad
+        int64_t version
     ctypedef int (*fl_read_tensor_fn)(PyObject *, fl_tensor_facts *, int64_t *, int64_t *,
                                       int) noexcept
     enum:
@@ -109,14 +110,18 @@ def tensor_reader_installed():
 
 cdef enum:
     NOT_DESCRIBED = -3      # (FL_UNREAD, FL_TOO_MANY_DIMS: tensor_facts.h)
+    # Operand.version of an eager tensor whose version counter was not read
+    # with its metadata: Segment.add_slot reads it (-1: it keeps none)
+    VERSION_UNREAD = -2
 
 
-cdef int meta_by_reader(Meta *m, object t, int64_t *strides, int *strided) except -100:
+cdef int meta_by_reader(Meta *m, object t, int64_t *strides, int *strided,
+                        int64_t *version) except -100:
     """m filled from a torch.Tensor or Parameter by the C++ reader: t's
     rank; FL_UNREAD where the reader cannot answer; NOT_DESCRIBED where a
     LazyTensor's metadata cannot describe t (too many dims, a device other
-    than cpu and cuda, a dtype without a code).  `strides` (or NULL) and
-    *strided as the reader gives them."""
+    than cpu and cuda, a dtype without a code).  `strides` (or NULL),
+    *strided and *version (where not NULL) as the reader gives them."""
     cdef fl_tensor_facts facts
     cdef int nd = read_tensor(<PyObject*>t, &facts, m.shape, strides, MAX_NDIM)
     if nd == FL_UNREAD:
@@ -131,16 +136,24 @@ cdef int meta_by_reader(Meta *m, object t, int64_t *strides, int *strided) excep
     m.device = facts.device
     m.requires_grad = facts.requires_grad
     strided[0] = facts.strided
+    if version != NULL:
+        version[0] = facts.version
     return nd
 
 
 cdef int meta_from_tensor(Meta *m, object t) except -1:
     """Fill m from an eager tensor: the slow path (attribute reads), taken only
     for eager tensors passed beside LazyTensors."""
+    return meta_and_version(m, t, NULL)
+
+
+cdef int meta_and_version(Meta *m, object t, int64_t *version) except -1:
+    """meta_from_tensor, and *version (where not NULL) set to t's version
+    counter where the C++ reader read it with the metadata (else left)."""
     cdef int read, strided
     if type(t) is TensorType or type(t) is _Parameter:
         if read_tensor != NULL:
-            read = meta_by_reader(m, t, NULL, &strided)
+            read = meta_by_reader(m, t, NULL, &strided, version)
             if read != FL_UNREAD:
                 return read >= 0
         if _fast_eager:
@@ -225,7 +238,8 @@ cdef int classify(Operand *o, PyObject *p) except -1:
     # (the exact types first: isinstance on a Parameter costs ~100 ns)
     if type(x) is TensorType or type(x) is _Parameter or isinstance(x, TensorType):
         o.kind = K_TENSOR
-        return meta_from_tensor(&o.own, x) and o.own.dtype != DT_COMPLEX32
+        o.version = VERSION_UNREAD
+        return meta_and_version(&o.own, x, &o.version) and o.own.dtype != DT_COMPLEX32
     return 0
 
 

@@ -78,18 +78,18 @@ cdef class Segment:
         self.cap = 64
         self.nodes = <Node*>malloc(self.cap * sizeof(Node))
         self.slot_cap = 16
+        self.slot_keys = <uint64_t*>malloc(self.slot_cap * sizeof(uint64_t))
         self.slot_hash = <uint64_t*>malloc(self.slot_cap * sizeof(uint64_t))
         self.slot_version = <int64_t*>malloc(self.slot_cap * sizeof(int64_t))
         self.slot_uses = <int32_t*>malloc(self.slot_cap * sizeof(int32_t))
-        if (self.nodes == NULL or self.slot_hash == NULL or self.slot_version == NULL
-                or self.slot_uses == NULL):
+        if (self.nodes == NULL or self.slot_keys == NULL or self.slot_hash == NULL
+                or self.slot_version == NULL or self.slot_uses == NULL):
             raise MemoryError()
         self.n = 0
         self.nslots = 0
         self.epoch = _next_epoch
         _next_epoch += 1
         self.inputs = []
-        self.input_keys = []
         self.state = SEG_RECORDING
         self.sites = [] if _record_sites else None
         self.slot_storages = []
@@ -97,6 +97,7 @@ cdef class Segment:
 
     def __dealloc__(self):
         free(self.nodes)
+        free(self.slot_keys)
         free(self.slot_hash)
         free(self.slot_version)
         free(self.slot_uses)
@@ -115,12 +116,18 @@ cdef class Segment:
         self.n += 1
         return &self.nodes[self.n - 1]
 
-    cdef int32_t add_slot(self, object value, uint64_t key, Meta *m) except -1:
+    cdef int32_t add_slot(self, object value, uint64_t key, Meta *m, int64_t version) except -1:
+        """Append an external input: `value` of SlotKey `key`; for a tensor
+        its metadata m and its version counter (VERSION_UNREAD: read here)."""
         cdef uint64_t *grown
         cdef int64_t *grown_versions
         cdef int32_t *grown_uses
         cdef uint64_t h
         if self.nslots == self.slot_cap:
+            grown = <uint64_t*>realloc(self.slot_keys, 2 * self.slot_cap * sizeof(uint64_t))
+            if grown == NULL:
+                raise MemoryError()
+            self.slot_keys = grown
             grown = <uint64_t*>realloc(self.slot_hash, 2 * self.slot_cap * sizeof(uint64_t))
             if grown == NULL:
                 raise MemoryError()
@@ -136,7 +143,7 @@ cdef class Segment:
             self.slot_uses = grown_uses
             self.slot_cap *= 2
         self.inputs.append(value)
-        self.input_keys.append(key)
+        self.slot_keys[self.nslots] = key
         # The slot's type, not its index: which slot feeds which node is
         # numbered canonically at flush (flush.pxi), so slots that dead
         # nodes left behind never change a graph's key.
@@ -148,9 +155,13 @@ cdef class Segment:
         self.slot_hash[self.nslots] = h
         # An input mutated in place between recording and flushing would be
         # read with its new contents; the version counter tells.
-        self.slot_version[self.nslots] = -1
         self.slot_uses[self.nslots] = 0
-        if m != NULL:
+        self.slot_version[self.nslots] = -1
+        if m == NULL:
+            pass
+        elif version != VERSION_UNREAD:
+            self.slot_version[self.nslots] = version
+        else:
             try:
                 self.slot_version[self.nslots] = (
                     tensor_get(_get_version, value) if _fast_eager and (
@@ -272,7 +283,6 @@ cdef class Segment:
         # After a run nothing may point into the nodes any more; drop the
         # inputs so finished segments hold no tensors alive.
         self.inputs = None
-        self.input_keys = None
         self.sites = None
         self.slot_storages = None
         self.n = 0
@@ -357,7 +367,9 @@ cdef class Segment:
 
     def slot(self, Py_ssize_t k):
         """(SlotKey, value) of external input slot k."""
-        return self.input_keys[k], self.inputs[k]
+        if not 0 <= k < self.nslots:
+            raise IndexError(f"slot {k} of a segment of {self.nslots}")
+        return self.slot_keys[k], self.inputs[k]
 
     def site(self, Py_ssize_t i):
         return None if self.sites is None else self.sites[i]
@@ -506,16 +518,16 @@ cdef int32_t operand_ref(Segment seg, Operand *o) except? -2147483648:
                 and PyList_GET_ITEM(seg.inputs, t.slot) == <PyObject*>t.value):
             seg.slot_uses[t.slot] += 1
             return ~t.slot
-        t.slot = seg.add_slot(t.value, slot_key(o), o.m)
+        t.slot = seg.add_slot(t.value, slot_key(o), o.m, VERSION_UNREAD)
         t.slot_epoch = seg.epoch
         seg.slot_uses[t.slot] = SLOT_HELD + 1
         return ~t.slot
     if o.kind == K_TENSOR:
-        k = seg.add_slot(<object>o.obj, slot_key(o), o.m)
+        k = seg.add_slot(<object>o.obj, slot_key(o), o.m, o.version)
         seg.slot_uses[k] = 1
     else:
         # a Python scalar: too small to be worth letting go early
-        k = seg.add_slot(<object>o.obj, slot_key(o), NULL)
+        k = seg.add_slot(<object>o.obj, slot_key(o), NULL, VERSION_UNREAD)
         seg.slot_uses[k] = SLOT_KEPT
     return ~k
 
@@ -615,6 +627,12 @@ cdef int give_next_node(Segment seg, int32_t *refs, int n) except -1:
     return 0
 
 
+cdef inline void forget_versions(Operand *ops, int nops) noexcept:
+    for i in range(nops):
+        if ops[i].kind == K_TENSOR:
+            ops[i].version = VERSION_UNREAD
+
+
 cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
                        int flags, LazyTensor rebind):
     """Append one node; return its LazyTensor (a new one, or `rebind` for an
@@ -657,7 +675,10 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
                     and (<LazyTensor>ops[i].obj).seg is not seg):
                 materialize(<LazyTensor>ops[i].obj)
                 seg = current_segment()
-                i = 0               # that ran Python: check them all again
+                # that ran Python: check them all again, and read the eager
+                # operands' versions again (the graph may have written one)
+                forget_versions(ops, nops)
+                i = 0
                 continue
             i += 1
         attr = attr0
@@ -675,6 +696,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
         # flushed seg: then start over on the thread's fresh segment.
         if seg.state == SEG_RECORDING:
             break
+        forget_versions(ops, nops)
     if n_extra and seg is not extra_seg:
         return None
     # From here to the owner's assignment: C only.

@@ -25,6 +25,7 @@ typedef struct {
     int device;             /* 0 cpu, 1 + index for cuda:index, -1 any other device */
     int strided;            /* layout is torch.strided (strides read only then) */
     int requires_grad;
+    int64_t version;        /* its version counter; -1 where it keeps none (an inference tensor) */
 } fl_tensor_facts;
 
 /* Read a torch.Tensor (or Parameter) `t`: its rank, with its sizes into

@@ -30,6 +30,10 @@ inline int read_tensor(PyObject *obj, fl_tensor_facts *facts, int64_t *sizes,
         facts->device = device.is_cpu() ? 0 : device.is_cuda() ? 1 + device.index() : -1;
         facts->strided = t.layout() == c10::kStrided;
         facts->requires_grad = t.requires_grad();
+        // read here, where the tensor is at hand, so that recording it as a
+        // graph input costs no Python int (Segment.add_slot)
+        const c10::VariableVersion &version = impl->version_counter();
+        facts->version = version.enabled() ? static_cast<int64_t>(version.current_version()) : -1;
         if (rank > capacity)
             return FL_TOO_MANY_DIMS;
         for (int64_t i = 0; i < rank; ++i)
