@@ -84,8 +84,10 @@ cpdef enum Rule:
                          # where no view can have the sizes
     R_NATIVE_MHA = 37   # torch._native_multi_head_attention as nn.MultiheadAttention's
                         # fast path calls it: self-attention, no mask, no weights
-    R_GENERIC = 38      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 39
+    R_FLATTEN = 38      # flatten(start_dim, end_dim): a view with those dims merged,
+                        # which are structure (the input itself where they are one)
+    R_GENERIC = 39      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 40
 
 
 # Op flags (an op-table row's `flags`).
@@ -151,6 +153,7 @@ cpdef enum NodeFlag:
 #   view, reshape: the index of its size list among the interned ones
 #               (csrc/view_rules.pxi), bits 0..VIEW_SIZES_BITS-1
 #   transpose:  the two dims, 3 bits each; unsqueeze: the dim (4 bits)
+#   flatten:    start_dim, end_dim (wrapped), 3 bits each
 #   permute:    dim i in bits 3i..3i+2, the rank in bits PERMUTE_RANK_SHIFT+
 #   select:     the dim (3 bits), the index + SELECT_INDEX_BIAS from bit 3
 #   slice:      the dim (3 bits), from bit 3 the index of its interned

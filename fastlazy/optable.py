@@ -463,6 +463,12 @@ def _rows():
     yield Op("squeeze", Rule.R_SQUEEZE, Call("squeeze", (0, MaskedDims()), (), "dims"),
              ("input", "dim"), noperands=1, flags=spread, aliases=True, functions=("squeeze",),
              methods=("squeeze",))
+    # flatten lowers to flatten, not to a reshape to the recorded sizes: its
+    # graph is the same at every input shape
+    yield Op("flatten", Rule.R_FLATTEN,
+             c("flatten", 0, Packed(0, ATTR_DIM_BITS, 0), Packed(ATTR_DIM_BITS, ATTR_DIM_BITS, 0)),
+             ("input", "start_dim", "end_dim"), noperands=1, flags=spread, aliases=True,
+             functions=("flatten",), methods=("flatten",))
     transposes = ("transpose", "swapaxes", "swapdims")
     yield Op("transpose", Rule.R_TRANSPOSE,
              c("transpose", 0, Packed(0, ATTR_DIM_BITS, 0), Packed(ATTR_DIM_BITS, ATTR_DIM_BITS, 0)),
@@ -521,7 +527,6 @@ def _rows():
 GENERIC_OPS = {
     # name: (torch.<name>, Tensor.<name>, torch.nn.functional.<name>)
     # shape and view ops
-    "flatten": (True, True, False),
     "t": (True, True, False),
     "expand": (False, True, False), "expand_as": (False, True, False),
     "view_as": (False, True, False), "reshape_as": (False, True, False),
@@ -625,7 +630,7 @@ def markdown() -> str:
                   Rule.R_UNSQUEEZE: "view", Rule.R_SELECT: "view", Rule.R_SLICE: "view",
                   Rule.R_CONTIGUOUS: "the input where contiguous, else a copy",
                   Rule.R_CAT: "concatenation", Rule.R_SPLIT: "views (slices)",
-                  Rule.R_SQUEEZE: "view", Rule.R_UNFLATTEN: "view",
+                  Rule.R_SQUEEZE: "view", Rule.R_UNFLATTEN: "view", Rule.R_FLATTEN: "view",
                   Rule.R_RESHAPE_COPY: "copy (reshape of what it cannot view)",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]

@@ -68,6 +68,7 @@ PARAM_KINDS = {
     "dropout_p": "number", "is_causal": "flag", "scale": "number", "enable_gqa": "flag",
     "size": "size", "dim0": "dim", "dim1": "dim", "dims": "size", "index": "size",
     "start": "size", "length": "size", "tensors": "operand",
+    "start_dim": "dim", "end_dim": "dim",
     "split_size_or_sections": "size", "chunks": "size", "sizes": "size",
     "embed_dim": "size", "num_head": "size", "qkv_weight": "operand", "qkv_bias": "operand",
     "proj_weight": "operand", "proj_bias": "operand", "mask": "operand",
@@ -544,8 +545,6 @@ def dropout_cases(row, form):
 X34, X234 = T((3, 4), F32), T((2, 3, 4), F32)
 IMG, KERNEL = T((2, 3, 6, 6), F32), T((4, 3, 3, 3), F32)
 GENERIC_ARGS = {
-    "flatten": [((X234,), {}), ((X234, 1), {}), ((X234,), {"start_dim": 0, "end_dim": 1}),
-                ((X234, 3), {})],
     "t": [((X34,), {}), ((T((3,), I64),), {}), ((X234,), {})],
     "expand": [((T((3, 1), F32), 3, 4), {}), ((T((4,), F32), (2, 4)), {}),
                ((T((3, 2), F32), 3, 4), {})],
@@ -851,6 +850,10 @@ VIEW_ARGS = {
                   ((X34, 1, (-1, -1)), {}), ((E03, 1, (3, 1)), {}), ((E03, 0, (0, -1)), {}),
                   ((X34, 1, torch.Size([4, 1])), {}), ((T((), F64), 0, (1,)), {}),
                   ((X34, 1), {"sizes": (2, 2)})],
+    "flatten": [((X234,), {}), ((X234, 1), {}), ((X234,), {"start_dim": 0, "end_dim": 1}),
+                ((X234, 3), {}), ((X234, 1, 1), {}), ((X234, -2, -1), {}), ((X234, 2, 1), {}),
+                ((X234,), {"end_dim": -2}), ((T((), F64),), {}), ((T((3, 0, 2), F32), 1), {}),
+                ((X234, 1.0), {}), ((X234,), {"dim": 0}), ((X234, 0, 1), {"start_dim": 0})],
 }
 
 
@@ -875,7 +878,7 @@ def generic_cases(row, form):
 def family(row):
     if row.rule == Rule.R_GENERIC:
         return "generic"
-    if Rule.R_VIEW <= row.rule <= Rule.R_RESHAPE_COPY:
+    if Rule.R_VIEW <= row.rule <= Rule.R_RESHAPE_COPY or row.rule == Rule.R_FLATTEN:
         return "view"
     if row.rule == Rule.R_DROPOUT:
         return "dropout"

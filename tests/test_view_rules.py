@@ -1,5 +1,5 @@
 """The C rules for the view ops models call at every layer (view, reshape,
-transpose, permute, unsqueeze, contiguous; csrc/view_rules.pxi).  They
+transpose, permute, unsqueeze, flatten, contiguous; csrc/view_rules.pxi).  They
 record without a signature analysis -- at the first call and at every new
 batch size or sequence length -- and place each view in its root's storage
 as eager does, so strides, writes through views and autograd are eager's.
@@ -156,6 +156,14 @@ def test_a_transformers_view_chain_takes_no_analysis():
     lambda x: x.unflatten(2, (2, 2)),
     lambda x: torch.unflatten(x, 0, (1, -1)),
     lambda x: x.transpose(0, 2).unflatten(0, (2, -1)),
+    lambda x: torch.flatten(x, 1),
+    lambda x: x.flatten(),
+    lambda x: x.flatten(0, 1),
+    lambda x: x.flatten(start_dim=-2),
+    lambda x: torch.flatten(x, end_dim=1, start_dim=0),
+    lambda x: x.unsqueeze(1).flatten(1, 2),
+    lambda x: x.permute(1, 2, 0).flatten(0, 1),        # dims still in order in memory
+    lambda x: x[:, 1:].flatten(1),                     # a slice whose rows can still merge
 ])
 def test_views_are_recorded_and_placed_as_eagers(make):
     x = torch.randn(2, 3, 4)
@@ -164,6 +172,38 @@ def test_views_are_recorded_and_placed_as_eagers(make):
     got = make(lx)
     assert generic_calls() == before, "the generic path recorded it"
     _same_view(got, make(x))
+
+
+def test_flatten_of_one_dim_is_the_tensor_itself_as_eagers_is():
+    lx = fastlazy.lazy(torch.randn(2, 3)) * 1
+    before = generic_calls()
+    assert lx.flatten(1, 1) is lx and torch.flatten(lx, -1, 1) is lx
+    assert fastlazy.lazy(torch.randn(4)).flatten() is not None
+    assert generic_calls() == before
+
+
+def test_flatten_of_dims_it_cannot_view_copies_as_eager_does():
+    x = torch.randn(2, 3, 4)
+    lx = fastlazy.lazy(x.clone())
+    r = lx.transpose(0, 1).flatten(1)
+    torch.testing.assert_close(r.to_eager(), x.transpose(0, 1).flatten(1), rtol=0, atol=0)
+    r.mul_(0)                        # eager's flatten copied: x is untouched
+    torch.testing.assert_close(lx.to_eager(), x, rtol=0, atol=0)
+
+
+def test_one_flatten_graph_serves_every_input_shape():
+    """The dims are structure, the sizes are not: an image model's
+    torch.flatten(x, 1) at new batch sizes and image sizes is one graph,
+    with no analysis."""
+    metrics.reset()
+    for shape in ((1, 8, 2, 2), (3, 8, 2, 2), (2, 4, 3, 5), (5, 8, 1, 1)):
+        x = torch.randn(shape)
+        before = generic_calls()
+        got = torch.flatten(fastlazy.lazy(x) * 2, 1).sum(1)
+        assert generic_calls() == before
+        torch.testing.assert_close(got.to_eager(), torch.flatten(x * 2, 1).sum(1),
+                                   rtol=0, atol=0)
+    assert metrics.counters()["cache_misses"] == 1
 
 
 def test_contiguous_is_the_tensor_itself_where_eagers_is():
@@ -211,6 +251,11 @@ def test_reshape_of_a_tensor_it_cannot_view_copies():
     lambda x: torch.permute(x, 1, 0),
     lambda x: torch.reshape(x, 3, 2),
     lambda x: x.unsqueeze(3),
+    lambda x: x.flatten(1, 0),
+    lambda x: x.flatten(2),
+    lambda x: torch.flatten(x, 0, -3),
+    lambda x: x.flatten(dim=0),
+    lambda x: x.flatten(0.5),
 ])
 def test_calls_eager_refuses_raise_its_error(call):
     x = torch.randn(2, 3)

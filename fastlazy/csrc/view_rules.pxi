@@ -436,6 +436,8 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     cdef int64_t offset, numel
     cdef Meta out
     cdef bint seen[MAX_NDIM]
+    if rule == R_FLATTEN:
+        return flatten_call(entry, op, args, nargs, kwnames, form)
     if (kwnames is not None or form != FORM_CALL or nargs < 1
             or type(<object>args[0]) is not LazyTensor):
         return not_taken(entry, args, nargs, kwnames, form, "argument pattern (keywords, count)")
@@ -574,6 +576,69 @@ cdef object unflatten_call(object entry, int op, LazyTensor src, PyObject **args
     if attr < 0:
         return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
     return record_view(op, src, &out, attr, new_stride, offset)
+
+
+cdef object _str_start_dim = "start_dim"
+cdef object _str_end_dim = "end_dim"
+
+
+cdef object flatten_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
+                         object kwnames, int form):
+    """torch.flatten(x, start_dim=0, end_dim=-1) and x.flatten(...): a view
+    with the dims from start_dim to end_dim merged into one, where they can
+    be viewed so (else the generic path, which copies as eager's reshape
+    does); the input itself where they are one dim, as eager returns it.
+    The dims are the node's attr and the sizes are not: one graph serves
+    every input shape."""
+    cdef PyObject *dims[2]
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t new_stride[MAX_NDIM]
+    cdef int64_t offset, merged = 1
+    cdef int nd, start, end, i, k
+    cdef Meta out
+    if (form != FORM_CALL or not 1 <= nargs <= 3
+            or type(<object>args[0]) is not LazyTensor):
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern (keywords, count)")
+    cdef LazyTensor src = <LazyTensor>args[0]
+    nd = src.meta.ndim
+    if nd == 0 or src.meta.dtype == DT_COMPLEX32:
+        return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    dims[0] = args[1] if nargs > 1 else NULL
+    dims[1] = args[2] if nargs > 2 else NULL
+    if kwnames is not None:
+        for k in range(len(<tuple>kwnames)):
+            name = (<tuple>kwnames)[k]
+            i = 0 if name == _str_start_dim else 1 if name == _str_end_dim else -1
+            if i < 0 or dims[i] != NULL:
+                return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+            dims[i] = args[nargs + k]
+    for i in range(2):
+        # (named dims, a bool: the generic path, where eager decides)
+        if dims[i] != NULL and type(<object>dims[i]) is not int:
+            return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    start = wrap_dim(<object>dims[0], nd) if dims[0] != NULL else 0
+    end = wrap_dim(<object>dims[1], nd) if dims[1] != NULL else nd - 1
+    if start < 0 or end < 0 or start > end:
+        return not_taken(entry, args, nargs, kwnames, form, "dims eager refuses")
+    if start == end:
+        return src
+    place_of(src, size, stride, &offset)
+    view_meta(&out, src)
+    out.ndim = nd - (end - start)
+    k = 0
+    for i in range(nd):
+        if start < i <= end:
+            merged *= size[i]
+            continue
+        if i == start:
+            merged = size[i]
+        out.shape[k] = size[i]
+        k += 1
+    out.shape[start] = merged
+    if not view_strides(nd, size, stride, out.ndim, out.shape, new_stride):
+        return not_taken(entry, args, nargs, kwnames, form, "dims it cannot view")
+    return record_view(op, src, &out, start | end << ATTR_DIM_BITS, new_stride, offset)
 
 
 cdef object squeeze_call(object entry, int op, LazyTensor src, PyObject **args,
