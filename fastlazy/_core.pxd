@@ -86,8 +86,10 @@ cpdef enum Rule:
                         # fast path calls it: self-attention, no mask, no weights
     R_FLATTEN = 38      # flatten(start_dim, end_dim): a view with those dims merged,
                         # which are structure (the input itself where they are one)
-    R_GENERIC = 39      # no C rule: the meta-signature path (fastlazy.generic)
-    R_COUNT = 40
+    R_EXPAND = 39       # expand(*sizes): a view repeating dims of size 1 by stride 0;
+                        # sizes interned as R_VIEW's, -1 where a dim is kept
+    R_GENERIC = 40      # no C rule: the meta-signature path (fastlazy.generic)
+    R_COUNT = 41
 
 
 # Op flags (an op-table row's `flags`).
@@ -150,7 +152,7 @@ cpdef enum NodeFlag:
 #   embedding:  padding_idx + 1 (0: none) in bits 0-15
 #   sdpa:       SDPA_CAUSAL, SDPA_GQA; the scale's index among the interned
 #               floats (0: None) in bits SDPA_SCALE_SHIFT+
-#   view, reshape: the index of its size list among the interned ones
+#   view, reshape, expand: the index of its size list among the interned ones
 #               (csrc/view_rules.pxi), bits 0..VIEW_SIZES_BITS-1
 #   transpose:  the two dims, 3 bits each; unsqueeze: the dim (4 bits)
 #   flatten:    start_dim, end_dim (wrapped), 3 bits each

@@ -463,6 +463,8 @@ def _rows():
     yield Op("squeeze", Rule.R_SQUEEZE, Call("squeeze", (0, MaskedDims()), (), "dims"),
              ("input", "dim"), noperands=1, flags=spread, aliases=True, functions=("squeeze",),
              methods=("squeeze",))
+    yield Op("expand", Rule.R_EXPAND, c("expand", 0, SizeList(), implicit=Const(False)), view,
+             nrequired=2, noperands=1, flags=spread, aliases=True, methods=("expand",))
     # flatten lowers to flatten, not to a reshape to the recorded sizes: its
     # graph is the same at every input shape
     yield Op("flatten", Rule.R_FLATTEN,
@@ -528,7 +530,7 @@ GENERIC_OPS = {
     # name: (torch.<name>, Tensor.<name>, torch.nn.functional.<name>)
     # shape and view ops
     "t": (True, True, False),
-    "expand": (False, True, False), "expand_as": (False, True, False),
+    "expand_as": (False, True, False),
     "view_as": (False, True, False), "reshape_as": (False, True, False),
     "unbind": (True, True, False),
     "stack": (True, False, False),
@@ -631,6 +633,7 @@ def markdown() -> str:
                   Rule.R_CONTIGUOUS: "the input where contiguous, else a copy",
                   Rule.R_CAT: "concatenation", Rule.R_SPLIT: "views (slices)",
                   Rule.R_SQUEEZE: "view", Rule.R_UNFLATTEN: "view", Rule.R_FLATTEN: "view",
+                  Rule.R_EXPAND: "view",
                   Rule.R_RESHAPE_COPY: "copy (reshape of what it cannot view)",
                   Rule.R_GENERIC: "generic (fake-tensor signature)"}
     lines = ["| op | rule | aten | entry points |", "|---|---|---|---|"]

@@ -68,7 +68,7 @@ PARAM_KINDS = {
     "dropout_p": "number", "is_causal": "flag", "scale": "number", "enable_gqa": "flag",
     "size": "size", "dim0": "dim", "dim1": "dim", "dims": "size", "index": "size",
     "start": "size", "length": "size", "tensors": "operand",
-    "start_dim": "dim", "end_dim": "dim",
+    "start_dim": "dim", "end_dim": "dim", "implicit": "flag",
     "split_size_or_sections": "size", "chunks": "size", "sizes": "size",
     "embed_dim": "size", "num_head": "size", "qkv_weight": "operand", "qkv_bias": "operand",
     "proj_weight": "operand", "proj_bias": "operand", "mask": "operand",
@@ -546,8 +546,6 @@ X34, X234 = T((3, 4), F32), T((2, 3, 4), F32)
 IMG, KERNEL = T((2, 3, 6, 6), F32), T((4, 3, 3, 3), F32)
 GENERIC_ARGS = {
     "t": [((X34,), {}), ((T((3,), I64),), {}), ((X234,), {})],
-    "expand": [((T((3, 1), F32), 3, 4), {}), ((T((4,), F32), (2, 4)), {}),
-               ((T((3, 2), F32), 3, 4), {})],
     "expand_as": [((T((3, 1), F32), X34), {}), ((X34, T((3, 5), F32)), {})],
     "view_as": [((X34, T((12,), F32)), {}), ((X34, T((5,), F32)), {})],
     "reshape_as": [((X34, T((2, 6), F32)), {}), ((X34, T((5,), F32)), {})],
@@ -854,6 +852,11 @@ VIEW_ARGS = {
                 ((X234, 3), {}), ((X234, 1, 1), {}), ((X234, -2, -1), {}), ((X234, 2, 1), {}),
                 ((X234,), {"end_dim": -2}), ((T((), F64),), {}), ((T((3, 0, 2), F32), 1), {}),
                 ((X234, 1.0), {}), ((X234,), {"dim": 0}), ((X234, 0, 1), {"start_dim": 0})],
+    "expand": [((T((3, 1), F32), 3, 4), {}), ((T((4,), F32), (2, 4)), {}),
+               ((T((3, 2), F32), 3, 4), {}), ((T((3, 1), I64), -1, 0), {}),
+               ((T((1, 4), BOOL), (1, 2, -1, 4)), {}), ((T((), F64), 3), {}),
+               ((T((3, 1), F32), -1, 2, 2), {}), ((X34,), {"size": (3, 4)}),
+               ((T((3, 1), F32), 3, 4), {"implicit": True}), ((X34, 3, 4.0), {})],
 }
 
 
@@ -878,7 +881,8 @@ def generic_cases(row, form):
 def family(row):
     if row.rule == Rule.R_GENERIC:
         return "generic"
-    if Rule.R_VIEW <= row.rule <= Rule.R_RESHAPE_COPY or row.rule == Rule.R_FLATTEN:
+    if Rule.R_VIEW <= row.rule <= Rule.R_RESHAPE_COPY or row.rule in (Rule.R_FLATTEN,
+                                                                         Rule.R_EXPAND):
         return "view"
     if row.rule == Rule.R_DROPOUT:
         return "dropout"

@@ -1,5 +1,6 @@
 """The C rules for the view ops models call at every layer (view, reshape,
-transpose, permute, unsqueeze, flatten, contiguous; csrc/view_rules.pxi).  They
+transpose, permute, unsqueeze, flatten, expand, contiguous;
+csrc/view_rules.pxi).  They
 record without a signature analysis -- at the first call and at every new
 batch size or sequence length -- and place each view in its root's storage
 as eager does, so strides, writes through views and autograd are eager's.
@@ -164,6 +165,12 @@ def test_a_transformers_view_chain_takes_no_analysis():
     lambda x: x.unsqueeze(1).flatten(1, 2),
     lambda x: x.permute(1, 2, 0).flatten(0, 1),        # dims still in order in memory
     lambda x: x[:, 1:].flatten(1),                     # a slice whose rows can still merge
+    lambda x: x.unsqueeze(1).expand(2, 5, 3, 4),
+    lambda x: x[:, :1].expand(-1, 3, -1),
+    lambda x: x.expand(2, 2, 3, 4),                    # a new leading dim: stride 0
+    lambda x: x.expand((1, 2, 3, 4)),                  # a new leading dim of 1: eager's stride
+    lambda x: x.expand(torch.Size([2, 3, 4])),
+    lambda x: x.transpose(0, 2)[:, :1].expand(3, 4, 5, 2),
 ])
 def test_views_are_recorded_and_placed_as_eagers(make):
     x = torch.randn(2, 3, 4)
@@ -204,6 +211,31 @@ def test_one_flatten_graph_serves_every_input_shape():
         torch.testing.assert_close(got.to_eager(), torch.flatten(x * 2, 1).sum(1),
                                    rtol=0, atol=0)
     assert metrics.counters()["cache_misses"] == 1
+
+
+def test_one_expand_graph_serves_every_batch_size():
+    """A mask expanded to (batch, 1, length, length): the batch, kept, is
+    read off the source when the graph runs."""
+    metrics.reset()
+    for b in (1, 2, 5, 3):
+        m = torch.randn(b, 1, 1, 6)
+        before = generic_calls()
+        got = (fastlazy.lazy(m) * 2).expand(-1, 1, 6, 6).sum(-1)
+        assert generic_calls() == before
+        torch.testing.assert_close(got.to_eager(), (m * 2).expand(-1, 1, 6, 6).sum(-1),
+                                   rtol=0, atol=0)
+    assert metrics.counters()["cache_misses"] == 1
+
+
+def test_writing_an_expanded_view_raises_eagers_error():
+    x = torch.randn(3, 1)
+    with pytest.raises(RuntimeError) as eager_error:
+        x.clone().expand(3, 4).add_(1)
+    lx = fastlazy.lazy(x.clone())
+    with pytest.raises(RuntimeError) as lazy_error:
+        lx.expand(3, 4).add_(1)
+    assert str(lazy_error.value) == str(eager_error.value)
+    torch.testing.assert_close(lx.to_eager(), x, rtol=0, atol=0)
 
 
 def test_contiguous_is_the_tensor_itself_where_eagers_is():
@@ -256,6 +288,12 @@ def test_reshape_of_a_tensor_it_cannot_view_copies():
     lambda x: torch.flatten(x, 0, -3),
     lambda x: x.flatten(dim=0),
     lambda x: x.flatten(0.5),
+    lambda x: x.expand(3),
+    lambda x: x.expand(2, 4),
+    lambda x: x.expand(-1, 2, 3),
+    lambda x: x.expand(2, -2),
+    lambda x: x.expand(2.0, 3),
+    lambda x: x.expand(2, 3, implicit=2),
 ])
 def test_calls_eager_refuses_raise_its_error(call):
     x = torch.randn(2, 3)

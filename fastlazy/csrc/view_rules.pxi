@@ -502,6 +502,8 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
         return found
     elif rule == R_UNFLATTEN:
         return unflatten_call(entry, op, src, args, nargs, kwnames, form)
+    elif rule == R_EXPAND:
+        return expand_call(entry, op, src, args, nargs, kwnames, form)
     elif rule == R_SQUEEZE:
         return squeeze_call(entry, op, src, args, nargs, kwnames, form)
     elif rule == R_TRANSPOSE:
@@ -573,6 +575,51 @@ cdef object unflatten_call(object entry, int op, LazyTensor src, PyObject **args
             entries[i] = SIZE_OF_DIM - (i - k + 1)
     view_strides(nd, size, stride, out.ndim, out.shape, new_stride)
     cdef int attr = intern_sizes(entries, out.ndim)
+    if attr < 0:
+        return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
+    return record_view(op, src, &out, attr, new_stride, offset)
+
+
+cdef object expand_call(object entry, int op, LazyTensor src, PyObject **args,
+                        Py_ssize_t nargs, object kwnames, int form):
+    """x.expand(*sizes): a view whose dims of size 1, and new leading dims,
+    repeat by a stride of 0, placed as eager's inferExpandGeometry places
+    it.  A size that keeps its dim (-1, or the source's own) is -1 in the
+    interned list, so the graph reads it off the source when it runs; the
+    others are the call's.  Sizes eager refuses: the generic path's."""
+    cdef int64_t given[MAX_NDIM]
+    cdef int64_t entries[MAX_NDIM]
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t new_stride[MAX_NDIM]
+    cdef int64_t offset, sz, st, target
+    cdef int n = 0, i, d, nd = src.meta.ndim
+    cdef Meta out
+    if nd == 0 or not read_ints(args, nargs, False, given, &n) or n < nd:
+        return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+    place_of(src, size, stride, &offset)
+    view_meta(&out, src)
+    out.ndim = n
+    for i in range(n - 1, -1, -1):
+        d = i - (n - nd)
+        if d >= 0:
+            sz, st = size[d], stride[d]
+        else:
+            sz, st = 1, out.shape[i + 1] * new_stride[i + 1]
+        target = given[i]
+        entries[i] = target
+        if target == -1 and d >= 0 or d >= 0 and target == sz:
+            target = sz
+            entries[i] = -1
+        elif target < 0:
+            return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
+        if sz != target:
+            if sz != 1:
+                return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
+            sz, st = target, 0
+        out.shape[i] = sz
+        new_stride[i] = st
+    cdef int attr = intern_sizes(entries, n)
     if attr < 0:
         return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
     return record_view(op, src, &out, attr, new_stride, offset)
