@@ -80,14 +80,14 @@ cpdef enum Rule:
     R_SPLIT = 33        # split and chunk: a tuple of slice steps (narrow's nodes)
     R_SQUEEZE = 34      # squeeze(), squeeze(dim), squeeze(dims): the dims it drops are structure
     R_UNFLATTEN = 35    # unflatten(dim, sizes): a view to sizes interned as R_VIEW's
-    R_RESHAPE_COPY = 36  # no entry point: the copy R_VIEW's reshape rows record
-                         # where no view can have the sizes
-    R_NATIVE_MHA = 37   # torch._native_multi_head_attention as nn.MultiheadAttention's
-                        # fast path calls it: self-attention, no mask, no weights
-    R_FLATTEN = 38      # flatten(start_dim, end_dim): a view with those dims merged,
+    R_FLATTEN = 36      # flatten(start_dim, end_dim): a view with those dims merged,
                         # which are structure (the input itself where they are one)
-    R_EXPAND = 39       # expand(*sizes): a view repeating dims of size 1 by stride 0;
+    R_EXPAND = 37       # expand(*sizes): a view repeating dims of size 1 by stride 0;
                         # sizes interned as R_VIEW's, -1 where a dim is kept
+    R_RESHAPE_COPY = 38  # no entry point: the copy R_VIEW's reshape rows record
+                         # where no view can have the sizes
+    R_NATIVE_MHA = 39   # torch._native_multi_head_attention as nn.MultiheadAttention's
+                        # fast path calls it: self-attention, no mask, no weights
     R_GENERIC = 40      # no C rule: the meta-signature path (fastlazy.generic)
     R_COUNT = 41
 

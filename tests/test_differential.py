@@ -881,8 +881,7 @@ def generic_cases(row, form):
 def family(row):
     if row.rule == Rule.R_GENERIC:
         return "generic"
-    if Rule.R_VIEW <= row.rule <= Rule.R_RESHAPE_COPY or row.rule in (Rule.R_FLATTEN,
-                                                                         Rule.R_EXPAND):
+    if Rule.R_VIEW <= row.rule <= Rule.R_RESHAPE_COPY:
         return "view"
     if row.rule == Rule.R_DROPOUT:
         return "dropout"

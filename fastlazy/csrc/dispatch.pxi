@@ -22,8 +22,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         # autocast is on (it changes dtypes per op): the generic path
         # records it if it is pure, and runs it eagerly otherwise
         return call_generic(entry, args, nargs, kwnames, form)
-    if (R_VIEW <= op_rule[op] <= R_CONTIGUOUS or R_SQUEEZE <= op_rule[op] <= R_UNFLATTEN
-            or op_rule[op] == R_FLATTEN or op_rule[op] == R_EXPAND):
+    if R_VIEW <= op_rule[op] <= R_CONTIGUOUS or R_SQUEEZE <= op_rule[op] <= R_EXPAND:
         return view_call(entry, op, args, nargs, kwnames, form)
     if op_rule[op] == R_CAT:
         return cat_call(entry, op, args, nargs, kwnames, form)

@@ -157,11 +157,9 @@ cdef class Segment:
         # read with its new contents; the version counter tells.
         self.slot_uses[self.nslots] = 0
         self.slot_version[self.nslots] = -1
-        if m == NULL:
-            pass
-        elif version != VERSION_UNREAD:
+        if m != NULL and version != VERSION_UNREAD:
             self.slot_version[self.nslots] = version
-        else:
+        elif m != NULL:
             try:
                 self.slot_version[self.nslots] = (
                     tensor_get(_get_version, value) if _fast_eager and (

@@ -471,6 +471,13 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
         if found is None:
             return not_taken(entry, args, nargs, kwnames, form, "index out of range")
         return found
+    # the rules that place their view themselves
+    if rule == R_UNFLATTEN:
+        return unflatten_call(entry, op, src, args, nargs, kwnames, form)
+    if rule == R_EXPAND:
+        return expand_call(entry, op, src, args, nargs, kwnames, form)
+    if rule == R_SQUEEZE:
+        return squeeze_call(entry, op, src, args, nargs, kwnames, form)
 
     place_of(src, size, stride, &offset)
     view_meta(&out, src)
@@ -500,12 +507,6 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
         if found is None:
             return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
         return found
-    elif rule == R_UNFLATTEN:
-        return unflatten_call(entry, op, src, args, nargs, kwnames, form)
-    elif rule == R_EXPAND:
-        return expand_call(entry, op, src, args, nargs, kwnames, form)
-    elif rule == R_SQUEEZE:
-        return squeeze_call(entry, op, src, args, nargs, kwnames, form)
     elif rule == R_TRANSPOSE:
         if nargs != 3 or m.ndim == 0:
             return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
@@ -608,7 +609,7 @@ cdef object expand_call(object entry, int op, LazyTensor src, PyObject **args,
             sz, st = 1, out.shape[i + 1] * new_stride[i + 1]
         target = given[i]
         entries[i] = target
-        if target == -1 and d >= 0 or d >= 0 and target == sz:
+        if d >= 0 and (target == -1 or target == sz):
             target = sz
             entries[i] = -1
         elif target < 0:
@@ -641,7 +642,7 @@ cdef object flatten_call(object entry, int op, PyObject **args, Py_ssize_t nargs
     cdef int64_t size[MAX_NDIM]
     cdef int64_t stride[MAX_NDIM]
     cdef int64_t new_stride[MAX_NDIM]
-    cdef int64_t offset, merged = 1
+    cdef int64_t offset
     cdef int nd, start, end, i, k
     cdef Meta out
     if (form != FORM_CALL or not 1 <= nargs <= 3
@@ -660,10 +661,7 @@ cdef object flatten_call(object entry, int op, PyObject **args, Py_ssize_t nargs
             if i < 0 or dims[i] != NULL:
                 return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
             dims[i] = args[nargs + k]
-    for i in range(2):
-        # (named dims, a bool: the generic path, where eager decides)
-        if dims[i] != NULL and type(<object>dims[i]) is not int:
-            return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    # (wrap_dim refuses named dims and bools: the generic path, where eager decides)
     start = wrap_dim(<object>dims[0], nd) if dims[0] != NULL else 0
     end = wrap_dim(<object>dims[1], nd) if dims[1] != NULL else nd - 1
     if start < 0 or end < 0 or start > end:
@@ -673,16 +671,13 @@ cdef object flatten_call(object entry, int op, PyObject **args, Py_ssize_t nargs
     place_of(src, size, stride, &offset)
     view_meta(&out, src)
     out.ndim = nd - (end - start)
-    k = 0
     for i in range(nd):
-        if start < i <= end:
-            merged *= size[i]
-            continue
-        if i == start:
-            merged = size[i]
-        out.shape[k] = size[i]
-        k += 1
-    out.shape[start] = merged
+        if i <= start:
+            out.shape[i] = size[i]
+        elif i <= end:
+            out.shape[start] *= size[i]
+        else:
+            out.shape[i - (end - start)] = size[i]
     if not view_strides(nd, size, stride, out.ndim, out.shape, new_stride):
         return not_taken(entry, args, nargs, kwnames, form, "dims it cannot view")
     return record_view(op, src, &out, start | end << ATTR_DIM_BITS, new_stride, offset)
