@@ -44,8 +44,25 @@ cdef extern from "step_executor.h" namespace "fastlazy" nogil:
         long long direct_steps()
         long long direct_calls()
         long long boxed_calls()
+        bint read_fast()
 
     object run_program "fastlazy_run" (CStepProgram& program, tuple args) with gil
+
+
+cdef extern from "ir_reader.h" namespace "fastlazy":
+    cdef cppclass string_pair "std::pair<std::string, std::string>":
+        string first
+        string second
+    string_pair c_read_both "fastlazy::read_both" (const string& ir) except +
+
+
+def read_both(str ir):
+    """`ir`'s graph as the executor's reader reads it and as torch's
+    parseIR does, printed: (mine, torch's); mine is None where the reader
+    left the text to parseIR.  Tests check that the two agree."""
+    found = c_read_both(<string>ir.encode())
+    mine = found.first.decode()
+    return (mine or None), found.second.decode()
 
 
 cdef class StepProgram:
@@ -66,6 +83,12 @@ cdef class StepProgram:
     def steps(self):
         """Steps (nodes other than constants) of the graph."""
         return self.program.get().steps()
+
+    @property
+    def read_fast(self):
+        """Was the IR read by the executor's own reader (csrc/ir_reader.h),
+        not by torch's parseIR?"""
+        return self.program.get().read_fast()
 
     @property
     def direct_steps(self):

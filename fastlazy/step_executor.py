@@ -74,7 +74,19 @@ def why_not() -> str | None:
     return None if _enabled else "switched off (FASTLAZY_EXECUTOR=0 or set_enabled(False))"
 
 
+# Tests switch this on (tests/conftest.py): every graph compiled is then
+# also read by torch's parseIR, and where the executor's own reader
+# (csrc/ir_reader.h) built another graph, the two printed graphs are kept
+# in reader_mismatches for the test to fail on.
+check_reader = False
+reader_mismatches: list = []
+
+
 def compile(ir: str):
     """A StepProgram for the graph in TorchScript IR `ir`.  RuntimeError if
     a node has no operator to run it (the caller keeps the interpreter)."""
+    if check_reader:
+        mine, theirs = _module.read_both(ir)
+        if mine is not None and mine != theirs:
+            reader_mismatches.append((ir, mine, theirs))
     return _module.StepProgram(ir)

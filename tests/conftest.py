@@ -3,11 +3,27 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import fastlazy
+from fastlazy import step_executor
 from helpers import BACKENDS, DEVICES
+
+step_executor.check_reader = True
 
 # the differential fuzzers' examples per test on CUDA, where every example
 # launches kernels and synchronizes (per profile: ci, long)
 CUDA_EXAMPLES = {"ci": 30, "long": 4000}
+
+
+@pytest.fixture(autouse=True)
+def same_graph_from_both_ir_readers():
+    """Fail a test whose graphs the step executor's IR reader read into
+    another graph than torch's parseIR does (step_executor.check_reader)."""
+    yield
+    found = list(step_executor.reader_mismatches)
+    step_executor.reader_mismatches.clear()
+    if found:
+        ir, mine, theirs = found[0]
+        pytest.fail(f"{len(found)} graph(s) read differently; the first:\n{ir}\n"
+                    f"-- the executor's reader:\n{mine}\n-- parseIR:\n{theirs}")
 
 
 @pytest.fixture

@@ -356,3 +356,93 @@ def test_a_first_run_in_inference_mode_leaves_later_runs_direct():
         "print(q.calls['direct'])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == "1", out.stdout + out.stderr
+
+
+# Every line form the TorchScript backend emits: scalar inputs, each kind of
+# constant (negative ints, floats in exponent form, strings, bools, None, a
+# device), lists of each kind, a node with two outputs, a tuple output.
+EVERY_FORM = """graph(%x0 : Tensor, %x1 : Tensor, %x2 : float, %x3 : int, %x4 : complex):
+  %t1 : int = prim::Constant[value=-1]()
+  %t2 : float = prim::Constant[value=1e-05]()
+  %t3 : float = prim::Constant[value=0.1767766952966369]()
+  %t4 : str = prim::Constant[value="tanh"]()
+  %t5 : bool = prim::Constant[value=1]()
+  %t6 : NoneType = prim::Constant()
+  %t7 : Device = prim::Constant[value="cpu"]()
+  %t8 : int = prim::Constant[value=9223372036854775807]()
+  %t9 : float = prim::Constant[value=-3.4028234663852886e+38]()
+  %t10 : int = prim::Constant[value=0]()
+  %f : bool = prim::Constant[value=0]()
+  %t11 : int[] = aten::size(%x0)
+  %t12 : int[] = aten::slice(%t11, %t1, %t6, %x3)
+  %t13 : Tensor = aten::layer_norm(%x0, %t12, %t6, %t6, %t2, %t5)
+  %t14 : Tensor = aten::gelu(%t13, %t4)
+  %t15 : Tensor = aten::mul(%t14, %x2)
+  %t16 : Tensor, %t17 : Tensor = aten::max(%t15, %t1, %t5)
+  %t18 : Tensor[] = prim::ListConstruct(%t16, %x1)
+  %t19 : Tensor = aten::cat(%t18, %t1)
+  %t20 : Tensor?[] = prim::ListConstruct(%t6, %t17)
+  %t21 : float[] = prim::ListConstruct(%t3, %t9)
+  %t22 : bool[] = prim::ListConstruct(%t5, %t5)
+  %t23 : Tensor = aten::clamp(%t19, %t9, %t6)
+  %t24 : int = aten::size(%t23, %t10)
+  %t25 : int[] = prim::ListConstruct(%t24, %t1)
+  %t26 : Tensor = aten::reshape(%t23, %t25)
+  %t27 : Tensor = aten::to(%t26, %t7, %t6, %f, %f)
+  %t28 : Tensor = aten::mul(%t27, %x4)
+  %outs : (Tensor, Tensor) = prim::TupleConstruct(%t28, %t17)
+  return (%outs)"""
+
+
+def test_the_executors_reader_builds_parseirs_graph_from_every_emitted_form():
+    """The executor reads the backend's IR with its own reader
+    (csrc/ir_reader.h), which must build the graph torch's parseIR builds
+    from the same text, and the graph must run as eager computes."""
+    mine, theirs = step_executor._module.read_both(EVERY_FORM)
+    assert mine is not None and mine == theirs
+    program = step_executor.compile(EVERY_FORM)
+    assert program.read_fast
+    x, y = torch.rand(3, 4), torch.rand(3, 1)
+    out, index = program(x, y, 2.0, 1, 1 + 2j)
+    values, expected_index = (torch.nn.functional.gelu(
+        torch.nn.functional.layer_norm(x, (4,), eps=1e-5), approximate="tanh") * 2.0).max(-1, True)
+    expected = torch.cat([values, y], -1).clamp(min=-3.4028234663852886e+38)
+    assert torch.equal(out, expected.reshape(3, -1) * (1 + 2j))
+    assert torch.equal(index, expected_index)
+
+
+@pytest.mark.parametrize("body", [
+    "  %out = aten::relu(%a)",                                      # an untyped output
+    '  %s : str = prim::Constant[value="a\\\\b"]()\n  %out : Tensor = aten::relu(%a)',  # an escape
+    "  %out : Tensor = aten::relu(%a) # a comment",
+    "  %out : Float(3, strides=[1], requires_grad=0, device=cpu) = aten::relu(%a)",
+    "  %c : complex = prim::Constant[value=2j]()\n  %out : Tensor = aten::mul(%a, %c)",
+], ids=["untyped", "escape", "comment", "refined type", "complex literal"])
+def test_ir_outside_the_emitted_forms_is_left_to_parseir(body):
+    """Text the backend never emits is not guessed at: the reader refuses
+    it before building anything, torch's parseIR reads it, and it runs."""
+    ir = graph(body, inputs=1)
+    mine, _ = step_executor._module.read_both(ir)
+    assert mine is None
+    program = step_executor.compile(ir)
+    assert not program.read_fast
+    a = torch.rand(3) - 0.5
+    out = program(a)
+    assert torch.equal(out, a * 2j) if "2j" in body else torch.equal(out, a.relu())
+
+
+def test_the_backends_graphs_are_read_by_the_executors_reader():
+    """A graph recorded through fastlazy reaches the executor as text its
+    own reader reads (parseIR's 2 us a line is for text it cannot)."""
+    before = fastlazy.backend()
+    fastlazy.set_backend("torchscript")
+    try:
+        x = torch.rand(4, 8)
+        out = torch.nn.functional.layer_norm(fastlazy.lazy(x).view(2, 16), (16,)).softmax(-1)
+        assert torch.equal(out.to_eager(),
+                           torch.nn.functional.layer_norm(x.view(2, 16), (16,)).softmax(-1))
+        program = next(reversed(graph_cache.programs.values())).call
+        assert isinstance(program, step_executor._module.StepProgram) and program.read_fast
+    finally:
+        fastlazy.mark_step()
+        fastlazy.set_backend(before)

@@ -35,6 +35,8 @@
 #include <torch/csrc/jit/ir/irparser.h>
 #include <torch/csrc/utils/python_numbers.h>
 
+#include "ir_reader.h"
+
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
@@ -145,12 +147,14 @@ inline const std::vector<DirectOp>& direct_ops() {
 #undef FL_INPLACE
 
 inline DirectCall direct_call_for(const c10::OperatorName& name) {
-  for (const auto& op : direct_ops()) {
-    if (name.name == op.name && name.overload_name == op.overload) {
-      return op.call;
-    }
-  }
-  return nullptr;
+  // a graph's every step looks itself up here: hashed, not a scan of names
+  static const std::unordered_map<c10::OperatorName, DirectCall> by_name = [] {
+    std::unordered_map<c10::OperatorName, DirectCall> found;
+    for (const auto& op : direct_ops()) found.emplace(c10::OperatorName(op.name, op.overload), op.call);
+    return found;
+  }();
+  auto found = by_name.find(name);
+  return found == by_name.end() ? nullptr : found->second;
 }
 
 // The dispatch keys of a plain dense CPU tensor (what a direct call's
@@ -170,10 +174,12 @@ enum InputKind : int8_t { IN_TENSOR, IN_INT, IN_FLOAT, IN_COMPLEX };
 class StepProgram {
  public:
   explicit StepProgram(const std::string& ir) {
-    auto graph = std::make_shared<torch::jit::Graph>();
-    torch::jit::parseIR(ir, graph.get());
+    auto graph = read_ir(ir, &read_fast_);
     build(*graph);
   }
+
+  // Was the IR read by IRReader (not by parseIR)?
+  bool read_fast() const { return read_fast_; }
 
   int64_t steps() const { return static_cast<int64_t>(steps_.size()); }
   int64_t direct_steps() const { return direct_steps_; }
@@ -245,6 +251,7 @@ class StepProgram {
   // program at once: a statistic)
   int64_t direct_calls_ = 0;
   int64_t boxed_calls_ = 0;
+  bool read_fast_ = false;
 
   static bool direct_allowed() {
     auto tls = c10::impl::tls_local_dispatch_key_set();
