@@ -15,7 +15,11 @@ from fastlazy._core import NodeFlag, ScalarType, SlotKey
 from fastlazy.node_program import NodeProgram
 
 
-@dataclass(frozen=True)
+# Not frozen: a graph of n nodes makes n of them at its compile, and a
+# frozen dataclass's __init__ sets each field through object.__setattr__
+# (1.75 us a node against 0.28).  Nothing writes a Node's fields; a
+# changed node is a dataclasses.replace copy.
+@dataclass(slots=True, eq=False)
 class Node:
     index: int
     op: object           # what recorded it, for its name: an op-table row or a generic.Lowering
@@ -126,6 +130,12 @@ class GraphView:
                 return Slot(k, position, "bool", value)
             return Slot(k, position, ScalarType(key & 3).name[3:].lower(), value)
         return Slot(k, position, "tensor", value)
+
+    def deeper_than(self, limit):
+        """Is the longest chain of dependent nodes longer than `limit`?
+        Never where the graph has no more nodes than that (no chain to
+        walk at a compile)."""
+        return len(self.nodes) > limit and self.depth() > limit
 
     def depth(self):
         """The longest chain of dependent nodes (1 for a lone node).  A

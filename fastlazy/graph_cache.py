@@ -155,7 +155,7 @@ def compile_and_run(seg, key, outputs):
 def _choose(view):
     """The backend that compiles `view` (see the module docstring)."""
     backend = active_backend()
-    if backend.max_depth is not None and view.depth() > backend.max_depth:
+    if backend.max_depth is not None and view.deeper_than(backend.max_depth):
         metrics.count_event("deep_graphs")
         return backends.get("native")
     if (backend.name == "torchscript" and not backend.fuses(view)

@@ -53,6 +53,7 @@ import weakref
 import torch
 
 from fastlazy import _core, backends, compile_worker, fx_threads, metrics, watch
+from fastlazy.graph import Slot
 
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
 PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
@@ -158,10 +159,11 @@ class TieredProgram:
             view, self._view = self._view, None
         if view is None:
             return None       # another thread's run of this graph submitted it
+        view = _with_meta_tensors(view)
         if self.grad and _gradients_of_gradients:
             return self._stay_fast(_TWICE_DIFFERENTIATED)
         limit = getattr(backends.get("inductor"), "max_depth", None)
-        if limit is not None and view.depth() > limit:
+        if limit is not None and view.deeper_than(limit):
             return self._stay_fast("fast (too deep to compile)")
         examples = _examples(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
@@ -511,18 +513,36 @@ def _examples(view, positions, inputs):
     return examples
 
 
+class _TensorMeta:
+    """A tensor slot's metadata, kept in place of the tensor: a graph that
+    never turns hot must not keep its first inputs alive, and most graphs
+    never do, so the meta tensors a compile needs are made only when one
+    is submitted (_with_meta_tensors)."""
+
+    __slots__ = ("shape", "stride", "dtype")
+
+    def __init__(self, t):
+        self.shape, self.stride, self.dtype = t.shape, t.stride(), t.dtype
+
+
 def _without_tensors(view):
-    """A copy of the view whose tensor slots hold meta tensors: the
-    compile that may come later needs their metadata, and a graph that
-    never turns hot must not keep its first inputs alive."""
+    """A copy of the view whose tensor slots hold their _TensorMeta."""
     light = copy.copy(view)
-    light.slots = [dataclasses.replace(s, value=_meta(s.value)) if s.kind == "tensor" else s
-                   for s in view.slots]
+    light.slots = [Slot(s.index, s.position, s.kind, _TensorMeta(s.value))
+                   if s.kind == "tensor" else s for s in view.slots]
     return light
 
 
-def _meta(t):
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+def _with_meta_tensors(view):
+    """The view (from _without_tensors) with meta tensors in its tensor
+    slots, as a compile reads them."""
+    view.slots = [dataclasses.replace(s, value=_meta(s.value))
+                  if isinstance(s.value, _TensorMeta) else s for s in view.slots]
+    return view
+
+
+def _meta(m):
+    return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
 
 
 def describe(program) -> dict:

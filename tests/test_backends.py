@@ -70,6 +70,19 @@ def test_torchscript_reuses_dead_intermediates():
     assert "aten::add(" in source       # the first op must not write into an input
 
 
+def test_torchscript_keeps_zero_and_negative_zero_constants_apart():
+    """0.0 == -0.0 in Python, so a dict of constants keyed by value would
+    hand one graph the first of them for both: -0.0's sign would be lost."""
+    x = torch.rand(3)
+    zero = torch.full_like(fastlazy.lazy(x), 0.0)
+    negative = torch.full_like(fastlazy.lazy(x), -0.0)
+    fastlazy.mark_step()
+    source = next(reversed(graph_cache.programs.values())).source
+    assert "value=0.0]" in source and "value=-0.0]" in source
+    assert not torch.signbit(zero.to_eager()).any()
+    assert torch.signbit(negative.to_eager()).all()
+
+
 def test_torchscript_reuse_is_part_of_the_key():
     """A graph that computes into an intermediate is never reused for shapes
     where a broadcast makes the result larger than that intermediate."""

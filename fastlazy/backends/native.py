@@ -90,6 +90,11 @@ def takes_one_row(view):
     TorchScript's interpreter (mobilenet_v3_small, 2 such layers in 156
     nodes: 3.1-3.2 ms a call here, 2.5-2.6 ms on TorchScript; ViT 1.05
     against 0.8 ms), so the layers must be at least half the graph."""
+    # each kernel step covers its linear node and at most one ReLU: a graph
+    # with too few linear nodes is answered without finding the steps
+    linears = sum(1 for node in view.nodes if _plain(node, "linear"))
+    if linears == 0 or 4 * linears < len(view.nodes):
+        return False
     covered = sum(1 + (relu is not None) for relu, _, x_shape in kernel_steps(view).values()
                   if math.prod(x_shape[:-1]) == 1)
     return covered > 0 and 2 * covered >= len(view.nodes)

@@ -48,6 +48,14 @@ _ENUM_INTS = {
 }
 
 
+def _constant_key(value):
+    """What a constant is interned by: its type and value, where 0.0 and
+    -0.0 (equal, and the same dict key) are two constants."""
+    if type(value) is float and value == 0.0:
+        return (float, str(value))
+    return (type(value), value)
+
+
 class _IR:
     """Accumulates IR lines; hands out SSA names and shares constants."""
 
@@ -67,7 +75,7 @@ class _IR:
             return self._int_list(list(value))
         if isinstance(value, torch.dtype):
             value = SCALAR_TYPE[value]
-        key = (type(value), value)
+        key = _constant_key(value)
         if key in self.consts:
             return self.consts[key]
         name = self.fresh()
@@ -285,9 +293,26 @@ def any_fusing() -> bool:
 def _emit(ir, env, node, program, inplace, scalars):
     """The IR of a node's program (its own, or base.written_form's); the
     SSA names of its outputs.  inplace: its one call is the `<name>_`
-    variant, computing into its first operand."""
+    variant, computing into its first operand.
+
+    The lines come from the node's _Template: a model's graph repeats a
+    few programs many times (each layer's), and a template's lines are
+    filled in at a fraction of the cost of emitting them anew."""
     ins = [env[i] for i in node.inputs]
-    if node.detach:
+    numbers = tuple(a in scalars for a in ins)
+    key = (program, inplace, node.detach, numbers)
+    template = _templates.get(key)
+    if template is None:
+        template = _Template(program, inplace, node.detach, numbers)
+        if len(_templates) >= _MAX_TEMPLATES:
+            _templates.clear()
+        _templates[key] = template
+    return template.fill(ir, ins)
+
+
+def _emit_program(ir, ins, detach, program, inplace, scalars):
+    """The IR of `program` over the SSA names `ins`; its outputs' names."""
+    if detach:
         ins = [a if a in scalars else ir.call("detach", [a]) for a in ins]
     values = []
 
@@ -297,6 +322,64 @@ def _emit(ir, env, node, program, inplace, scalars):
     for call in program.calls:
         values.append(_emit_call(ir, call, ref, inplace))
     return [ref(o) for o in program.outputs]
+
+
+# (program, inplace, detach, which inputs are numbers) -> its _Template
+_templates: dict = {}
+_MAX_TEMPLATES = 8192
+
+
+class _TemplateIR(_IR):
+    """An _IR that writes format fields where names go: {i[k]} for input
+    k, {c[k]} for constant k (interned in the graph's IR when filled),
+    {f[k]} for the k-th new value.  (No line the emitter writes holds a
+    brace of its own: constants' values, the only free text, are fields.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []      # (_IR.consts' key, value) of constant k
+
+    def fresh(self):
+        self.n += 1
+        return f"{{f[{self.n - 1}]}}"
+
+    def constant(self, value):
+        if isinstance(value, (list, tuple)):
+            return super().constant(value)     # a ListConstruct of constants
+        if isinstance(value, torch.dtype):
+            value = SCALAR_TYPE[value]
+        key = _constant_key(value)
+        if key not in self.consts:
+            self.consts[key] = f"{{c[{len(self.values)}]}}"
+            self.values.append((key, value))
+        return self.consts[key]
+
+
+class _Template:
+    """A node program's IR lines, emitted once, as one format string whose
+    fields are the names (_TemplateIR)."""
+
+    __slots__ = ("values", "fresh", "block", "outs")
+
+    def __init__(self, program, inplace, detach, numbers):
+        ir = _TemplateIR()
+        ins = [f"{{i[{k}]}}" for k in range(len(numbers))]
+        scalars = {a for a, number in zip(ins, numbers) if number}
+        self.outs = _emit_program(ir, ins, detach, program, inplace, scalars)
+        self.values = ir.values
+        self.fresh = ir.n
+        self.block = "\n".join(ir.lines)
+
+    def fill(self, ir, ins):
+        """Append the lines to `ir`, names filled in (new constants' lines
+        first); the outputs' names."""
+        known = ir.consts
+        consts = [known.get(key) or ir.constant(value) for key, value in self.values]
+        fresh = [f"%t{k}" for k in range(ir.n + 1, ir.n + 1 + self.fresh)]
+        ir.n += self.fresh
+        if self.block:
+            ir.lines.append(self.block.format(i=ins, c=consts, f=fresh))
+        return [out.format(i=ins, c=consts, f=fresh) for out in self.outs]
 
 
 _SYM_SIZE = torch.ops.aten.sym_size.int
