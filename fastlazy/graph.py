@@ -51,7 +51,7 @@ _CLONE_PROGRAM = NodeProgram(
     [node_program.Value(0)], fresh=True)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=False)      # not frozen, as Node
 class Slot:
     index: int           # in the segment
     position: int        # in the graph's parameter order (first use)
