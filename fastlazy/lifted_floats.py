@@ -158,6 +158,18 @@ def _lift(func, args, kwargs, tensors, sig, positions, hexes, lower):
     return Lifted(lifted_sig, positions, fixed, limit, guards)
 
 
+def _without_user_frames(env):
+    """A ShapeEnv notes for each symbol and guard the user's frame that
+    made it (for its messages), walking the stack past the files of
+    torch's own tracing machinery -- whose list, made once per process,
+    imports torch.export and dynamo: 270 ms of the first lift in a process
+    (swin_t's first call).  The symbols here are fastlazy's, made in this
+    module: no user frame to note.  (Where a torch has no such method,
+    nothing changes.)"""
+    if hasattr(env, "_get_user_frame"):
+        env._get_user_frame = lambda: None
+
+
 def _symbolic_trace(func, args, kwargs, tensors, floats, positions):
     """(make_fx's program of the call with the floats at `positions` as
     SymFloats, placeholders after the tensors'; the conditions on their
@@ -170,6 +182,7 @@ def _symbolic_trace(func, args, kwargs, tensors, floats, positions):
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     env = ShapeEnv()
+    _without_user_frames(env)
     symbols = []
     for n, k in enumerate(positions):
         source = ConstantSource(f"lifted_float{n}")
