@@ -21,7 +21,8 @@ compile_seconds: list[float] = []
 recompile_reasons: collections.Counter = collections.Counter()
 # (reason, file, line) -> graphs computed there other than by
 # mark_step (flushes_by_site() names the sites)
-_flush_sites: collections.Counter = collections.Counter()
+_flush_sites: collections.Counter = collections.Counter()    # (reason, id(code), offset)
+_flush_codes: dict = {}                                         # id(code) -> code
 _events: collections.Counter = collections.Counter()    # count_event's names
 # set by the boot: the graph cache's per-graph tiers (fastlazy.tiering) as
 # a list of dicts, and as one line ("hot 2, fast 5")
@@ -48,9 +49,13 @@ def count_fallback(name: str, reason: str = "") -> None:
 def note_flush(reason: str) -> None:
     """A graph was computed because of `reason` (a value read, a full
     buffer, an eager write...) at the user's current line."""
-    file, line = sites.where_called(2)
+    code, offset = sites.where_called(2)
+    # keyed by the code's id (a code object's hash reads all of its
+    # bytecode and constants: tens of microseconds for a long function);
+    # _flush_codes keeps each code alive, so that its id stays its own
     with _lock:
-        _flush_sites[reason, file, line] += 1
+        _flush_sites[reason, id(code), offset] += 1
+        _flush_codes[id(code)] = code
 
 
 def flushes_by_site() -> collections.Counter:
@@ -58,8 +63,8 @@ def flushes_by_site() -> collections.Counter:
     mark_step() since the last reset()."""
     found = collections.Counter()
     with _lock:
-        for (reason, file, line), n in _flush_sites.items():
-            found[reason, sites.site_name(file, line)] += n
+        for (reason, code, offset), n in _flush_sites.items():
+            found[reason, sites.site_name(_flush_codes[code], offset)] += n
     return found
 
 
@@ -172,6 +177,7 @@ def reset() -> None:
         compile_seconds.clear()
         recompile_reasons.clear()
         _flush_sites.clear()
+        _flush_codes.clear()
         _events.clear()
     recompiles.reset()
     _steps.reset_kernel_calls()

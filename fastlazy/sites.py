@@ -18,19 +18,24 @@ def site_of_call() -> str:
 
 
 def where_called(depth: int = 1):
-    """(file name, line) of the first frame outside fastlazy and torch
-    above the caller `depth` frames up; (None, 0) if there is none.  Cheaper
-    than site_of_call (no string is made, and a code object's file name
-    keeps its hash): what a counter that is read rarely but bumped at every
-    flush keys by."""
+    """(code object, instruction offset) of the first frame outside
+    fastlazy and torch above the caller `depth` frames up; (None, 0) if
+    there is none.  What a counter bumped at every flush keys by: no string
+    is made and no line looked up -- a frame's f_lineno scans its code's
+    line table from the start, a few microseconds in a long function, paid
+    at every flush for a name read rarely (site_name makes it)."""
     frame = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
         frame = frame.f_back
     if frame is None:
         return None, 0
-    return frame.f_code.co_filename, frame.f_lineno
+    return frame.f_code, frame.f_lasti
 
 
-def site_name(file, line) -> str:
+def site_name(code, offset) -> str:
     """'file:line' of a where_called() pair."""
-    return "<unknown>" if file is None else f"{file}:{line}"
+    if code is None:
+        return "<unknown>"
+    line = next((line for start, end, line in code.co_lines() if start <= offset < end),
+                None)
+    return f"{code.co_filename}:{code.co_firstlineno if line is None else line}"
