@@ -19,10 +19,11 @@ fallbacks_by_op: collections.Counter = collections.Counter()
 fallback_reasons: collections.Counter = collections.Counter()   # (op, reason) -> n
 compile_seconds: list[float] = []
 recompile_reasons: collections.Counter = collections.Counter()
-# (reason, file, line) -> graphs computed there other than by
-# mark_step (flushes_by_site() names the sites)
-_flush_sites: collections.Counter = collections.Counter()    # (reason, id(code), offset)
-_flush_codes: dict = {}                                         # id(code) -> code
+# (reason, id(code), instruction offset) -> graphs computed there other
+# than by mark_step (flushes_by_site() names the sites as file:line); the
+# codes themselves, by id, in _flush_codes (note_flush says why)
+_flush_sites: collections.Counter = collections.Counter()
+_flush_codes: dict = {}
 _events: collections.Counter = collections.Counter()    # count_event's names
 # set by the boot: the graph cache's per-graph tiers (fastlazy.tiering) as
 # a list of dicts, and as one line ("hot 2, fast 5")
