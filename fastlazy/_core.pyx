@@ -17,6 +17,7 @@ The parts, in csrc/, in the order a call goes through them:
     generic_record.pxi  the C half of the generic path (calls with no rule)
     flush.pxi           a value is needed: key the live graph, run it
     counters.pxi        the hot counters and their Python API
+    input_guard.pxi     ShapeGuard: a compiled program's input sizes checked in C
 
 _core.pxd declares the constants the core shares with Python, the types, and
 the functions the parts call across files.  The core calls up into Python
@@ -80,6 +81,7 @@ include "csrc/dispatch.pxi"
 include "csrc/generic_record.pxi"
 include "csrc/flush.pxi"
 include "csrc/throttle.pxi"
+include "csrc/input_guard.pxi"
 
 
 # -- the upward interface --

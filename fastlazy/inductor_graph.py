@@ -300,3 +300,57 @@ def _common_dtype(node, meta):
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
     return elementwise_dtypes(*operands,
                               type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+
+# Ops that inductor fuses into a neighbour's kernel or that launch none,
+# though aten tags them neither pointwise nor views: dtype casts, copies,
+# fills and factories (and the sym_* size reads, by their prefix).
+_FUSED_ANYWAY = frozenset({
+    "_to_copy", "copy_", "copy", "contiguous", "_unsafe_view", "lift_fresh_copy", "type_as",
+    "fill", "fill_", "full", "full_like", "scalar_tensor", "zeros", "zeros_like", "ones",
+    "ones_like", "empty", "empty_like", "empty_strided"})
+
+
+def kernel_breaks(view) -> int:
+    """How many calls of the view's nodes end a fused kernel: an op that is
+    neither pointwise nor a view (a matmul, a convolution, a reduction, an
+    op inductor calls as an extern kernel), counted once per run of a
+    program as build_fx runs them.  An estimate of the kernels the compiled
+    program launches, read before compiling it."""
+    runs = set()
+    breaks = 0
+    for node in view.nodes:
+        key = run_key(node)
+        if key in runs:
+            continue
+        runs.add(key)
+        breaks += sum(not _fuses(call.name, call.overload) for call in node.program.calls)
+    return breaks
+
+
+def _fuses(name, overload) -> bool:
+    if isinstance(overload, torch._ops.OpOverload):
+        return _fuses_overload(overload)
+    if overload is not None:
+        return True           # operator.getitem of a call's results: no kernel
+    return _fuses_name(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _fuses_overload(op) -> bool:
+    return torch.Tag.pointwise in op.tags or op.is_view or _launches_none(op.overloadpacket.__name__)
+
+
+def _launches_none(name) -> bool:
+    return name in _FUSED_ANYWAY or name.startswith("sym_")
+
+
+@functools.lru_cache(maxsize=None)
+def _fuses_name(name) -> bool:
+    if _launches_none(name):
+        return True
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    return any(torch.Tag.pointwise in o.tags or o.is_view for o in overloads)

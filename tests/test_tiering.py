@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import fastlazy
-from fastlazy import _core, backends, graph_cache, tiering
+from fastlazy import _core, backends, debug, graph_cache, tiering
 from fastlazy.backends.base import Program
 
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
@@ -300,14 +300,22 @@ def test_constant_bool_slots_reach_the_compiled_tier(auto, scripted, monkeypatch
 # -- the real inductor, end to end ------------------------------------------
 
 
-def _compile_and_probe(a, b):
-    """Run the test graph until its background compile is done and its
-    probe is over, checking every value against eager's."""
-    run(a, b, 0.5)
-    run(a, b, 0.5)
+def _compile_and_probe(a, b, fn=graph):
+    """Run the test graph (`fn`) until its background compile is done and
+    its probe is over, checking every value against eager's."""
+    def lazily(k):
+        return fn(fastlazy.lazy(a), fastlazy.lazy(b), k).to_eager()
+    lazily(0.5)
+    lazily(0.5)
     assert tiering.wait(300)
     for k in range(tiering.probe_calls()):
-        torch.testing.assert_close(run(a, b, k / 4), graph(a, b, k / 4))
+        torch.testing.assert_close(lazily(k / 4), fn(a, b, k / 4))
+
+
+def two_kernels(a, b, k):
+    """A graph inductor compiles into more than one kernel (a matmul, and
+    the sum of its relu), where the C++ wrapper pays."""
+    return ((a @ b.t() + k).relu() * 2).sum(1)
 
 
 def test_inductor_tier_gives_eagers_values_before_and_after_the_switch(auto, monkeypatch):
@@ -339,21 +347,44 @@ def test_background_compiles_use_the_cpp_wrapper_on_cpu(auto, monkeypatch):
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
     asked = _record_wrappers(monkeypatch)
     a, b = torch.randn(8, 16), torch.randn(8, 16)
-    _compile_and_probe(a, b)
+    _compile_and_probe(a, b, two_kernels)
     assert asked and all(asked), asked
     # a compile the user's thread waits for (the inductor backend) does not
     # pay the wrapper's longer compile
     asked.clear()
     fastlazy.set_backend("inductor")
-    torch.testing.assert_close(run(a, b, 0.5), graph(a, b, 0.5))
+    got = two_kernels(fastlazy.lazy(a), fastlazy.lazy(b), 0.5).to_eager()
+    torch.testing.assert_close(got, two_kernels(a, b, 0.5))
     assert asked == [False]
+
+
+def test_a_one_kernel_graph_keeps_the_python_wrapper(auto, monkeypatch):
+    """The C++ wrapper's call costs more than the Python wrapper's where
+    one fused kernel does all the work."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    asked = _record_wrappers(monkeypatch)
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    _compile_and_probe(a, b, lambda a, b, k: (a * b + k).relu() * 2 - a)
+    assert asked == [False]
+
+
+def test_kernel_breaks_count_the_ops_that_end_a_fused_kernel():
+    from fastlazy.inductor_graph import kernel_breaks
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    cases = [(lambda a, b: (a * b + 1).relu().view(16, 8).t() - 2, 0),
+             (lambda a, b: (a * b).sum(1), 1),
+             (lambda a, b: (a @ b.t()).softmax(-1).to(torch.float64), 2)]
+    for fn, breaks in cases:
+        out = fn(fastlazy.lazy(a), fastlazy.lazy(b))
+        assert kernel_breaks(debug._view(out)) == breaks, fn
+        out.to_eager()
 
 
 def test_a_failed_cpp_wrapper_compile_falls_back_to_the_python_wrapper(auto, monkeypatch):
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
     asked = _record_wrappers(monkeypatch, fail_cpp=True)
     a, b = torch.randn(8, 16), torch.randn(8, 16)
-    _compile_and_probe(a, b)
+    _compile_and_probe(a, b, two_kernels)
     assert asked == [True, False]
     assert fastlazy.metrics.counters()["tier_cpp_wrapper_failures"] == 1
     assert only_tier()["error"] is None

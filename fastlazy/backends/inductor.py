@@ -22,9 +22,9 @@ import time
 import torch
 import torch.fx
 
-from fastlazy import compile_process, compile_worker, fx_threads, metrics
+from fastlazy import _core, compile_process, compile_worker, fx_threads, metrics
 from fastlazy.backends.base import Backend, Program
-from fastlazy.inductor_graph import build_fx, input_kinds
+from fastlazy.inductor_graph import build_fx, input_kinds, kernel_breaks
 
 # Inductor's compile is not thread-safe (its caches and dynamo's global
 # state): one compile at a time, process-wide.  Re-entrant, since a finalizer
@@ -76,7 +76,8 @@ class InductorBackend(Backend):
         the graph's inputs at those positions (tiering does)."""
         gm = torch.fx.GraphModule(torch.nn.Module(), build_fx(view))
         kinds = _freeze(gm, view, frozen, input_kinds(view))
-        dispatch = _ShapeDispatch(kinds, self, None, None, frozen=True, gm=gm)
+        dispatch = _ShapeDispatch(kinds, self, None, None, frozen=True, gm=gm,
+                                  breaks=kernel_breaks(view))
         return Program([s.position for s in view.slots if s.position not in frozen],
                        dispatch, False, gm.code)
 
@@ -91,7 +92,8 @@ class InductorBackend(Backend):
 class _ShapeDispatch:
     """Compiled versions of one graph structure, by input shapes."""
 
-    def __init__(self, kinds, backend, replay, on_replay, frozen=False, gm=None, view=None):
+    def __init__(self, kinds, backend, replay, on_replay, frozen=False, gm=None, view=None,
+                 breaks=None):
         self._view = view         # the graph's view, or None where `gm` is given
         self._graph = None if gm is None else gm.graph
         self._gm = gm             # made when a compile on this process needs it
@@ -107,6 +109,14 @@ class _ShapeDispatch:
         # program (forward and backward); else as an inference one
         self.grad = view is not None and view.grad
         self.detached = _read_detached(view) if self.grad else ()
+        # the kernels its program ends, about (inductor_graph.kernel_breaks)
+        self.breaks = kernel_breaks(view) if breaks is None else breaks
+        # inputs are converted (_args) where some are scalars or detached
+        self.converts = bool(self.detached) or any(k is not None for k in kinds)
+        # (ShapeGuard, compiled callable) of the static-shape version run
+        # last: a call with its sizes goes straight to it
+        self.last = None
+        self.guards = {}          # shapes -> ShapeGuard of the inputs
 
     @property
     def graph(self):
@@ -138,6 +148,16 @@ class _ShapeDispatch:
         self.by_shape[tuple(a.shape for a in args)] = self._compile(args, dynamic=False)
 
     def __call__(self, *inputs):
+        last = self.last
+        if last is not None and last[0].matches(inputs):
+            if self.grad:
+                _keep_saved_tensors()
+            return last[1](*self._args(inputs)) if self.converts else last[1](*inputs)
+        return self._dispatch(inputs)
+
+    def _dispatch(self, inputs):
+        """A call whose sizes are not the last static version's: the
+        version for its shapes, compiled or queued if there is none."""
         if self.failed:
             return self._replayed(inputs)
         if self.grad:
@@ -177,12 +197,17 @@ class _ShapeDispatch:
                 fn = self.by_shape[shapes] = fn.result()
             except Exception:     # noqa: BLE001 - the replay keeps computing the graph
                 return self._failed(inputs)
+        guard = self.guards.get(shapes)
+        if guard is None:
+            guard = self.guards[shapes] = _core.ShapeGuard(inputs)
+        self.last = (guard, fn)
         return fn(*args)
 
     def _failed(self, inputs):
         """A background compile failed: this and every later call replay."""
         metrics.count_event("compile_failures")
         self.failed = True
+        self.last = None
         return self._replayed(inputs)
 
     def _replayed(self, inputs):
@@ -204,7 +229,7 @@ class _ShapeDispatch:
             return self._compile_locked(args, dynamic)
 
     def _compile_locked(self, args, dynamic):
-        if not _cpp_wrapper_pays(args):
+        if not _cpp_wrapper_pays(args, self.breaks):
             return self._compile_with(args, dynamic, cpp_wrapper=False)
         try:
             return self._compile_with(args, dynamic, cpp_wrapper=True)
@@ -272,13 +297,24 @@ class _ShapeDispatch:
             return None
 
 
-def _cpp_wrapper_pays(args):
+# the kernel breaks (inductor_graph.kernel_breaks) from which the C++
+# wrapper pays: see _cpp_wrapper_pays
+CPP_WRAPPER_BREAKS = 2
+
+
+def _cpp_wrapper_pays(args, breaks):
     """Whether to compile with inductor's C++ wrapper: on fastlazy's compile
-    thread (where nobody waits for the compile), for CPU graphs.  The
-    wrapper calls the kernels from C++ instead of a Python function: W4's
-    compiled transformer graphs at batch 1 ran 10-25 % faster (GPT-2 602 ->
-    516 us, BERT 443 -> 369 us), for 4-7 s more of background compile."""
-    return compile_worker.on_compile_thread() and all(
+    thread (where nobody waits for the compile), for CPU graphs that launch
+    several kernels.  The wrapper calls the kernels from C++ instead of a
+    Python function: W4's compiled transformer graphs at batch 1 ran 10-25 %
+    faster (GPT-2 602 -> 516 us, BERT 443 -> 369 us), for 4-7 s more of
+    background compile.  But its call costs more than the Python wrapper's
+    where one kernel does the work (it hands every input to C++ as a
+    pointer): about 1 us more a call for one fused kernel over 1-50
+    inputs, 1.3-2 us more for W1's 32-op chain over 9; a chain of k
+    matmuls, each followed by a fused relu and add, ran 0.2 us slower with
+    it at k=1, 0.9 us faster at k=2 and 2.8 us at k=3 (4x16 inputs)."""
+    return breaks >= CPP_WRAPPER_BREAKS and compile_worker.on_compile_thread() and all(
         a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
 
 
