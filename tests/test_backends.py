@@ -146,6 +146,25 @@ def test_inductor_switches_to_dynamic_shapes(monkeypatch):
         fastlazy.set_backend("torchscript")
 
 
+def test_inductor_alternating_shapes_run_their_own_static_versions(monkeypatch):
+    """Each call goes to the version compiled for its sizes, though the
+    last version run is checked first (its ShapeGuard): shapes that take
+    turns compile once each, and give eager's values every time."""
+    backend = backends.get("inductor")
+    monkeypatch.setattr(backend, "dynamic_after", 3)
+    fastlazy.set_backend("inductor")
+    try:
+        tensors = [torch.rand(4, 3), torch.rand(3, 4), torch.rand(4, 3)]
+        for t in tensors * 3:
+            x = fastlazy.lazy(t)
+            torch.testing.assert_close((x * 2 - x.sum(0)).to_eager(), t * 2 - t.sum(0))
+        c = fastlazy.metrics.counters()
+        assert c["recompile.inductor: new input shape"] == 1
+        assert c["cache_misses"] == 1 and "recompile.inductor: dynamic shapes" not in c
+    finally:
+        fastlazy.set_backend("torchscript")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["torchscript", "inductor"])
 def test_cuda_backends(name):

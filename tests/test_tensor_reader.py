@@ -204,3 +204,40 @@ def test_the_version_read_with_the_metadata_is_the_tensors(reader, call):
     with torch.inference_mode():
         e = operand()
     _assert_same(_outcome(lambda: run(fastlazy.lazy(x), e)), run(x, e))
+
+
+# -- ShapeGuard: a compiled program's input sizes, checked in C ----------------------
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("kind", list(EAGER))
+def test_a_shape_guard_matches_tensors_of_the_same_sizes_alone(reader, kind):
+    """Every kind of eager tensor is told apart by its sizes alone, as
+    torch.Size equality tells them: same sizes (whatever the strides,
+    dtype or device) match, a size or rank more or less does not."""
+    t = EAGER[kind]()
+    guard = _core.ShapeGuard([t, 2.5, t])
+    same = torch.empty(t.shape)
+    strided = torch.empty(t.shape[::-1]).permute(tuple(reversed(range(t.dim()))))
+    assert strided.shape == t.shape
+    assert guard.matches((t, 2.5, t))
+    assert guard.matches((same, "anything at a scalar's place", strided))
+    grown = torch.empty(*t.shape[:-1], t.shape[-1] + 1) if t.dim() else torch.empty(1)
+    assert not guard.matches((t, 2.5, grown))
+    assert not guard.matches((same.unsqueeze(0), 2.5, t))
+    assert not guard.matches((t, 2.5))                  # a shorter call
+    assert not guard.matches((t, 2.5, list(t.shape)))
+
+
+def test_a_shape_guard_reads_subclasses_and_rejects_non_tensors(reader):
+    base = torch.randn(3, 4)
+    guard = _core.ShapeGuard([base])
+    assert guard.matches((base.as_subclass(_Subclass),))
+    assert not guard.matches((torch.randn(4, 3).as_subclass(_Subclass),))
+    assert not guard.matches((None,))
+    assert not guard.matches(((3, 4),))
+    assert _core.ShapeGuard([1, None]).matches((7, "x"))
+    assert not _core.ShapeGuard([]).matches((base,))

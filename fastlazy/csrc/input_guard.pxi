@@ -80,7 +80,8 @@ cdef bint same_sizes(object t, const int64_t *sizes, int rank) except -1:
     return same_as_size(tuple(t.shape), sizes, rank)
 
 
-cdef bint same_as_size(tuple shape, const int64_t *sizes, int rank) except -1:
+cdef bint same_as_size(object shape, const int64_t *sizes, int rank) except -1:
+    # (a torch.Size: a tuple)
     if PyTuple_GET_SIZE(shape) != rank:
         return False
     cdef int j
