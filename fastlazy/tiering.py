@@ -13,11 +13,17 @@ A graph's life:
    run.  Calls meanwhile run the fast tier: none waits.
 3. probation -- once the compile is done, the next calls run each
    candidate in turn, timed, `PROBE_RUNS` times (after `PROBE_WARMUP`): the
-   compiled program, the fast tier again, and for an inference graph that
-   reads parameters (nn.Parameter) the graph compiled with them frozen
-   (inductor's freezing: weights prepacked for oneDNN, constants folded),
-   which is valid only while the same parameters, unwritten, come in --
-   checked on every call.  The candidate with the shortest typical run
+   compiled program and the fast tier again.  For an inference graph that
+   reads parameters (nn.Parameter), the graph is then compiled a second
+   time with them frozen (inductor's freezing: weights prepacked for
+   oneDNN, constants folded), while the tier chosen runs; a frozen program
+   is valid only while the same parameters, unwritten, come in -- checked
+   on every call -- and it goes on probation with the other two once it
+   is ready.  (It is compiled second because it cannot go to the compile
+   process -- inductor cannot save a program whose parameters it folded --
+   and so costs the user's process seconds of throttled compile: ViT's
+   took 23 s of a cold process's busy loop, against 10 s for the plain
+   program, which is in use meanwhile.)  The candidate with the shortest typical run
    (the median of its faster half: other work on the machine only ever
    adds time) wins.  A training graph's candidates are timed by the
    period from one run of the graph to the next instead: most of what a
@@ -114,6 +120,11 @@ class TieredProgram:
         # tiers (submit, promote, decide) happen once
         self._lock = threading.Lock()
         self._period_of = None      # probation, training: (candidate, start of its run)
+        # the second compile (parameters frozen): its parameters, until it is queued
+        self._frozen = None
+        self._plain = None          # the compiled program, kept for the second probation
+        self._settled = None        # the call in use while the second compile runs
+        self._frozen_job = None     # (view, example inputs) of the second compile
         self._constants = {}
         self._dtypes = None         # the fast tier's results' (compiled ones must agree)
         self.call = self._run_fast
@@ -170,37 +181,48 @@ class TieredProgram:
         described = _described(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
-        frozen = _frozen_inputs(inputs)
+        self._frozen = _frozen_inputs(inputs)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
-        self._future = compile_worker.submit(self._compile, view, described, frozen)
+        self._future = compile_worker.submit(self._compile, view, described)
 
-    def _compile(self, view, described, frozen):
-        """On the compile thread: the compiled candidates, ready to run
-        inputs like those `described` (_described) -- the graph as it is,
-        then (for an inference graph reading parameters) the graph with
-        those parameters frozen: a frozen candidate that fails to compile
-        is left out, the plain one failing fails the compile."""
+    def _compile(self, view, described):
+        """On the compile thread: the compiled candidate, ready to run
+        inputs like those `described` (_described).  The view and the
+        example inputs are kept for the second compile (_compile_frozen)
+        where one will follow."""
         start = time.perf_counter()
         view = _with_meta_tensors(view)
         examples = [_example(d) for d in described]
-        inductor = backends.get("inductor")
-        program = inductor.compile(view, replay=self._replay, on_replay=_count_fast_run)
+        program = backends.get("inductor").compile(view, replay=self._replay,
+                                                   on_replay=_count_fast_run)
         program.call.warm(examples)
-        candidates = [("compiled", program, None)]
-        if frozen is not None and hasattr(inductor, "compile_frozen") \
-                and not compile_worker.closing():
-            try:
-                by_position = {self.fast.slots[k]: t for k, t in frozen.tensors()}
-                program = inductor.compile_frozen(view, by_position)
-                program.call.warm([e for s, e in zip(view.slots, examples)
-                                   if s.position not in by_position])
-                candidates.append(("compiled, parameters frozen", program, frozen))
-            except Exception as exc:     # noqa: BLE001 - the plain candidate stands
-                self.error = f"frozen: {type(exc).__name__}: {exc}"[:500]
-                metrics.count_event("tier_frozen_compiles_failed")
+        self._plain = program
+        if self._frozen is not None:
+            self._frozen_job = (view, examples)
         self.compile_seconds = time.perf_counter() - start     # (counted by the backend)
-        return candidates
+        return [("compiled", program, None)]
+
+    def _compile_frozen(self, view, examples, frozen):
+        """On the compile thread: the candidates of the second probation
+        -- the compiled program again, and the graph compiled with the
+        parameters in `frozen` as constants -- or None where the frozen
+        one could not be compiled (the tier in use stays)."""
+        start = time.perf_counter()
+        try:
+            by_position = {self.fast.slots[k]: t for k, t in frozen.tensors()}
+            if any(t is None for t in by_position.values()):
+                raise RuntimeError("a parameter was freed before its compile")
+            program = backends.get("inductor").compile_frozen(view, by_position)
+            program.call.warm([e for s, e in zip(view.slots, examples)
+                               if s.position not in by_position])
+        except Exception as exc:     # noqa: BLE001 - the tier in use stands
+            self.error = f"frozen: {type(exc).__name__}: {exc}"[:500]
+            metrics.count_event("tier_frozen_compiles_failed")
+            return None
+        finally:
+            self.compile_seconds = (self.compile_seconds or 0.0) + time.perf_counter() - start
+        return [("compiled", self._plain, None), ("compiled, parameters frozen", program, frozen)]
 
     def _replay(self, *inputs):
         """The fast tier, called with the compiled program's inputs (every
@@ -219,7 +241,7 @@ class TieredProgram:
 
     def _take(self, future):
         """The compile's candidates on probation (or the fast tier for good
-        if it failed)."""
+        if it failed; the tier in use if a second compile found nothing)."""
         try:
             candidates = future.result()
         except Exception as exc:     # noqa: BLE001 - the fast tier keeps running
@@ -229,6 +251,9 @@ class TieredProgram:
             self._stay_fast("fast (compile failed)")
             return
         metrics.count_event("tier_compiles_done")
+        if candidates is None:
+            self.call = self._settled
+            return
         self._candidates = []
         for name, program, frozen in candidates:
             call = _taking(program, self.fast.slots, self._constants)
@@ -298,6 +323,29 @@ class TieredProgram:
             self._stay_fast("fast (compiled was slower)" if ranked or self.error is None
                             else "fast (compiled results differ)")
         self._candidates = []
+        self._queue_frozen()
+
+    def _queue_frozen(self):
+        """After the first probation of an inference graph that reads
+        parameters: its second compile, with them frozen, queued; the tier
+        chosen runs until it is done (_awaiting)."""
+        frozen, self._frozen = self._frozen, None
+        job, self._frozen_job = self._frozen_job, None
+        inductor = backends.get("inductor")
+        if frozen is None or job is None or frozen.written or compile_worker.closing() \
+                or not hasattr(inductor, "compile_frozen"):
+            return
+        metrics.count_event("tier_compiles_queued")
+        self._settled = self.call
+        self._future = compile_worker.submit(self._compile_frozen, *job, frozen)
+        self.call = self._awaiting
+
+    def _awaiting(self, *inputs):
+        """The settled tier's call while the second compile runs."""
+        future = self._future
+        if future is not None and future.done():
+            return self._promote(inputs)
+        return self._settled(*inputs)
 
     def _frozen_changed(self, inputs, for_good):
         """A frozen candidate met other tensors (or the same ones changed)
@@ -325,7 +373,8 @@ class TieredProgram:
         return counted
 
     def _stay_fast(self, tier):
-        """The fast tier for good, called directly from now on."""
+        """The fast tier, called directly from now on (a second compile
+        may still put a frozen program on probation: _queue_frozen)."""
         self.tier = tier
         self.call = self._counting(self._fast)
         self._view = self._compiled = None
@@ -588,7 +637,10 @@ def forget_compiles_after_fork(programs):
             future = p._future
             if future is not None and not future.done():
                 p._future = None
-                p._stay_fast("fast (its compile was under way at a fork)")
+                if p.call == p._awaiting:       # a second compile: the tier in use stays
+                    p.call = p._settled
+                else:
+                    p._stay_fast("fast (its compile was under way at a fork)")
 
 
 def runs_until_hot(programs) -> int:
@@ -603,6 +655,13 @@ def runs_until_hot(programs) -> int:
             by_time = int(seconds / mean) + 1 if seconds > 0 and mean > 0 else 0
             needed = max(needed, ENGINE.hot_after - p.runs, by_time)
     return needed
+
+
+def unsettled(programs) -> int:
+    """How many of `programs` have a compile queued or under way, or are on
+    probation (benchmarks settle graphs until none has)."""
+    return sum(1 for p in programs if isinstance(p, TieredProgram)
+               and (p._future is not None or p.tier in ("compiling", "probation")))
 
 
 def summary(programs) -> str:

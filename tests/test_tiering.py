@@ -509,9 +509,15 @@ def test_the_fast_tier_calls_what_the_first_run_left(auto, monkeypatch):
 # -- parameters frozen into the compiled program ------------------------------
 
 
+_real_decide = tiering.TieredProgram._decide
+
+
 def _prefer_frozen(self):
+    """The probe's verdict: the frozen program, once it is a candidate (the
+    second probation); the timings' verdict before."""
     frozen = [c for c in self._candidates if c.name == "compiled, parameters frozen"]
-    assert frozen, "no frozen candidate was compiled"
+    if not frozen:
+        return _real_decide(self)
     self.tier = "hot (compiled, parameters frozen)"
     self.call = self._compiled = frozen[0].call
     self._fallback = self._candidates[0].call
@@ -529,12 +535,16 @@ class _Net(torch.nn.Module):
 
 
 def _settled(net, x):
+    """net's inference graph through its compile, its probation, its
+    second compile (parameters frozen) and that one's probation."""
     with torch.no_grad():
         for _ in range(2):
             net(fastlazy.lazy(x)).to_eager()
-        assert tiering.wait(300)
-        for _ in range(tiering.probe_calls()):
-            net(fastlazy.lazy(x)).to_eager()
+        for _ in range(2):
+            assert tiering.wait(300)
+            for _ in range(tiering.probe_calls()):
+                net(fastlazy.lazy(x)).to_eager()
+        assert not tiering.unsettled(graph_cache.programs.values())
 
 
 def _settled_on_frozen(monkeypatch, before_settling=lambda net: None):
@@ -667,6 +677,64 @@ def test_dropped_frozen_programs_stop_watching(auto, monkeypatch):
     assert not _core.watching()
 
 
+def test_the_frozen_compile_comes_second_and_no_call_waits_for_it(auto, monkeypatch):
+    """An inference graph reading parameters settles on its compiled
+    program (or the fast tier) first; the compile with its parameters
+    frozen runs meanwhile, and its program goes on probation when ready."""
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
+    release = threading.Event()
+    inductor = type(backends.get("inductor"))
+    real = inductor.compile_frozen
+
+    def held(self, view, frozen):
+        assert release.wait(300)
+        return real(self, view, frozen)
+    monkeypatch.setattr(inductor, "compile_frozen", held)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        want = net(x)
+    for _ in range(2):
+        _lazy_run(net, x)
+    assert tiering.wait(300)                  # the first compile
+    for _ in range(tiering.probe_calls()):
+        torch.testing.assert_close(_lazy_run(net, x), want)
+    first = only_tier()["tier"]
+    assert first in ("hot", "fast (compiled was slower)"), first
+    assert tiering.unsettled(graph_cache.programs.values()) == 1
+    start = time.perf_counter()
+    for _ in range(5):
+        torch.testing.assert_close(_lazy_run(net, x), want)
+    assert time.perf_counter() - start < 1.0, "a call waited for the frozen compile"
+    assert only_tier()["tier"] == first
+    release.set()
+    assert tiering.wait(300)
+    for _ in range(tiering.probe_calls()):
+        torch.testing.assert_close(_lazy_run(net, x), want)
+    assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+    assert not tiering.unsettled(graph_cache.programs.values())
+    assert fastlazy.metrics.counters()["tier_compiles_done"] == 2
+
+
+def test_a_failed_frozen_compile_keeps_the_tier_in_use(auto, monkeypatch):
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    inductor = type(backends.get("inductor"))
+
+    def broken(self, view, frozen):
+        raise RuntimeError("no freezing here")
+    monkeypatch.setattr(inductor, "compile_frozen", broken)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    _settled(net, x)
+    entry = only_tier()
+    assert entry["tier"] in ("hot", "fast (compiled was slower)"), entry
+    assert "no freezing here" in entry["error"]
+    assert fastlazy.metrics.counters()["tier_frozen_compiles_failed"] == 1
+    with torch.no_grad():
+        torch.testing.assert_close(_lazy_run(net, x), net(x))
+
+
 def test_frozen_program_sends_another_shape_elsewhere(auto, monkeypatch):
     monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
     monkeypatch.setattr(tiering.TieredProgram, "_decide", _prefer_frozen)
@@ -691,9 +759,9 @@ def test_training_graphs_freeze_nothing(auto, monkeypatch):
     seen = []
     real = tiering.TieredProgram._compile
 
-    def spy(self, view, examples, frozen):
-        seen.append(frozen)
-        return real(self, view, examples, frozen)
+    def spy(self, view, described):
+        seen.append(self._frozen)
+        return real(self, view, described)
     monkeypatch.setattr(tiering.TieredProgram, "_compile", spy)
     net, x = _Net(), torch.randn(2, 3, 6, 6)
     for _ in range(2):
