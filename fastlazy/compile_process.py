@@ -29,11 +29,9 @@ from stdin and writes the answer to stdout, each a length-prefixed pickle.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
-import importlib
 import io
 import os
 import pickle
@@ -185,63 +183,14 @@ def _describe(value):
 
 
 def _ask(job):
-    child = _send_job(job)
-    _warm_this_process()
-    return _answer(child)
-
-
-def _send_job(job) -> subprocess.Popen:
-    """The child, `job` sent to it."""
     child = _ensure_child()
-    with _stopped_child():
-        _send(child.stdin, job)
-    return child
-
-
-def _answer(child):
-    """The child's answer to the job sent last."""
-    with _stopped_child():
-        return _receive(child.stdout)
-
-
-@contextlib.contextmanager
-def _stopped_child():
     try:
-        yield
+        _send(child.stdin, job)
+        return _receive(child.stdout)
     except (OSError, EOFError, ValueError, pickle.PickleError, struct.error) as exc:
         # (ValueError: a pipe closed under the read by the exit's close)
         _discard_child()
         raise Unavailable(f"the compile process stopped: {exc}") from exc
-
-
-_warmed = False
-
-
-def _warm_this_process():
-    """Load, while the child compiles the first job, what loading its
-    program will need here: the modules CompiledArtifact.load imports and
-    inductor's choice of the CPU's vector ISA (a dozen test compiles).
-    Done after the job, that was 2.6 s of the compile thread (BERT's
-    first compile in a cold process: its program ready 8.7 s after the
-    child's answer, the thread throttled beside the user's loop); done
-    meanwhile, the load takes 0.3 s."""
-    global _warmed
-    if _warmed:
-        return
-    _warmed = True
-    try:
-        for module in _LOAD_IMPORTS:
-            importlib.import_module(module)
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-        pick_vec_isa()
-    except Exception:             # noqa: BLE001 - the load does it, or fails, itself
-        pass
-
-
-_LOAD_IMPORTS = ("torch._inductor.codecache", "torch._inductor.output_code",
-                 "torch._inductor.compile_fx", "torch._inductor.runtime.compile_tasks",
-                 "torch._functorch._aot_autograd.aot_autograd_result",
-                 "torch._dynamo.aot_compile_types")
 
 
 def _ensure_child() -> subprocess.Popen:
