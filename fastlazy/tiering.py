@@ -22,8 +22,8 @@ A graph's life:
    is ready.  (It is compiled second because it cannot go to the compile
    process -- inductor cannot save a program whose parameters it folded --
    and so costs the user's process seconds of throttled compile: ViT's
-   took 23 s of a cold process's busy loop, against 10 s for the plain
-   program, which is in use meanwhile.)  The candidate with the shortest typical run
+   took 21 s of a cold process's busy loop, after the plain program's
+   12.5 s; the tier the first probation chose runs meanwhile.)  The candidate with the shortest typical run
    (the median of its faster half: other work on the machine only ever
    adds time) wins.  A training graph's candidates are timed by the
    period from one run of the graph to the next instead: most of what a
@@ -124,7 +124,7 @@ class TieredProgram:
         self._frozen = None
         self._plain = None          # the compiled program, kept for the second probation
         self._settled = None        # the call in use while the second compile runs
-        self._frozen_job = None     # (view, example inputs) of the second compile
+        self._frozen_job = None     # (view, described inputs) of the second compile
         self._constants = {}
         self._dtypes = None         # the fast tier's results' (compiled ones must agree)
         self.call = self._run_fast
@@ -189,8 +189,9 @@ class TieredProgram:
     def _compile(self, view, described):
         """On the compile thread: the compiled candidate, ready to run
         inputs like those `described` (_described).  The view and the
-        example inputs are kept for the second compile (_compile_frozen)
-        where one will follow."""
+        descriptions are kept for the second compile (_compile_frozen)
+        where one will follow: not the example inputs, which would hold a
+        copy of every parameter until then."""
         start = time.perf_counter()
         view = _with_meta_tensors(view)
         examples = [_example(d) for d in described]
@@ -199,11 +200,11 @@ class TieredProgram:
         program.call.warm(examples)
         self._plain = program
         if self._frozen is not None:
-            self._frozen_job = (view, examples)
+            self._frozen_job = (view, described)
         self.compile_seconds = time.perf_counter() - start     # (counted by the backend)
         return [("compiled", program, None)]
 
-    def _compile_frozen(self, view, examples, frozen):
+    def _compile_frozen(self, view, described, frozen):
         """On the compile thread: the candidates of the second probation
         -- the compiled program again, and the graph compiled with the
         parameters in `frozen` as constants -- or None where the frozen
@@ -214,7 +215,7 @@ class TieredProgram:
             if any(t is None for t in by_position.values()):
                 raise RuntimeError("a parameter was freed before its compile")
             program = backends.get("inductor").compile_frozen(view, by_position)
-            program.call.warm([e for s, e in zip(view.slots, examples)
+            program.call.warm([_example(d) for s, d in zip(view.slots, described)
                                if s.position not in by_position])
         except Exception as exc:     # noqa: BLE001 - the tier in use stands
             self.error = f"frozen: {type(exc).__name__}: {exc}"[:500]
