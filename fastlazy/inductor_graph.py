@@ -338,7 +338,8 @@ def _fuses(name, overload) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _fuses_overload(op) -> bool:
-    return torch.Tag.pointwise in op.tags or op.is_view or _launches_none(op.overloadpacket.__name__)
+    return (torch.Tag.pointwise in op.tags or op.is_view
+            or _launches_none(op.overloadpacket.__name__))
 
 
 def _launches_none(name) -> bool:

@@ -23,9 +23,9 @@ A graph's life:
    process -- inductor cannot save a program whose parameters it folded --
    and so costs the user's process seconds of throttled compile: ViT's
    took 21 s of a cold process's busy loop, after the plain program's
-   12.5 s; the tier the first probation chose runs meanwhile.)  The candidate with the shortest typical run
-   (the median of its faster half: other work on the machine only ever
-   adds time) wins.  A training graph's candidates are timed by the
+   12.5 s; the tier the first probation chose runs meanwhile.)  The
+   candidate with the shortest typical run (the median of its faster half:
+   other work on the machine only ever adds time) wins.  A training graph's candidates are timed by the
    period from one run of the graph to the next instead: most of what a
    candidate changes in a training step is its backward, which autograd
    runs after the graph's run returns (resnet18's training step at batch
@@ -397,8 +397,9 @@ class _Candidate:
 class _Frozen:
     """The parameters an inference graph read on its hot_after-th run,
     as a frozen candidate takes them: by input index, held weakly, with
-    the version and data pointer each had, and the shapes of the other
-    tensor inputs (the frozen program is compiled for those alone).
+    the version and data pointer each had, and the sizes of the tensor
+    inputs (a _core.ShapeGuard: the frozen program is compiled for those
+    alone).
 
     Their memory is watched from then on (_core.watch_writes): a write
     through a `.data` alias (`p.data.mul_(0.5)`, an EMA update written
@@ -407,7 +408,7 @@ class _Frozen:
 
     def __init__(self, parameters, shapes):
         self.parameters = parameters      # ((index, weakref, version, data_ptr), ...)
-        self.shapes = shapes              # ((index, shape), ...) of the other tensors
+        self.shapes = shapes              # _core.ShapeGuard of the run's inputs
         self.written = False
         on_write = _Written(weakref.ref(self))
         _core.watch_writes([ref() for _, ref, _, _ in parameters], on_write)
@@ -427,8 +428,8 @@ class _Frozen:
 
     def guarding(self, call, changed):
         """call(*inputs) where the frozen tensors are the inputs, unchanged,
-        and the other shapes the compiled ones; else changed(inputs,
-        for_good) computes the call."""
+        and the sizes the compiled ones; else changed(inputs, for_good)
+        computes the call."""
         shapes = self.shapes
 
         def guarded(*inputs):
@@ -438,9 +439,8 @@ class _Frozen:
                 t = inputs[k]
                 if t is not ref() or t._version != version or t.data_ptr() != pointer:
                     return changed(inputs, True)
-            for k, shape in shapes:
-                if inputs[k].shape != shape:
-                    return changed(inputs, False)
+            if not shapes.matches(inputs):
+                return changed(inputs, False)
             return call(*inputs)
         return guarded
 
@@ -476,15 +476,11 @@ def _frozen_inputs(inputs):
     records autograd history or reads no parameter."""
     if torch.is_grad_enabled():
         return None
-    parameters, shapes = [], []
-    for k, t in enumerate(inputs):
-        if type(t) is torch.nn.Parameter and not watch.exported(t):
-            # (memory handed to NumPy may be written later, unseen: such
-            # a parameter stays an input of the frozen program)
-            parameters.append((k, weakref.ref(t), t._version, t.data_ptr()))
-        elif isinstance(t, torch.Tensor):
-            shapes.append((k, t.shape))
-    return _Frozen(tuple(parameters), tuple(shapes)) if parameters else None
+    parameters = [(k, weakref.ref(t), t._version, t.data_ptr()) for k, t in enumerate(inputs)
+                  # (memory handed to NumPy may be written later, unseen:
+                  # such a parameter stays an input of the frozen program)
+                  if type(t) is torch.nn.Parameter and not watch.exported(t)]
+    return _Frozen(tuple(parameters), _core.ShapeGuard(inputs)) if parameters else None
 
 
 # AOT autograd's compiled backward cannot itself be differentiated
