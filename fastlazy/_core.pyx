@@ -29,6 +29,7 @@ import operator
 import sys
 import threading
 import weakref
+import warnings
 
 import torch
 from cpython.object cimport PyObject, PyTypeObject

@@ -74,7 +74,7 @@ cdef inline object tensor_get(PyGetSetDefFull *g, object x):
 
 cdef extern from "tensor_facts.h":
     ctypedef struct fl_tensor_facts:
-        PyObject *dtype
+        int scalar_type
         int device
         int strided
         int requires_grad
@@ -84,6 +84,7 @@ cdef extern from "tensor_facts.h":
     enum:
         FL_UNREAD
         FL_TOO_MANY_DIMS
+        FL_SCALAR_TYPES
     const char *FL_TENSOR_READER_CAPSULE
 
 cdef extern from "Python.h":
@@ -96,11 +97,39 @@ cdef fl_read_tensor_fn read_tensor = NULL
 
 
 def set_tensor_reader(capsule):
-    """Read eager tensors' metadata with the reader in `capsule`
+    """Read eager tensors with the C++ reader in `capsule`
     (fastlazy._executor.tensor_reader()), or with torch's getters (None)."""
     global read_tensor
     read_tensor = (NULL if capsule is None else
                    <fl_read_tensor_fn>PyCapsule_GetPointer(capsule, FL_TENSOR_READER_CAPSULE))
+    _learn_scalar_types()
+
+
+# dtype code of each c10::ScalarType number the reader reports (DT_UNDEF:
+# a dtype the rules do not cover; the last entry stands for every number
+# past the reader's bound)
+cdef int8_t code_of_scalar_type[FL_SCALAR_TYPES + 1]
+
+
+cdef void _learn_scalar_types() except *:
+    """Fill code_of_scalar_type by reading an empty tensor of each dtype
+    with the reader: the numbers are the installed torch's own, whatever
+    its version numbers them."""
+    cdef fl_tensor_facts facts
+    cdef int64_t sizes[MAX_NDIM]
+    cdef int i
+    for i in range(FL_SCALAR_TYPES + 1):
+        code_of_scalar_type[i] = DT_UNDEF
+    if read_tensor == NULL:
+        return
+    for i in range(NDTYPES):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # (complex32's "experimental")
+            probe = torch.empty(0, dtype=DTYPES[i])
+        if read_tensor(<PyObject*>probe, &facts, sizes, NULL, MAX_NDIM) == FL_UNREAD:
+            raise RuntimeError(f"the C++ tensor reader cannot read a {DTYPES[i]} tensor")
+        if facts.scalar_type < FL_SCALAR_TYPES:
+            code_of_scalar_type[facts.scalar_type] = i
 
 
 def tensor_reader_installed():
@@ -128,7 +157,7 @@ cdef int meta_by_reader(Meta *m, object t, int64_t *strides, int *strided,
         return FL_UNREAD
     if nd == FL_TOO_MANY_DIMS or facts.device < 0:
         return NOT_DESCRIBED
-    cdef int d = dtype_code(<object>facts.dtype)
+    cdef int d = code_of_scalar_type[facts.scalar_type]
     if d == DT_UNDEF:
         return NOT_DESCRIBED
     m.dtype = d

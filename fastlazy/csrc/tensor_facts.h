@@ -20,8 +20,14 @@
 /* the name of the capsule that carries the reader from one extension to the other */
 #define FL_TENSOR_READER_CAPSULE "fastlazy.fl_read_tensor_fn"
 
+/* scalar_type's bound: c10::ScalarType numbers at or above it are not read */
+#define FL_SCALAR_TYPES 64
+
 typedef struct {
-    PyObject *dtype;        /* the tensor's torch.dtype (borrowed) */
+    int scalar_type;        /* c10::ScalarType's number for the dtype, FL_SCALAR_TYPES where
+                             * it is past the bound: the reader's user maps numbers to its
+                             * own dtypes by reading one tensor of each dtype (no Python
+                             * torch.dtype object is touched per read) */
     int device;             /* 0 cpu, 1 + index for cuda:index, -1 any other device */
     int strided;            /* layout is torch.strided (strides read only then) */
     int requires_grad;

@@ -6,7 +6,6 @@
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "tensor_facts.h"
@@ -25,7 +24,8 @@ inline int read_tensor(PyObject *obj, fl_tensor_facts *facts, int64_t *sizes,
             return FL_UNREAD;
         c10::IntArrayRef shape = t.sizes();
         const int64_t rank = static_cast<int64_t>(shape.size());
-        facts->dtype = reinterpret_cast<PyObject *>(torch::getTHPDtype(t.scalar_type()));
+        const int scalar_type = static_cast<int>(t.scalar_type());
+        facts->scalar_type = scalar_type < FL_SCALAR_TYPES ? scalar_type : FL_SCALAR_TYPES;
         const c10::Device device = t.device();
         facts->device = device.is_cpu() ? 0 : device.is_cuda() ? 1 + device.index() : -1;
         facts->strided = t.layout() == c10::kStrided;
