@@ -39,7 +39,12 @@ def _has_lazy(values):
 def python_patches():
     """(owner, attr, replacement) for Function.apply."""
     function = torch.autograd.function.Function
-    apply = vars(function)["apply"].__func__
+    # (a classmethod written in Python, or in C from torch 2.14: bound to
+    # the class the call names either way)
+    original = vars(function)["apply"]
+
+    def apply(cls, *args, **kwargs):
+        return original.__get__(None, cls)(*args, **kwargs)
 
     def lazy_aware_apply(cls, *args, **kwargs):
         if not (_has_lazy(args) or _has_lazy(kwargs.values())):
@@ -50,7 +55,7 @@ def python_patches():
         out = apply(cls, *fallback.materialize(args), **fallback.materialize(kwargs))
         return fallback.wrap_result(out)
 
-    lazy_aware_apply.__doc__ = apply.__doc__
+    lazy_aware_apply.__doc__ = original.__doc__
     lazy_aware_apply.__wrapped__ = apply
     patches = [(function, "apply", classmethod(lazy_aware_apply))]
     for name in ("UndefinedGrad", "DelayedError"):
