@@ -118,7 +118,9 @@ def install(Hooks hooks):
 # -- set up at import: the dtype tables and the entry type --
 
 init_dtypes()
-fl_entry_setup(LazyTensor, lazy_call, flush_pending)
+# (the cast: C's handler takes `PyObject *const *`, which Cython's
+# PyObject** is in all but name; gcc 14 refuses the implicit conversion)
+fl_entry_setup(LazyTensor, <fl_handler_t>lazy_call, flush_pending)
 cdef object _entry_type = type(fl_entry_new(sys.intern, "probe", -1, 0))
 ENTRY_TYPE = _entry_type      # the type of every entry point enable() installs
 
