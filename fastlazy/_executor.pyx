@@ -20,21 +20,19 @@ TORCH_VERSION = FASTLAZY_TORCH_VERSION.decode()
 
 
 cdef extern from "tensor_facts.h":
-    ctypedef struct fl_tensor_facts:
+    ctypedef struct fl_torch_readers:
         pass
-    ctypedef int (*fl_read_tensor_fn)(PyObject *, fl_tensor_facts *, int64_t *, int64_t *,
-                                      int) noexcept
     const char *FL_TENSOR_READER_CAPSULE
 
 
 cdef extern from "tensor_reader.h" namespace "fastlazy":
-    int read_tensor(PyObject *, fl_tensor_facts *, int64_t *, int64_t *, int) noexcept
+    const fl_torch_readers readers
 
 
 def tensor_reader():
-    """The C++ reader of an eager tensor's metadata (tensor_facts.h), in a
-    capsule for fastlazy._core.set_tensor_reader."""
-    return PyCapsule_New(<void *><fl_read_tensor_fn>read_tensor, FL_TENSOR_READER_CAPSULE, NULL)
+    """The C++ readers of an eager tensor's metadata and of grad mode
+    (tensor_facts.h), in a capsule for fastlazy._core.set_tensor_reader."""
+    return PyCapsule_New(<void *>&readers, FL_TENSOR_READER_CAPSULE, NULL)
 
 
 cdef extern from "step_executor.h" namespace "fastlazy" nogil:

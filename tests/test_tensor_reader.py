@@ -3,6 +3,8 @@ installed from the step executor's extension) and by torch's getters (its
 fallback): both give eager's results, through a C rule and through the
 generic path's flat keys, for every layout, dtype and kind of tensor an
 eager operand may be."""
+import threading
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -251,3 +253,42 @@ def test_a_shape_guard_reads_subclasses_and_rejects_non_tensors(reader):
     assert not guard.matches(((3, 4),))
     assert _core.ShapeGuard([1, None]).matches((7, "x"))
     assert not _core.ShapeGuard([]).matches((base,))
+
+
+_GRAD_MODES = {
+    "default": lambda: torch.enable_grad(),
+    "no_grad": lambda: torch.no_grad(),
+    "set_grad_enabled(False)": lambda: torch.set_grad_enabled(False),
+    "inference_mode": lambda: torch.inference_mode(),
+    "inference_mode(False) in no_grad": None,
+}
+
+
+@pytest.mark.parametrize("mode", list(_GRAD_MODES))
+def test_grad_mode_is_read_as_torch_reads_it(reader, mode):
+    """The rules read grad mode (C++ GradMode, or torch.is_grad_enabled) for
+    every op with an operand that requires grad: a result requires grad
+    exactly where eager's does, in each mode and in another thread."""
+    w = nn.Parameter(torch.randn(4, 3))
+
+    def results():
+        x = torch.randn(2, 3)
+        lazy = F.linear(fastlazy.lazy(x), w), F.softmax(fastlazy.lazy(x) * w[0], -1)
+        return [t.requires_grad for t in lazy], [F.linear(x, w).requires_grad,
+                                                 F.softmax(x * w[0], -1).requires_grad]
+
+    def in_mode():
+        if _GRAD_MODES[mode] is None:
+            with torch.no_grad(), torch.inference_mode(False):
+                return results()
+        with _GRAD_MODES[mode]():
+            return results()
+
+    got, want = in_mode()
+    assert got == want
+    seen = []
+    with torch.no_grad():         # (grad mode is per thread: the thread's own is read)
+        t = threading.Thread(target=lambda: seen.append(results()))
+        t.start()
+        t.join()
+    assert seen[0][0] == seen[0][1] == [True, True]

@@ -81,6 +81,10 @@ cdef extern from "tensor_facts.h":
         int64_t version
     ctypedef int (*fl_read_tensor_fn)(PyObject *, fl_tensor_facts *, int64_t *, int64_t *,
                                       int) noexcept
+    ctypedef int (*fl_grad_enabled_fn)() noexcept
+    ctypedef struct fl_torch_readers:
+        fl_read_tensor_fn read_tensor
+        fl_grad_enabled_fn grad_enabled
     enum:
         FL_UNREAD
         FL_TOO_MANY_DIMS
@@ -91,17 +95,27 @@ cdef extern from "Python.h":
     void *PyCapsule_GetPointer(object, const char *) except? NULL
 
 
-# The C++ reader of an eager tensor's metadata (tensor_facts.h), where the
-# step executor's extension is built for this torch; NULL: the getters.
+# The C++ readers of an eager tensor's metadata and of grad mode
+# (tensor_facts.h), where the step executor's extension is built for this
+# torch; NULL: torch's getters and torch.is_grad_enabled.
 cdef fl_read_tensor_fn read_tensor = NULL
+cdef fl_grad_enabled_fn read_grad_mode = NULL
 
 
 def set_tensor_reader(capsule):
-    """Read eager tensors with the C++ reader in `capsule`
-    (fastlazy._executor.tensor_reader()), or with torch's getters (None)."""
-    global read_tensor
-    read_tensor = (NULL if capsule is None else
-                   <fl_read_tensor_fn>PyCapsule_GetPointer(capsule, FL_TENSOR_READER_CAPSULE))
+    """Read eager tensors and grad mode with the C++ readers in `capsule`
+    (fastlazy._executor.tensor_reader()), or with torch's getters and
+    torch.is_grad_enabled (None)."""
+    global read_tensor, read_grad_mode
+    cdef const fl_torch_readers *readers
+    if capsule is None:
+        read_tensor = NULL
+        read_grad_mode = NULL
+    else:
+        readers = <const fl_torch_readers *>PyCapsule_GetPointer(capsule,
+                                                                 FL_TENSOR_READER_CAPSULE)
+        read_tensor = readers.read_tensor
+        read_grad_mode = readers.grad_enabled
     _learn_scalar_types()
 
 

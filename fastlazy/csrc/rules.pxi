@@ -99,6 +99,8 @@ cdef int common_device(Meta *out, Operand *ops, int n) except -1:
 cdef object _is_grad_enabled = torch.is_grad_enabled
 
 cdef inline bint grad_enabled() except -1:
+    if read_grad_mode != NULL:
+        return read_grad_mode()
     return _is_grad_enabled()
 
 

@@ -17,8 +17,9 @@
 #define FL_UNREAD (-1)      /* not read (a nested tensor, symbolic sizes...): ask the getters */
 #define FL_TOO_MANY_DIMS (-2)
 
-/* the name of the capsule that carries the reader from one extension to the other */
-#define FL_TENSOR_READER_CAPSULE "fastlazy.fl_read_tensor_fn"
+/* the name of the capsule that carries the readers (fl_torch_readers) from
+ * one extension to the other */
+#define FL_TENSOR_READER_CAPSULE "fastlazy.fl_torch_readers"
 
 /* scalar_type's bound: c10::ScalarType numbers at or above it are not read */
 #define FL_SCALAR_TYPES 64
@@ -41,5 +42,16 @@ typedef struct {
  * Never raises. */
 typedef int (*fl_read_tensor_fn)(PyObject *t, fl_tensor_facts *facts, int64_t *sizes,
                                  int64_t *strides, int capacity);
+
+/* Is grad mode on in this thread (torch.is_grad_enabled() without a Python
+ * call: the rules ask it of every op with an operand that requires grad,
+ * which every nn.Parameter does, under no_grad too)? */
+typedef int (*fl_grad_enabled_fn)(void);
+
+/* what the capsule points at */
+typedef struct {
+    fl_read_tensor_fn read_tensor;
+    fl_grad_enabled_fn grad_enabled;
+} fl_torch_readers;
 
 #endif

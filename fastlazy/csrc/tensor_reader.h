@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "tensor_facts.h"
@@ -48,5 +49,12 @@ inline int read_tensor(PyObject *obj, fl_tensor_facts *facts, int64_t *sizes,
         return FL_UNREAD;
     }
 }
+
+inline int grad_enabled() noexcept {
+    return c10::GradMode::is_enabled();
+}
+
+// the readers the capsule hands to the core
+inline const fl_torch_readers readers = {read_tensor, grad_enabled};
 
 }  // namespace fastlazy
