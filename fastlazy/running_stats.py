@@ -66,11 +66,15 @@ def record(func, args, kwargs):
             or x.device.type != "cpu" or type(momentum) not in (float, int)
             or type(eps) not in (float, int)):
         return NOT_HANDLED
-    if any(t is not None and (not isinstance(t, torch.Tensor) or t.dtype != x.dtype)
-           for t in (mean, var, weight, bias)):
-        return NOT_HANDLED
+    dtype = x.dtype
+    for t in (mean, var, weight, bias):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != dtype):
+            return NOT_HANDLED
     owner = _owner(mean, var)
-    if owner is None or not all(_ours_to_rebind(owner[0], name) for name in owner[1]):
+    if owner is None:
+        return NOT_HANDLED
+    module, names = owner
+    if not (_ours_to_rebind(module, names[0]) and _ours_to_rebind(module, names[1])):
         return NOT_HANDLED
     F._verify_batch_size(x.size())        # eager's check, at the call
     # The graph reads copies of eager buffers: autograd keeps the graph's
@@ -79,16 +83,42 @@ def record(func, args, kwargs):
     out, _, _, new_mean, new_var = generic.record(
         _FUNCTIONAL, (x, weight, bias, mean, var, True, float(momentum), float(eps)), {},
         "F.batch_norm")
-    module, names = owner
-    for name, new in zip(names, (new_mean, new_var)):
-        _rebind(module, name, new)
+    _rebind(module, names[0], new_mean)
+    _rebind(module, names[1], new_var)
     return out
 
 
 def _owner(mean, var):
-    """(module, (mean's name, var's name)) of the nn.Module among the
-    calling frames whose buffers `mean` and `var` are; None if none is."""
-    frame = sys._getframe(2)
+    """(module, (mean's name, var's name)) of the nn.Module whose buffers
+    `mean` and `var` are: the one found for them before, while they are
+    still its buffers, else one among the calling frames; None if none
+    is."""
+    known = _owners.get(id(mean))
+    if known is not None:
+        module = known[0]()
+        names = known[1]
+        if (module is not None and module._buffers.get(names[0]) is mean
+                and module._buffers.get(names[1]) is var):
+            return module, names
+    found = _owner_among_callers(mean, var)
+    if found is not None:
+        if len(_owners) >= _MAX_OWNERS:
+            _owners.clear()            # (modules come and go: start over)
+        _owners[id(mean)] = (weakref.ref(found[0]), found[1])
+    return found
+
+
+# id(running mean) -> (weakref to the module whose buffer it is, (mean's
+# name, var's name)): the frames are searched once per module, not at every
+# call (an entry is used only while that module still holds both tensors as
+# those buffers, so a reused id finds nothing)
+_owners: dict = {}
+_MAX_OWNERS = 4096
+
+
+def _owner_among_callers(mean, var):
+    """_owner's search of the calling frames."""
+    frame = sys._getframe(3)
     for _ in range(_FRAMES):
         if frame is None:
             return None

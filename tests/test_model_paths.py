@@ -249,6 +249,34 @@ def test_a_buffer_read_before_the_graph_runs_sees_the_update():
     assert torch.equal(out.to_eager(), want)
 
 
+def test_a_module_seen_before_owns_only_the_statistics_it_still_holds():
+    """The module found for a pair of running statistics is remembered, and
+    used again only while it holds both: a call from outside the module
+    with its mean and a variance of someone else's runs eagerly, and a
+    buffer replaced after a step is the one the next step updates."""
+    eager, lazy = _bn_net(), _bn_net()
+    x = torch.randn(2, 3, 6, 6)
+    eager(x)
+    lazy(fastlazy.lazy(x)).to_eager()            # the modules' pair remembered
+    bn_e, bn_l = eager[1], lazy[1]
+    other_e, other_l = torch.full((4,), 2.0), torch.full((4,), 2.0)
+    h = torch.randn(2, 4, 4, 4)
+    want = F.batch_norm(h, bn_e.running_mean, other_e, training=True)
+    before = fastlazy.metrics.counters()["fallbacks"]
+    got = F.batch_norm(fastlazy.lazy(h), bn_l.running_mean, other_l, training=True)
+    assert fastlazy.metrics.counters()["fallbacks"] == before + 1
+    assert torch.equal(got.to_eager(), want)
+    assert torch.equal(bn_l.running_mean, bn_e.running_mean) and torch.equal(other_l, other_e)
+    fresh = bn_l.running_mean.clone()
+    bn_l.running_mean = fresh
+    bn_e.running_mean = bn_e.running_mean.clone()
+    eager(x)
+    lazy(fastlazy.lazy(x)).to_eager()
+    assert bn_l.running_mean is fresh
+    for mine, want in zip(lazy.state_dict().values(), eager.state_dict().values()):
+        assert torch.equal(mine, want)
+
+
 def test_batch_norm_with_statistics_a_module_does_not_own_runs_eagerly():
     x = torch.randn(4, 3)
     mean, var = torch.zeros(3), torch.ones(3)
