@@ -33,7 +33,7 @@ import warnings
 
 import torch
 from cpython.object cimport PyObject, PyTypeObject
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint64_t, uintptr_t
 
 cdef extern from "Python.h":
     void PyType_Modified(PyTypeObject *)

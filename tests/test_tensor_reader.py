@@ -292,3 +292,21 @@ def test_grad_mode_is_read_as_torch_reads_it(reader, mode):
         t.start()
         t.join()
     assert seen[0][0] == seen[0][1] == [True, True]
+
+
+@pytest.mark.parametrize("name", ["contiguous", "0-dim", "transposed", "offset slice", "int64",
+                                  "float64", "bool", "parameter", "float16", "int8"])
+def test_a_write_through_another_alias_keeps_the_recorded_contents(reader, name):
+    """The pending graph reads an eager tensor; an eager write through a
+    different tensor object over the same memory (a .detach() alias of the
+    storage) comes after the recording, so the graph's value is the one of
+    the contents it was recorded with: the storage addresses compared (from
+    the C++ tensor, or through torch's storage objects) must match."""
+    e = EAGER[name]()
+    want = e.detach().clone()
+    got = fastlazy.lazy(torch.zeros((), dtype=e.dtype)) + e
+    alias = e.detach()
+    with torch.no_grad():
+        alias.fill_(1)
+    assert fastlazy.metrics.counters()["flushes"] >= 1
+    assert torch.equal(got.to_eager(), want)

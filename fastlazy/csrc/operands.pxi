@@ -82,9 +82,11 @@ cdef extern from "tensor_facts.h":
     ctypedef int (*fl_read_tensor_fn)(PyObject *, fl_tensor_facts *, int64_t *, int64_t *,
                                       int) noexcept
     ctypedef int (*fl_grad_enabled_fn)() noexcept
+    ctypedef int (*fl_storage_address_fn)(PyObject *, uintptr_t *) noexcept
     ctypedef struct fl_torch_readers:
         fl_read_tensor_fn read_tensor
         fl_grad_enabled_fn grad_enabled
+        fl_storage_address_fn storage_address
     enum:
         FL_UNREAD
         FL_TOO_MANY_DIMS
@@ -100,22 +102,25 @@ cdef extern from "Python.h":
 # torch; NULL: torch's getters and torch.is_grad_enabled.
 cdef fl_read_tensor_fn read_tensor = NULL
 cdef fl_grad_enabled_fn read_grad_mode = NULL
+cdef fl_storage_address_fn read_storage_address = NULL
 
 
 def set_tensor_reader(capsule):
-    """Read eager tensors and grad mode with the C++ readers in `capsule`
-    (fastlazy._executor.tensor_reader()), or with torch's getters and
-    torch.is_grad_enabled (None)."""
-    global read_tensor, read_grad_mode
+    """Read eager tensors (their metadata and storage address) and grad
+    mode with the C++ readers in `capsule` (fastlazy._executor.tensor_reader()),
+    or with torch's getters and torch.is_grad_enabled (None)."""
+    global read_tensor, read_grad_mode, read_storage_address
     cdef const fl_torch_readers *readers
     if capsule is None:
         read_tensor = NULL
         read_grad_mode = NULL
+        read_storage_address = NULL
     else:
         readers = <const fl_torch_readers *>PyCapsule_GetPointer(capsule,
                                                                  FL_TENSOR_READER_CAPSULE)
         read_tensor = readers.read_tensor
         read_grad_mode = readers.grad_enabled
+        read_storage_address = readers.storage_address
     _learn_scalar_types()
 
 

@@ -382,6 +382,11 @@ cdef object _storage_address(object value):
     memory (a meta or fake tensor: a fake storage's data_ptr warns), or for
     anything that is not a tensor (a Python scalar slot); None where it
     cannot be told (a sparse or nested tensor)."""
+    cdef uintptr_t address
+    if read_storage_address != NULL and (type(value) is TensorType or type(value) is _Parameter):
+        # (from the C++ tensor: no Python storage object, device or int)
+        if read_storage_address(<PyObject*>value, &address):
+            return address
     if not isinstance(value, TensorType):
         return 0
     try:

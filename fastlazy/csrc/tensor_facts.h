@@ -48,10 +48,19 @@ typedef int (*fl_read_tensor_fn)(PyObject *t, fl_tensor_facts *facts, int64_t *s
  * which every nn.Parameter does, under no_grad too)? */
 typedef int (*fl_grad_enabled_fn)(void);
 
+/* The address of the memory a torch.Tensor (or Parameter) `t` reads and
+ * writes (its storage's data pointer) into *address, 0 for a tensor with
+ * no memory (a meta tensor); 1 where told, 0 where it cannot be (sparse,
+ * nested, no storage, anything unexpected).  Never raises.  What an eager
+ * write is checked against, for each input of the pending graph, without
+ * a Python storage object per tensor. */
+typedef int (*fl_storage_address_fn)(PyObject *t, uintptr_t *address);
+
 /* what the capsule points at */
 typedef struct {
     fl_read_tensor_fn read_tensor;
     fl_grad_enabled_fn grad_enabled;
+    fl_storage_address_fn storage_address;
 } fl_torch_readers;
 
 #endif

@@ -54,7 +54,28 @@ inline int grad_enabled() noexcept {
     return c10::GradMode::is_enabled();
 }
 
+inline int storage_address(PyObject *obj, uintptr_t *address) noexcept {
+    try {
+        const at::Tensor &t = THPVariable_Unpack(obj);
+        if (!t.defined())
+            return 0;
+        c10::TensorImpl *impl = t.unsafeGetTensorImpl();
+        // (what Tensor.untyped_storage() refuses or answers otherwise)
+        if (impl->is_nested() || impl->layout() != c10::kStrided || !impl->has_storage())
+            return 0;
+        const c10::Storage &storage = impl->storage();
+        if (storage.device_type() == c10::kMeta) {
+            *address = 0;
+            return 1;
+        }
+        *address = reinterpret_cast<uintptr_t>(storage.data_ptr().get());
+        return 1;
+    } catch (...) {
+        return 0;
+    }
+}
+
 // the readers the capsule hands to the core
-inline const fl_torch_readers readers = {read_tensor, grad_enabled};
+inline const fl_torch_readers readers = {read_tensor, grad_enabled, storage_address};
 
 }  // namespace fastlazy
