@@ -49,6 +49,7 @@ cdef class Family:
         return out
 
 
+@cython.freelist(256)
 @cython.final
 cdef class Member:
     """On a view: its root, its place in the root's storage (size,
