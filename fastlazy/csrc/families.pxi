@@ -49,7 +49,6 @@ cdef class Family:
         return out
 
 
-@cython.freelist(256)
 @cython.final
 cdef class Member:
     """On a view: its root, its place in the root's storage (size,
