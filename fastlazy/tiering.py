@@ -120,11 +120,11 @@ class TieredProgram:
         # tiers (submit, promote, decide) happen once
         self._lock = threading.Lock()
         self._period_of = None      # probation, training: (candidate, start of its run)
-        # the second compile (parameters frozen): its parameters, until it is queued
-        self._frozen = None
         self._plain = None          # the compiled program, kept for the second probation
         self._settled = None        # the call in use while the second compile runs
-        self._frozen_job = None     # (view, described inputs) of the second compile
+        # (view, described inputs, _Frozen parameters) of the second compile,
+        # from the first compile's end until it is queued
+        self._frozen_job = None
         self._constants = {}
         self._dtypes = None         # the fast tier's results' (compiled ones must agree)
         self.call = self._run_fast
@@ -181,17 +181,18 @@ class TieredProgram:
         described = _described(view, self.fast.slots, inputs)
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
-        self._frozen = _frozen_inputs(inputs)
+        frozen = _frozen_inputs(inputs)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
-        self._future = compile_worker.submit(self._compile, view, described)
+        self._future = compile_worker.submit(self._compile, view, described, frozen)
 
-    def _compile(self, view, described):
+    def _compile(self, view, described, frozen):
         """On the compile thread: the compiled candidate, ready to run
-        inputs like those `described` (_described).  The view and the
-        descriptions are kept for the second compile (_compile_frozen)
-        where one will follow: not the example inputs, which would hold a
-        copy of every parameter until then."""
+        inputs like those `described` (_described).  Where the graph reads
+        parameters (`frozen`: a _Frozen, or None), the view and the
+        descriptions are kept for the second compile (_compile_frozen):
+        not the example inputs, which would hold a copy of every parameter
+        until then."""
         start = time.perf_counter()
         view = _with_meta_tensors(view)
         examples = [_example(d) for d in described]
@@ -199,8 +200,8 @@ class TieredProgram:
                                                    on_replay=_count_fast_run)
         program.call.warm(examples)
         self._plain = program
-        if self._frozen is not None:
-            self._frozen_job = (view, described)
+        if frozen is not None:
+            self._frozen_job = (view, described, frozen)
         self.compile_seconds = time.perf_counter() - start     # (counted by the backend)
         return [("compiled", program, None)]
 
@@ -330,15 +331,14 @@ class TieredProgram:
         """After the first probation of an inference graph that reads
         parameters: its second compile, with them frozen, queued; the tier
         chosen runs until it is done (_awaiting)."""
-        frozen, self._frozen = self._frozen, None
         job, self._frozen_job = self._frozen_job, None
         inductor = backends.get("inductor")
-        if frozen is None or job is None or frozen.written or compile_worker.closing() \
+        if job is None or job[2].written or compile_worker.closing() \
                 or not hasattr(inductor, "compile_frozen"):
             return
         metrics.count_event("tier_compiles_queued")
         self._settled = self.call
-        self._future = compile_worker.submit(self._compile_frozen, *job, frozen)
+        self._future = compile_worker.submit(self._compile_frozen, *job)
         self.call = self._awaiting
 
     def _awaiting(self, *inputs):

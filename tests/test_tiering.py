@@ -759,9 +759,9 @@ def test_training_graphs_freeze_nothing(auto, monkeypatch):
     seen = []
     real = tiering.TieredProgram._compile
 
-    def spy(self, view, described):
-        seen.append(self._frozen)
-        return real(self, view, described)
+    def spy(self, view, described, frozen):
+        seen.append(frozen)
+        return real(self, view, described, frozen)
     monkeypatch.setattr(tiering.TieredProgram, "_compile", spy)
     net, x = _Net(), torch.randn(2, 3, 6, 6)
     for _ in range(2):
