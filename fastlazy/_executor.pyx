@@ -30,8 +30,9 @@ cdef extern from "tensor_reader.h" namespace "fastlazy":
 
 
 def tensor_reader():
-    """The C++ readers of an eager tensor's metadata and of grad mode
-    (tensor_facts.h), in a capsule for fastlazy._core.set_tensor_reader."""
+    """The C++ readers of an eager tensor's metadata and storage address
+    and of grad mode (tensor_facts.h), in a capsule for
+    fastlazy._core.set_tensor_reader."""
     return PyCapsule_New(<void *>&readers, FL_TENSOR_READER_CAPSULE, NULL)
 
 

@@ -15,8 +15,9 @@ are copied into the original buffer tensors and those are put back, so the
 module holds the very tensors it held before.
 
 Not taken (the call runs eagerly, as before): running statistics that are
-not the buffers of a calling module, CUDA (where eager runs cuDNN's kernel),
-mixed dtypes.  A reference to a buffer taken before the step sees the update
+not both buffers of one module found among the calling frames (at this
+call, or at an earlier one while it still holds them), CUDA (where eager
+runs cuDNN's kernel), mixed dtypes.  A reference to a buffer taken before the step sees the update
 once the step's graph has run, not before.
 """
 from __future__ import annotations
@@ -41,6 +42,12 @@ _FRAMES = 8            # caller frames searched for the module owning the buffer
 
 # module -> {buffer name: the eager tensor it held before fastlazy rebound it}
 _originals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# id(running mean) -> (weakref to the module whose buffer it is, (mean's
+# name, var's name)): the frames are searched once per module, not at every
+# call (an entry is used only while that module still holds both tensors as
+# those buffers, so a reused id finds nothing)
+_owners: dict = {}
+_MAX_OWNERS = 4096
 
 
 def record(func, args, kwargs):
@@ -108,17 +115,9 @@ def _owner(mean, var):
     return found
 
 
-# id(running mean) -> (weakref to the module whose buffer it is, (mean's
-# name, var's name)): the frames are searched once per module, not at every
-# call (an entry is used only while that module still holds both tensors as
-# those buffers, so a reused id finds nothing)
-_owners: dict = {}
-_MAX_OWNERS = 4096
-
-
 def _owner_among_callers(mean, var):
     """_owner's search of the calling frames."""
-    frame = sys._getframe(3)
+    frame = sys._getframe(3)      # (past this function, _owner and record)
     for _ in range(_FRAMES):
         if frame is None:
             return None

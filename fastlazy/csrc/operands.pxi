@@ -97,9 +97,10 @@ cdef extern from "Python.h":
     void *PyCapsule_GetPointer(object, const char *) except? NULL
 
 
-# The C++ readers of an eager tensor's metadata and of grad mode
-# (tensor_facts.h), where the step executor's extension is built for this
-# torch; NULL: torch's getters and torch.is_grad_enabled.
+# The C++ readers of an eager tensor's metadata and storage address and of
+# grad mode (tensor_facts.h), where the step executor's extension is built
+# for this torch; NULL: torch's getters, storage objects and
+# torch.is_grad_enabled.
 cdef fl_read_tensor_fn read_tensor = NULL
 cdef fl_grad_enabled_fn read_grad_mode = NULL
 cdef fl_storage_address_fn read_storage_address = NULL
