@@ -311,6 +311,8 @@ cdef class Segment:
     cdef list after_run       # callables to run once the graph has run (after_run())
     cdef list slot_storages   # per slot, filled when first asked: the address of
                               # a tensor's storage (0: none, or not a tensor)
+    cdef int default_dtype    # the default dtype's code when it opened (-1: not
+                              # yet read): its nodes' dtypes were found under it
     cdef object __weakref__
 
     cdef Node *append(self) except NULL
@@ -370,6 +372,10 @@ cdef class Hooks:
     cdef public object compile_and_run
     cdef public object recover
     cdef public object programs
+    # the default dtype changed where fastlazy's setter did not see it
+    # (while disabled): forget_signatures() drops what was found under the
+    # old one (fastlazy.generic)
+    cdef public object forget_signatures
     # a graph's run raised: (seg, outs, error) -> the exception to raise
     # (eager's, from the node that raised it; fastlazy.failures)
     cdef public object graph_failed

@@ -35,6 +35,7 @@ def hooks() -> _core.Hooks:
         compile_and_run=graph_cache.compile_and_run,
         recover=graph_cache.recover,
         programs=graph_cache.programs,
+        forget_signatures=generic.forget_signatures,
         graph_failed=functools.partial(failures.graph_failed, backends.get("eager")),
         site_of_call=sites.site_of_call,
         run_body=python_bodies.run_body,

@@ -147,6 +147,7 @@ def enable() -> None:
     with _lock:
         if _installed:
             return
+        _core.sync_default_dtype()
         _prime_dynamo()
         for owner, attr, opcode, form in itertools.chain(entry_points(), _inplace_methods(),
                                                          _unbound_methods()):

@@ -1153,7 +1153,41 @@ def fn_default_changed_twice_same_signature(lz):
     return out
 
 
-@cases(fn_default_changed_after_recording, fn_default_changed_twice_same_signature)
+def _set_default_unseen(dtype):
+    """torch's own setter, called while fastlazy is disabled: fastlazy's
+    does not see the change."""
+    fastlazy.disable()
+    try:
+        torch.set_default_dtype(dtype)
+    finally:
+        fastlazy.enable()
+
+
+def fn_default_changed_while_disabled(lz):
+    a = torch.true_divide(lz(torch.arange(4)), 2)     # pending, float32
+    b = torch.special.expit(lz(torch.arange(4)))
+    _set_default_unseen(torch.float64)
+    c = torch.true_divide(lz(torch.arange(4)), 2)     # the same signatures: float64
+    d = torch.special.expit(lz(torch.arange(4)))
+    e = torch.lgamma(lz(torch.arange(4)))
+    r = [(t.dtype, t) for t in (a, b, c, d, e)]
+    torch.set_default_dtype(torch.float32)
+    return r
+
+
+def fn_default_changed_while_disabled_then_read_disabled(lz):
+    a = torch.true_divide(lz(torch.arange(4)), 2)     # pending, float32
+    fastlazy.disable()
+    try:
+        torch.set_default_dtype(torch.float64)
+        return a.dtype, _plain(a).dtype, _plain(a)        # computed as recorded
+    finally:
+        torch.set_default_dtype(torch.float32)
+        fastlazy.enable()
+
+
+@cases(fn_default_changed_after_recording, fn_default_changed_twice_same_signature,
+       fn_default_changed_while_disabled, fn_default_changed_while_disabled_then_read_disabled)
 def test_default_dtype_changes(f, float32_after):
     same_as_eager(f)
 

@@ -145,24 +145,20 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
         # what a user needs to remove the split (metrics.explain)
         _hooks.note_flush(REASON_NAMES[reason])
     key, slot_order = canonical_key(seg, outs)
-    if inference == len(owners):
-        # every result was recorded in inference mode: they are inference
-        # tensors, wherever they are read
-        with _inference_mode():
-            program, values = run_graph(seg, key, outs, slot_order)
-    elif grad:
-        # recorded with grad enabled: the graph must build autograd
-        # history even if the value is read inside torch.no_grad()
-        with _enable_grad():
-            program, values = run_graph(seg, key, outs, slot_order)
-    elif detached and grad_enabled():
-        # recorded under no_grad from inputs that require grad: no output
-        # needs history, so the whole graph runs without it (read inside
-        # no_grad, as in inference loops, it already does)
-        with _no_grad():
-            program, values = run_graph(seg, key, outs, slot_order)
+    cdef int now = default_float()
+    if seg.default_dtype == -1 or now == seg.default_dtype:
+        program, values = run_in_mode(seg, key, outs, slot_order, inference, len(owners),
+                                      grad, detached)
     else:
-        program, values = run_graph(seg, key, outs, slot_order)
+        # The default dtype changed while fastlazy was disabled (its own
+        # setter computes the pending nodes first): the nodes' dtypes were
+        # found under the segment's default, which the graph runs under.
+        _set_default_dtype(DTYPES[seg.default_dtype])
+        try:
+            program, values = run_in_mode(seg, key, outs, slot_order, inference,
+                                          len(owners), grad, detached)
+        finally:
+            _set_default_dtype(DTYPES[now])
     if inference and inference != len(owners):
         # some results were recorded in inference mode, others not: those
         # become inference tensors by a copy made in that mode
@@ -182,6 +178,32 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
     # before the lock is let go: a waiting thread finds the values set
     seg.state = SEG_DONE
     return 0
+
+
+cdef object _set_default_dtype = torch._C._set_default_dtype
+
+
+cdef tuple run_in_mode(Segment seg, object key, list outs, tuple slot_order, int inference,
+                       Py_ssize_t nowners, bint grad, bint detached):
+    """run_graph under the grad or inference mode its nodes were recorded
+    in."""
+    if inference == nowners:
+        # every result was recorded in inference mode: they are inference
+        # tensors, wherever they are read
+        with _inference_mode():
+            return run_graph(seg, key, outs, slot_order)
+    if grad:
+        # recorded with grad enabled: the graph must build autograd
+        # history even if the value is read inside torch.no_grad()
+        with _enable_grad():
+            return run_graph(seg, key, outs, slot_order)
+    if detached and grad_enabled():
+        # recorded under no_grad from inputs that require grad: no output
+        # needs history, so the whole graph runs without it (read inside
+        # no_grad, as in inference loops, it already does)
+        with _no_grad():
+            return run_graph(seg, key, outs, slot_order)
+    return run_graph(seg, key, outs, slot_order)
 
 
 cdef int run_after(Segment seg) except -1:

@@ -94,6 +94,7 @@ cdef class Segment:
         self.sites = [] if _record_sites else None
         self.slot_storages = []
         self.after_run = None
+        self.default_dtype = -1
 
     def __dealloc__(self):
         free(self.nodes)
@@ -476,9 +477,42 @@ cdef Segment _switch_segment():
         _first_thread = me
     elif me != _first_thread:
         _many_threads = True
+    if (<Segment>seg).default_dtype == -1:
+        (<Segment>seg).default_dtype = _note_default_dtype()
     _current = <Segment>seg
     _current_thread = this_thread()
     return <Segment>seg
+
+
+# The default dtype the cached signatures were found under (-1: none read).
+cdef int _known_default = -1
+
+
+cdef int _note_default_dtype() except -2:
+    """The default dtype's code now.  fastlazy's own setter computes the
+    pending nodes and forgets the signatures before the default changes; a
+    change made while fastlazy was disabled is seen here, when a segment
+    opens, and forgets the signatures found under the old default."""
+    global _known_default
+    cdef int now = default_float()
+    if now != _known_default:
+        if _known_default != -1:
+            _hooks.forget_signatures()
+        _known_default = now
+    return now
+
+
+def sync_default_dtype():
+    """enable() calls this: if the default dtype changed while fastlazy
+    was disabled, the calling thread's pending nodes are computed (under
+    the default they were recorded with: flush) and the signatures found
+    under the old default forgotten, before anything records under the
+    new one."""
+    if default_float() != _known_default and _known_default != -1:
+        seg = peek_segment()
+        if seg is not None:
+            flush(<Segment>seg, REASON_MARK_STEP)
+        _note_default_dtype()
 
 
 cdef Segment peek_segment():
