@@ -46,6 +46,7 @@ import torch
 import torch.fx
 
 from fastlazy import metrics
+from fastlazy.graph import describe_input, example_input
 
 _HEADER = struct.Struct("<Q")
 
@@ -90,7 +91,7 @@ def compile(view, args):
 def _compile_in_child(view, args):
     from torch._inductor import CompiledArtifact, config
 
-    job = {"view": _pickled_view(view), "inputs": [_describe(a) for a in args],
+    job = {"view": _pickled_view(view), "inputs": [describe_input(a) for a in args],
            "config": config.save_config()}
     with _lock:
         answer = _ask(job)
@@ -172,14 +173,6 @@ def _aten_packet(namespace, name):
 
 def _aten_overload(namespace, name, overload):
     return getattr(_aten_packet(namespace, name), overload)
-
-
-def _describe(value):
-    """What the child needs of an input: a tensor's metadata (it compiles
-    with fresh memory of those sizes, strides and dtype), or the value."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.requires_grad)
-    return ("value", value)
 
 
 def _ask(job):
@@ -298,9 +291,9 @@ def _compile_job(job):
     from fastlazy.inductor_graph import build_fx
     gm = torch.fx.GraphModule(torch.nn.Module(), build_fx(pickle.loads(job["view"])))
     _mark_cacheable(gm)
-    examples = [_example(*described) for described in job["inputs"]]
+    inputs = [example_input(described, zeroed=True) for described in job["inputs"]]
     artifact = torch._inductor.standalone_compile(
-        gm, examples, dynamic_shapes="from_example_inputs", aot=True)
+        gm, inputs, dynamic_shapes="from_example_inputs", aot=True)
     handle, path = tempfile.mkstemp(prefix="fastlazy-compiled-", suffix=".bin")
     os.close(handle)
     artifact.save(path=path, format="binary")
@@ -324,13 +317,6 @@ def _mark_cacheable(gm):
 def _source_key(module: str) -> str:
     with open(sys.modules[module].__file__, "rb") as source:
         return hashlib.sha256(source.read()).hexdigest()[:16]
-
-
-def _example(kind, *described):
-    if kind != "tensor":
-        return described[0]
-    shape, stride, dtype, requires_grad = described
-    return torch.empty_strided(shape, stride, dtype=dtype).zero_().requires_grad_(requires_grad)
 
 
 def _serve():

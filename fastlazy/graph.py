@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from fastlazy import node_program
 from fastlazy._core import NodeFlag, ScalarType, SlotKey
 from fastlazy.node_program import NodeProgram
@@ -189,3 +191,28 @@ def _calls_apart(nodes):
             last[key] = n
         apart.append(n)
     return apart
+
+
+# -- example inputs: what a compile runs its program on ----------------------
+# (made from a description, on the compile thread or in the compile process:
+# neither holds nor reads the user's tensors)
+
+def describe_input(value):
+    """("tensor", sizes, strides, dtype, device, requires_grad) for a
+    tensor; ("value", value) for anything else."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.stride(), value.dtype, value.device,
+                value.requires_grad)
+    return ("value", value)
+
+
+def example_input(described, zeroed: bool = False):
+    """Fresh memory like a described tensor (`zeroed`: filled with zeros,
+    not left as it was allocated), or the described value."""
+    if described[0] != "tensor":
+        return described[1]
+    _, shape, stride, dtype, device, requires_grad = described
+    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if zeroed:
+        t.zero_()
+    return t.requires_grad_(requires_grad)

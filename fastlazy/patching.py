@@ -149,28 +149,82 @@ def enable() -> None:
             return
         _core.sync_default_dtype()
         _prime_dynamo()
-        for owner, attr, opcode, form in itertools.chain(entry_points(), _inplace_methods(),
-                                                         _unbound_methods()):
-            original = getattr(owner, attr)
-            entry = _core.make_entry(original, qualname(owner, attr), opcode, form)
-            own = attr in vars(owner)
-            setattr(owner, attr, entry)
-            _installed.append((owner, attr, original, own, entry))
-        original_to = torch.Tensor.to
-        own = "to" in vars(torch.Tensor)
-        entry = _core.make_to_entry(original_to)
-        torch.Tensor.to = entry
-        _installed.append((torch.Tensor, "to", original_to, own, entry))
-        for owner, attr, make in conversions.wrappers():
-            # the attribute as stored (Parameter.__new__ is a staticmethod in
-            # its class's dict), so that disable() puts back that object
-            original = vars(owner).get(attr, _MISSING)
-            entry = make(getattr(owner, attr))
-            setattr(owner, attr, entry)
-            _installed.append((owner, attr, original, original is not _MISSING, entry))
-        _watch_writes()
-        _track_autocast()
-        _track_inference_mode()
+        if _last_rows and _unchanged():
+            # torch as the last enable() found it: the same entries again
+            # (building them takes ~10 ms, and entries made anew would find
+            # cold caches: `with fastlazy.enable():` around each step)
+            for owner, attr, original, own, entry in _last_rows:
+                setattr(owner, attr, entry)
+            _installed.extend(_last_rows)
+        else:
+            _last_rows.clear()
+            _last_sources.clear()
+            _install_all()
+            _last_rows.extend(_installed)
+            _last_expected[:] = _expected()
+        _count_open_contexts()
+
+
+# The rows the last enable() installed, and per row what getattr(owner,
+# attr) gave before it (what the entry wraps, for an inherited attribute).
+_last_rows: list = []
+_last_sources: list = []
+_last_expected: list = []
+
+
+def _unchanged() -> bool:
+    """Whether every attribute the last enable() patched holds again what
+    it held before (_expected)."""
+    for owner, expected in _last_expected:
+        stored = vars(owner)
+        for attr, held, inherited in expected:
+            if stored.get(attr, _MISSING) is not held:
+                return False
+            if inherited is not _MISSING and getattr(owner, attr, _MISSING) is not inherited:
+                return False
+    return True
+
+
+def _expected():
+    """Per owner, (attribute, the object its own __dict__ held before the
+    last enable() -- _MISSING: none --, for a class's inherited attribute
+    the object getattr found).  A module's attribute it does not hold,
+    torch._VF's, comes from a C class's table, which nothing rewrites; an
+    attribute patched twice (an entry a conversion wraps) is checked at
+    its first patch."""
+    ours = {id(row[4]) for row in _last_rows}
+    by_owner: dict = {}
+    for (owner, attr, original, own, _entry), source in zip(_last_rows, _last_sources):
+        if id(original) in ours:
+            continue
+        inherited = source if not own and isinstance(owner, type) else _MISSING
+        by_owner.setdefault(owner, []).append((attr, original if own else _MISSING, inherited))
+    return list(by_owner.items())
+
+
+def _install(owner, attr, original, own, entry):
+    _last_sources.append(getattr(owner, attr, _MISSING))
+    setattr(owner, attr, entry)
+    _installed.append((owner, attr, original, own, entry))
+
+
+def _install_all():
+    for owner, attr, opcode, form in itertools.chain(entry_points(), _inplace_methods(),
+                                                     _unbound_methods()):
+        original = getattr(owner, attr)
+        entry = _core.make_entry(original, qualname(owner, attr), opcode, form)
+        _install(owner, attr, original, attr in vars(owner), entry)
+    original_to = torch.Tensor.to
+    _install(torch.Tensor, "to", original_to, "to" in vars(torch.Tensor),
+             _core.make_to_entry(original_to))
+    for owner, attr, make in conversions.wrappers():
+        # the attribute as stored (Parameter.__new__ is a staticmethod in
+        # its class's dict), so that disable() puts back that object
+        original = vars(owner).get(attr, _MISSING)
+        _install(owner, attr, original, original is not _MISSING, make(getattr(owner, attr)))
+    _watch_writes()
+    _patch_contexts(torch.amp.autocast_mode.autocast, _core.autocast_entered)
+    _patch_contexts(torch.autograd.grad_mode.inference_mode, _core.inference_mode_entered)
 
 
 def _watch_writes():
@@ -179,10 +233,8 @@ def _watch_writes():
     taken = {(owner, attr) for owner, attr, *_ in _installed}
     for owner, attr, name, form in list(watch.watch_entries(taken)):
         original = getattr(owner, attr)
-        entry = _core.make_entry(original, name, -1, form)
-        own = attr in vars(owner)
-        setattr(owner, attr, entry)
-        _installed.append((owner, attr, original, own, entry))
+        _install(owner, attr, original, attr in vars(owner),
+                 _core.make_entry(original, name, -1, form))
     for owner, attr, patched in itertools.chain(watch.python_patches(),
                                                 autograd_calls.python_patches(),
                                                 value_calls.python_patches(),
@@ -191,33 +243,24 @@ def _watch_writes():
                                                 python_bodies.python_patches()):
         # the owner's own attribute as stored (Function.apply: a classmethod)
         original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
-        own = attr in vars(owner)
-        setattr(owner, attr, patched)
-        _installed.append((owner, attr, original, own, patched))
+        _install(owner, attr, original, attr in vars(owner), patched)
 
 
-def _track_autocast():
-    """Count torch.autocast contexts in the core: inside one, every call
-    takes the generic path, whose signatures include the autocast state
-    (the C rules know nothing of autocast's per-op casts)."""
-    # enabled inside an autocast context: count that one
-    active = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
-    _count_contexts(torch.amp.autocast_mode.autocast, _core.autocast_entered,
-                    _core.autocast_depth, active)
+def _count_open_contexts():
+    """Start the core's counts of open torch.autocast and
+    torch.inference_mode contexts (patched below: inside one, every call
+    takes the generic path, whose signatures include the autocast state;
+    a recorded result asks whether its thread is in inference mode) from
+    one where enable() runs inside such a context."""
+    autocast = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+    _core.autocast_entered(-_core.autocast_depth() + int(autocast))
+    _core.inference_mode_entered(-_core.inference_mode_depth()
+                                 + int(torch.is_inference_mode_enabled()))
 
 
-def _track_inference_mode():
-    """Count torch.inference_mode contexts in the core: while one is open, a
-    recorded result asks whether its thread is in inference mode (it is then
-    an inference tensor, as in eager)."""
-    _count_contexts(torch.autograd.grad_mode.inference_mode, _core.inference_mode_entered,
-                    _core.inference_mode_depth, torch.is_inference_mode_enabled())
-
-
-def _count_contexts(cls, entered, depth, active):
+def _patch_contexts(cls, entered):
     """Patch context manager class `cls` so that the core's counter
-    (entered(delta), depth()) follows its open contexts, starting from one
-    if `active` (enable() called inside such a context)."""
+    (entered(delta)) follows its open contexts."""
     enter, exit_ = cls.__enter__, cls.__exit__
 
     def __enter__(self):
@@ -230,10 +273,7 @@ def _count_contexts(cls, entered, depth, active):
         return exit_(self, *exc)
 
     for attr, patched in (("__enter__", __enter__), ("__exit__", __exit__)):
-        original = vars(cls)[attr]
-        setattr(cls, attr, patched)
-        _installed.append((cls, attr, original, True, patched))
-    entered(-depth() + int(active))
+        _install(cls, attr, vars(cls)[attr], True, patched)
 
 
 def disable() -> None:

@@ -59,7 +59,7 @@ import weakref
 import torch
 
 from fastlazy import _core, backends, compile_worker, fx_threads, metrics, watch
-from fastlazy.graph import Slot
+from fastlazy.graph import Slot, describe_input, example_input
 
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
 PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
@@ -195,10 +195,9 @@ class TieredProgram:
         until then."""
         start = time.perf_counter()
         view = _with_meta_tensors(view)
-        examples = [_example(d) for d in described]
         program = backends.get("inductor").compile(view, replay=self._replay,
                                                    on_replay=_count_fast_run)
-        program.call.warm(examples)
+        program.call.warm([example_input(d) for d in described])
         self._plain = program
         if frozen is not None:
             self._frozen_job = (view, described, frozen)
@@ -216,7 +215,7 @@ class TieredProgram:
             if any(t is None for t in by_position.values()):
                 raise RuntimeError("a parameter was freed before its compile")
             program = backends.get("inductor").compile_frozen(view, by_position)
-            program.call.warm([_example(d) for s, d in zip(view.slots, described)
+            program.call.warm([example_input(d) for s, d in zip(view.slots, described)
                                if s.position not in by_position])
         except Exception as exc:     # noqa: BLE001 - the tier in use stands
             self.error = f"frozen: {type(exc).__name__}: {exc}"[:500]
@@ -549,33 +548,19 @@ def _taking(compiled, slots, constants):
 
 
 def _described(view, positions, inputs):
-    """What _example makes a tensor like one run's input from, for every
-    slot of the view (the value itself for a scalar): its sizes, strides,
-    dtype, device and requires_grad, read on the user's thread (the
-    compile thread must not read tensors the user's thread may be
-    writing)."""
+    """Every slot of the view as describe_input gives it (a slot whose
+    tensor was let go, by its _TensorMeta, on the meta device), read on
+    the user's thread: the compile thread must not read tensors the user's
+    thread may be writing."""
     given = dict(zip(positions, inputs))
     described = []
     for s in view.slots:
         value = given.get(s.position, s.value)
-        if isinstance(value, torch.Tensor):
-            value = ("tensor", value.shape, value.stride(), value.dtype, value.device,
-                     value.requires_grad)
-        elif isinstance(value, _TensorMeta):
-            value = ("tensor", value.shape, value.stride, value.dtype, "meta", False)
+        if isinstance(value, _TensorMeta):
+            described.append(("tensor", value.shape, value.stride, value.dtype, "meta", False))
         else:
-            value = ("value", value)
-        described.append(value)
+            described.append(describe_input(value))
     return described
-
-
-def _example(described):
-    """Fresh memory like a described input (_described), or the value."""
-    if described[0] != "tensor":
-        return described[1]
-    _, shape, stride, dtype, device, requires_grad = described
-    return torch.empty_strided(shape, stride, dtype=dtype,
-                               device=device).requires_grad_(requires_grad)
 
 
 class _TensorMeta:

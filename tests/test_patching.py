@@ -59,6 +59,40 @@ def test_enable_is_idempotent_and_repeatable():
         assert snapshot() == before
 
 
+def test_enable_again_installs_the_same_entries_unless_torch_changed():
+    """enable() after disable() puts back the entries it made before (a
+    `with fastlazy.enable():` around each step pays no rebuild, ~10 ms,
+    and finds warm caches); a function someone replaced while fastlazy was
+    disabled gets a new entry, which calls theirs."""
+    fastlazy.enable()
+    add, mul, abs_ = torch.add, torch.mul, torch.Tensor.abs
+    fastlazy.disable()
+    fastlazy.enable()
+    assert torch.add is add and torch.mul is mul and torch.Tensor.abs is abs_
+    fastlazy.disable()
+    calls = []
+    original = torch.mul
+
+    def theirs(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    torch.mul = theirs
+    try:
+        fastlazy.enable()
+        assert torch.mul is not mul and torch.mul is not theirs
+        torch.mul(torch.ones(1), 2)
+        assert len(calls) == 1
+        fastlazy.disable()
+        assert torch.mul is theirs
+    finally:
+        torch.mul = original
+    fastlazy.enable()
+    assert torch.mul is not theirs and torch.mul.__wrapped__ is original
+    assert torch.Tensor.abs is not abs_       # rebuilt with the rest
+    fastlazy.disable()
+
+
 def test_context_manager_and_nesting():
     before = snapshot()
     with fastlazy.enable():
