@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import fastlazy
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "benchmarks" / "measured"
 TABLES = [MEASURED / "table.md", MEASURED / "w4_table.md"]
@@ -86,6 +88,26 @@ def test_interleaved_w4_times_each_step_in_a_block_of_its_own(monkeypatch):
                                seconds=0.0, calls=3)
     assert order == ["eager"] * 3 + ["lazy"] * 3
     assert [len(t) for t in times] == [3, 3] and all(s >= 0 for t in times for s in t)
+
+
+def test_enable_cost_times_the_eager_step_disabled_and_enabled_in_turn(monkeypatch):
+    """benchmarks/w4_enable_cost.py times the same eager step in a block
+    with fastlazy disabled and one with it enabled, swapping which comes
+    first each round, and leaves fastlazy as it found it."""
+    cost = _benchmark_script(monkeypatch, "w4_enable_cost")
+    seen = []
+    was = fastlazy.enabled()
+    fastlazy.disable()
+    try:
+        ratios = cost.enable_cost(lambda: seen.append(bool(fastlazy.enabled())), rounds=2,
+                                  seconds=0.0, calls=2)
+        assert not fastlazy.enabled()
+    finally:
+        if was:
+            fastlazy.enable()
+    # per block: 3 calls after the switch, then the 2 timed
+    assert seen == [False] * 5 + [True] * 5 + [True] * 5 + [False] * 5
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
 
 
 def test_cold_pairs_alternate_the_contenders_round_by_round(monkeypatch):
