@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import statistics
 import subprocess
 import sys
@@ -109,17 +108,13 @@ def one(name: str, contender: str) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python benchmarks/beyond_w4.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--out", help="also write the table to this file")
+    zoo.table_options(parser, ROUNDS, models=",".join(MODELS))
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "CONTENDER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps({"first_call_s": one(*args.one)}))
         return
-    missing = zoo.missing_library()
-    if missing:
-        sys.exit(missing)
+    zoo.ready_to_time()
     lines = ["| model | eager's first call | fastlazy's first call | fastlazy / eager |",
              "|---|---|---|---|"]
     for name in args.models.split(","):
@@ -133,9 +128,7 @@ def main(argv=None) -> None:
         lines.append(f"| {name} | {eager * 1e3:.0f} ms | {lazy * 1e3:.0f} ms "
                      f"| {lazy / eager:.1f}x |")
         print(lines[-1], file=sys.stderr, flush=True)
-    print("\n".join(lines))
-    if args.out:
-        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+    zoo.emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,8 @@ process per contender, once, which suits a first look but not a ratio near
 from __future__ import annotations
 
 import argparse
-import pathlib
 import statistics
 import sys
-
-import torch
 
 import workloads
 import zoo
@@ -66,14 +63,9 @@ def _row(name: str, runs: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(m.name for m in zoo.W4))
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--out", help="also write the table to this file")
+    zoo.table_options(parser, ROUNDS)
     args = parser.parse_args(argv)
-    missing = zoo.missing_library()
-    if missing:
-        sys.exit(missing)
-    torch.set_num_threads(1)
+    zoo.ready_to_time()
     lines = [f"| model (batch 1, inference; {args.rounds} rounds) | first call, eager | "
              "first call, fastlazy | first 100 calls, eager | first 100 calls, fastlazy | "
              "fastlazy / eager, first 100 (median, range) |",
@@ -81,10 +73,7 @@ def main(argv=None) -> None:
     for name in args.models.split(","):
         lines.append(_row(name, measure(name, args.rounds)))
         print(lines[-1], file=sys.stderr, flush=True)
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        pathlib.Path(args.out).write_text(table + "\n")
+    zoo.emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,8 @@ one's; the table gives the median of the rounds' ratios and their range.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import statistics
 import sys
-
-import torch
 
 import workloads
 import zoo
@@ -59,23 +56,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python benchmarks/w4_enable_cost.py",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(m.name for m in zoo.W4))
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--out", help="also write the table to this file")
+    zoo.table_options(parser, ROUNDS)
     args = parser.parse_args(argv)
-    missing = zoo.missing_library()
-    if missing:
-        sys.exit(missing)
-    torch.set_num_threads(1)
+    zoo.ready_to_time()
     lines = ["| W4 model, batch 1 inference, eager step | enabled / disabled (median, rounds' range) |",
              "|---|---|"]
     for name in args.models.split(","):
         r = measure(name, args.rounds)["ratios"]
         lines.append(f"| {name} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) |")
         print(lines[-1], file=sys.stderr, flush=True)
-    print("\n".join(lines))
-    if args.out:
-        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+    zoo.emit(lines, args.out)
 
 
 if __name__ == "__main__":

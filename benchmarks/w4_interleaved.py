@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import pathlib
 import statistics
 import sys
 import time
@@ -111,15 +110,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python benchmarks/w4_interleaved.py",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(m.name for m in zoo.W4))
+    zoo.table_options(parser, ROUNDS)
     parser.add_argument("--modes", default=f"{zoo.INFER},{zoo.TRAIN}")
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args(argv)
-    missing = zoo.missing_library()
-    if missing:
-        sys.exit(missing)
-    torch.set_num_threads(1)
+    zoo.ready_to_time()
     lines = ["| workload | eager (median call) | fastlazy[auto] (median call) "
              "| eager / fastlazy (rounds' range) | fastlazy's graphs |",
              "|---|---|---|---|---|"]
@@ -137,9 +131,7 @@ def main(argv=None) -> None:
             geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
             lines.append(f"{mode}: geometric mean {geomean:.2f}x eager over {len(ratios)} "
                          f"rows, lowest {min(ratios):.2f}x  ")
-    print("\n".join(lines))
-    if args.out:
-        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+    zoo.emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import pathlib
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -219,6 +220,30 @@ def missing_library() -> str | None:
         except ImportError as error:
             return f"W4 needs {library}: {error}"
     return None
+
+
+def table_options(parser, rounds: int, models: str | None = None) -> None:
+    """Add the options the scripts that print a W4 table share to
+    `parser`: --models (default: W4's, or `models`), --rounds, --out."""
+    parser.add_argument("--models", default=models or ",".join(m.name for m in W4))
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--out", help="also write the table to this file")
+
+
+def ready_to_time() -> None:
+    """Exit naming the missing library where W4 cannot run; else time with
+    one intra-op thread."""
+    missing = missing_library()
+    if missing:
+        sys.exit(missing)
+    torch.set_num_threads(1)
+
+
+def emit(lines: list[str], out: str | None) -> None:
+    """Print a table, and write it to the file `out` where one is given."""
+    print("\n".join(lines))
+    if out:
+        pathlib.Path(out).write_text("\n".join(lines) + "\n")
 
 
 def step(model: ZooModel, module: nn.Module, forward: Callable, x, target, mode: str,
