@@ -49,8 +49,8 @@ def _round(steps, seconds: float, calls: int) -> list[list[float]]:
     contender's runs slower than among its own (eager's median call with
     fastlazy's fast-tier calls in between, against in a block: ViT 0.87
     against 0.81 ms, BERT 1.22 against 1.11, GPT-2 1.81 against 1.58;
-    fastlazy's moved by 5 % at most), which made fastlazy's ratios 3-12 %
-    better than they are."""
+    fastlazy's less: 0.79 against 0.76, 1.08 against 1.09, 1.70 against
+    1.53), which made fastlazy's ratios 3-10 % better than they are."""
     times = []
     for step in steps:
         timed = []
