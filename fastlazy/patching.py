@@ -8,6 +8,11 @@ Each patch remembers the object it replaced and whether the owner held it in
 its own __dict__ (Tensor.__add__ is inherited from TensorBase), so disable()
 puts back the identical object -- or removes our attribute -- and leaves
 alone any attribute that someone else has patched since.
+
+enable() after disable() installs the entries the last enable() made, unless
+one of the attributes they replace holds another object now (then all are
+made anew): the same objects, with their caches, for a `with
+fastlazy.enable():` around each step.
 """
 from __future__ import annotations
 
