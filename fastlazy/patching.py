@@ -163,26 +163,29 @@ def enable() -> None:
             _installed.extend(_last_rows)
         else:
             _last_rows.clear()
-            _last_sources.clear()
+            _last_expected.clear()
             _install_all()
             _last_rows.extend(_installed)
-            _last_expected[:] = _expected()
         _count_open_contexts()
 
 
-# The rows the last enable() installed, and per row what getattr(owner,
-# attr) gave before it (what the entry wraps, for an inherited attribute).
+# The rows the last enable() installed, and per owner, per attribute, what
+# it held before that enable() patched it first (an attribute patched twice
+# -- an entry a conversion wraps -- is checked as it was before the first):
+# (the object in the owner's own __dict__ or _MISSING, and for a class's
+# inherited attribute the object getattr found, else _MISSING).  A module's
+# attribute it does not hold, torch._VF's, comes from a C class's table,
+# which nothing rewrites.
 _last_rows: list = []
-_last_sources: list = []
-_last_expected: list = []
+_last_expected: dict = {}
 
 
 def _unchanged() -> bool:
     """Whether every attribute the last enable() patched holds again what
-    it held before (_expected)."""
-    for owner, expected in _last_expected:
+    it held before (_last_expected)."""
+    for owner, expected in _last_expected.items():
         stored = vars(owner)
-        for attr, held, inherited in expected:
+        for attr, (held, inherited) in expected.items():
             if stored.get(attr, _MISSING) is not held:
                 return False
             if inherited is not _MISSING and getattr(owner, attr, _MISSING) is not inherited:
@@ -190,25 +193,11 @@ def _unchanged() -> bool:
     return True
 
 
-def _expected():
-    """Per owner, (attribute, the object its own __dict__ held before the
-    last enable() -- _MISSING: none --, for a class's inherited attribute
-    the object getattr found).  A module's attribute it does not hold,
-    torch._VF's, comes from a C class's table, which nothing rewrites; an
-    attribute patched twice (an entry a conversion wraps) is checked at
-    its first patch."""
-    ours = {id(row[4]) for row in _last_rows}
-    by_owner: dict = {}
-    for (owner, attr, original, own, _entry), source in zip(_last_rows, _last_sources):
-        if id(original) in ours:
-            continue
-        inherited = source if not own and isinstance(owner, type) else _MISSING
-        by_owner.setdefault(owner, []).append((attr, original if own else _MISSING, inherited))
-    return list(by_owner.items())
-
-
 def _install(owner, attr, original, own, entry):
-    _last_sources.append(getattr(owner, attr, _MISSING))
+    held = vars(owner).get(attr, _MISSING)
+    inherited = (getattr(owner, attr, _MISSING) if held is _MISSING and isinstance(owner, type)
+                 else _MISSING)
+    _last_expected.setdefault(owner, {}).setdefault(attr, (held, inherited))
     setattr(owner, attr, entry)
     _installed.append((owner, attr, original, own, entry))
 
