@@ -7,8 +7,7 @@
     print(r)                           # one compiled graph runs, result kept
     fastlazy.mark_step()               # compute every live LazyTensor now
 
-Modules stay eager (model.to("lazy") leaves a model as it is): make the
-inputs lazy and their parameters join the graphs as inputs.
+Modules stay eager (model.to("lazy") returns it): parameters join as inputs.
 
 The torch._lazy functions have the same names here: mark_step,
 wait_device_ops, sync_multi, to_cpu, add_step_closure, metrics.counter_names,

@@ -48,6 +48,16 @@ cdef extern from "step_executor.h" namespace "fastlazy" nogil:
     object run_program "fastlazy_run" (CStepProgram& program, tuple args) with gil
 
 
+cdef extern from "packed_conv.h" namespace "fastlazy":
+    void c_register_packed_conv "fastlazy::register_packed_conv" () except +
+
+
+def register_packed_conv():
+    """Define the op fastlazy::packed_conv2d (csrc/packed_conv.h).  Call
+    only where this module was built for the torch imported."""
+    c_register_packed_conv()
+
+
 cdef extern from "ir_reader.h" namespace "fastlazy":
     cdef cppclass string_pair "std::pair<std::string, std::string>":
         string first

@@ -36,7 +36,9 @@ _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_fai
                 "tier_promotions", "tier_fast_runs_while_compiling",
                 "tier_frozen_compiles_failed", "tier_frozen_misses",
                 "tier_cpp_wrapper_failures", "tier_compiles_in_child",
-                "tier_child_compile_fallbacks", "tier_wrong_dtypes")
+                "tier_child_compile_fallbacks", "tier_wrong_dtypes",
+                "packed_conv_trials", "packed_conv_graphs", "packed_conv_repacks",
+                "packed_conv_failures")
 
 
 def count_fallback(name: str, reason: str = "") -> None:
@@ -115,7 +117,10 @@ def counters() -> dict:
         # done and failed, graphs promoted to the compiled tier, and runs
         # on the fast tier while a compile of their graph was under way;
         # compiles made by the compile process, and those that fell back
-        # to the compile thread (fastlazy.compile_process)
+        # to the compile thread (fastlazy.compile_process); graphs whose
+        # convolutions' packed weights were tried on the fast tier and
+        # kept, weights packed again after a write, and failures
+        # (fastlazy.packed_convs)
         for name in _TIER_EVENTS:
             d[name] = _events[name]
     d["kernel_layers"] = _steps.kernel_calls()

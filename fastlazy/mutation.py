@@ -158,6 +158,9 @@ def run_inplace(func, name, args, kwargs):
             # after computing the pending nodes that may read it.
             _core.mark_step()
             func(value, *materialize(args[1:]), **materialize(kwargs))
+            # (an in-place view op, x.t_() or x.squeeze_(), changed the
+            # value's sizes: the handle reads them again)
+            _core.rebind_value(target, value)
             return target
         # Otherwise mutate a copy and rebind the handle: a LazyTensor never
         # writes into the tensor it was made from.

@@ -217,6 +217,9 @@ def _install_all():
         original = vars(owner).get(attr, _MISSING)
         _install(owner, attr, original, original is not _MISSING, make(getattr(owner, attr)))
     _watch_writes()
+    for owner in (torch.jit, torch.jit._script):
+        script = vars(owner)["script"]
+        _install(owner, "script", script, True, _unpatched_while(script))
     _patch_contexts(torch.amp.autocast_mode.autocast, _core.autocast_entered)
     _patch_contexts(torch.autograd.grad_mode.inference_mode, _core.inference_mode_entered)
 
@@ -238,6 +241,32 @@ def _watch_writes():
         # the owner's own attribute as stored (Function.apply: a classmethod)
         original = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
         _install(owner, attr, original, attr in vars(owner), patched)
+
+
+def _unpatched_while(call):
+    """call(...) with torch's own attributes in place of fastlazy's patches
+    (then the same patches again).  For torch.jit.script, which compiles
+    the functions a scripted one calls from their source, found by name:
+    an entry point in torch.nn.functional is no function it can compile.
+    Other threads' calls meanwhile reach LazyTensor.__torch_function__."""
+    def unpatched(*args, **kwargs):
+        with _lock:
+            lifted = [row for row in reversed(_installed)
+                      if vars(row[0]).get(row[1], _MISSING) is row[4]]
+            for owner, attr, original, own, entry in lifted:
+                if own:
+                    setattr(owner, attr, original)
+                else:
+                    delattr(owner, attr)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                for owner, attr, original, own, entry in reversed(lifted):
+                    setattr(owner, attr, entry)
+    unpatched.__wrapped__ = call
+    unpatched.__name__ = unpatched.__qualname__ = call.__name__
+    unpatched.__doc__ = call.__doc__
+    return unpatched
 
 
 def _count_open_contexts():

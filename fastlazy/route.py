@@ -56,18 +56,20 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
             # its metadata follows (ops recorded on it from now on build
             # autograd history: a compiled graph is a training program)
             _core.rebind_value(target, target.to_eager())
-        return out
+        # (x.requires_grad_() returns x itself, as eager's does)
+        return target if type(target) is LazyTensor else out
     out = random_ops.record(func, args, kwargs)
     if out is not random_ops.NOT_HANDLED:
-        return out
-    out = running_stats.record(func, args, kwargs)
-    if out is not running_stats.NOT_HANDLED:
         return out
     # torch.nn.functional's `inplace=True` (hardswish, elu, ...) makes the
     # call the in-place form: functionalized like Tensor.X_
     flag = None if inplace else _inplace_flag(func, args, kwargs)
     inplace = inplace or flag is not None
     try:
+        # (batch norm in training on an empty batch: eager's own result)
+        out = running_stats.record(func, args, kwargs)
+        if out is not running_stats.NOT_HANDLED:
+            return out
         if inplace:
             out = mutation.record_inplace(func, args, kwargs, name, ruled=ruled, flag=flag)
         else:

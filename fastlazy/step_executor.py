@@ -67,6 +67,20 @@ def tensor_reader():
     return None if _module is None else _module.tensor_reader()
 
 
+_packed_conv = None
+
+
+def packed_conv_op():
+    """The op fastlazy::packed_conv2d (csrc/packed_conv.h: a convolution
+    with its weight packed for oneDNN, fastlazy.packed_convs), defined at
+    the first call; None where the executor is not in use."""
+    global _packed_conv
+    if _packed_conv is None and _enabled:
+        _module.register_packed_conv()
+        _packed_conv = torch.ops.fastlazy.packed_conv2d.default
+    return _packed_conv if _enabled else None
+
+
 def why_not() -> str | None:
     """Why graphs run on the interpreter (None where the executor is on)."""
     if _module is None:

@@ -58,7 +58,8 @@ import weakref
 
 import torch
 
-from fastlazy import _core, backends, compile_worker, fx_threads, metrics, watch
+from fastlazy import _core, backends, compile_worker, fx_threads, metrics, packed_convs, watch
+from fastlazy.backends.torchscript import TorchScriptProgram
 from fastlazy.graph import Slot, describe_input, example_input
 
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
@@ -127,6 +128,9 @@ class TieredProgram:
         self._frozen_job = None
         self._constants = {}
         self._dtypes = None         # the fast tier's results' (compiled ones must agree)
+        # an inference graph with convolutions may get its weights packed
+        # on the fast tier (fastlazy.packed_convs) at its PLAN_AT-th run
+        self._packable = packed_convs.has_convs(view)
         self.call = self._run_fast
 
     def run(self, inputs):
@@ -154,6 +158,8 @@ class TieredProgram:
                 return self._promote(inputs)
             _count_fast_run()
             return self._fast(*inputs)
+        if self._packable and self.runs == packed_convs.PLAN_AT:
+            self._pack(inputs)
         start = time.perf_counter()
         out = self._fast(*inputs)
         self.fast_seconds += time.perf_counter() - start
@@ -161,6 +167,24 @@ class TieredProgram:
             self._dtypes = _dtypes(out)
             self._submit(inputs)
         return out
+
+    def _pack(self, inputs):
+        """The fast tier with packed convolutions on trial, where the
+        graph has any to pack (a failure leaves the plain fast tier)."""
+        self._packable = False
+        view = self._view
+        # (a graph on the native backend keeps its own kernels; one that
+        # fuses runs on TorchScript's executor, not step by step)
+        if view is None or not isinstance(self.fast, TorchScriptProgram) or self.fast.fuses:
+            return
+        try:
+            found = packed_convs.trial(view, self.fast.slots, inputs, self._fast, _typical)
+        except Exception as exc:     # noqa: BLE001 - the plain fast tier stands
+            self.error = f"packed convolutions: {type(exc).__name__}: {exc}"[:500]
+            metrics.count_event("packed_conv_failures")
+            return
+        if found is not None:
+            self._fast = found
 
     def _submit(self, inputs):
         if not fx_threads.install():
@@ -453,6 +477,7 @@ def forget_parameters(*tensors) -> None:
     about to be swapped: watch.on_swap)."""
     for frozen in list(_live_frozen):
         frozen.forget(tensors)
+    packed_convs.forget_parameters(*tensors)
 
 
 class _Written:

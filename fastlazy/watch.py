@@ -124,6 +124,10 @@ def python_patches():
 
     def _data_set(self, value):
         _core.flush_reading(self)
+        if type(value) is _core.LazyTensor:
+            # an eager tensor takes the memory of a LazyTensor's value
+            # (nn.utils.vector_to_parameters of a lazy vector)
+            value = value.to_eager()
         base_data.__set__(self, value)
 
     swap = torch.utils.swap_tensors

@@ -1375,3 +1375,136 @@ def test_setitem_of_a_region_onto_itself_and_partial_overlaps(code):
         assert got == want
     else:
         torch.testing.assert_close(got.to_eager(), want)
+
+
+# -- in-place view ops on a LazyTensor that holds a view's value ----------------
+
+def _view_value(lz):
+    return lz(torch.arange(6.).view(2, 3))
+
+
+def _squeeze_(lz):
+    x = lz(torch.arange(6.).view(1, 6, 1))
+    x.squeeze_()
+    return x + torch.zeros(6), tuple(x.shape)
+
+
+def _t_(lz):
+    x = _view_value(lz)
+    x.t_()
+    return x + torch.zeros(3, 2), tuple(x.shape), x.stride()
+
+
+def _unsqueeze_(lz):
+    x = _view_value(lz)
+    x.unsqueeze_(0)
+    return x * 2, tuple(x.shape)
+
+
+def _as_strided_(lz):
+    x = _view_value(lz)
+    x.as_strided_((3, 2), (1, 3))
+    return x + 1, tuple(x.shape), x.stride()
+
+
+def _transpose_(lz):
+    x = _view_value(lz)
+    x.transpose_(0, 1)
+    return x.sum(1), tuple(x.shape)
+
+
+@cases(_squeeze_, _t_, _unsqueeze_, _as_strided_, _transpose_)
+def test_in_place_view_ops_on_a_view_value_keep_its_sizes(f):
+    # x.to("lazy") of a view holds that view; an in-place view op runs on
+    # it eagerly, and the LazyTensor's sizes must follow
+    same_as_eager(f)
+
+
+def _bn_empty_batch(lz):
+    bn = torch.nn.BatchNorm1d(3)
+    return bn(lz(torch.randn(0, 3))), bn.running_mean
+
+
+def _bn_one_row(lz):
+    return torch.nn.BatchNorm1d(3)(lz(torch.randn(1, 3)))
+
+
+@cases(_bn_empty_batch, _bn_one_row)
+def test_batch_norm_in_training_on_empty_and_one_row_batches(f):
+    same_as_eager(f)
+
+
+def test_torch_jit_script_while_enabled():
+    # torch.jit.script keeps torch.nn.functional's functions as weak keys
+    # (torch._jit_internal.boolean_dispatched): entry points take weak references
+    def f(x):
+        return F.relu(x) + F.max_pool1d(x.unsqueeze(0), 1).squeeze(0)
+
+    scripted = torch.jit.script(f)
+    x = torch.tensor([-1.0, 2.0])
+    assert torch.equal(scripted(x), torch.tensor([-1.0, 4.0]))
+
+
+def _reversed(lz):
+    x = lz(torch.arange(6.).view(3, 2))
+    return reversed(x), reversed(lz(torch.tensor(2.0)))
+
+
+def _requires_grad_returns_self(lz):
+    x = lz(torch.arange(3.0))
+    return x.requires_grad_() is x, x.requires_grad
+
+
+@cases(_reversed, _requires_grad_returns_self)
+def test_reversed_and_requires_grad_(f):
+    same_as_eager(f)
+
+
+def _channels_last(lz):
+    return lz(torch.arange(24.0).view(2, 3, 2, 2).to(memory_format=torch.channels_last))
+
+
+def _contiguous_of_channels_last(lz):
+    c = _channels_last(lz).contiguous()
+    return c, c.stride(), c.is_contiguous()
+
+
+def _contiguous_of_a_pending_channels_last(lz):
+    c = (_channels_last(lz) * 2).contiguous()
+    return c, c.stride(), c.view(2, -1)
+
+
+def _contiguous_of_a_contiguous_4d(lz):
+    x = lz(torch.arange(24.0).view(2, 3, 2, 2)) + 1
+    c = x.contiguous()
+    return c, c.stride(), x.permute(0, 2, 3, 1).contiguous().stride()
+
+
+@cases(_contiguous_of_channels_last, _contiguous_of_a_pending_channels_last,
+       _contiguous_of_a_contiguous_4d)
+def test_contiguous_of_a_channels_last_tensor(f):
+    same_as_eager(f)
+
+
+def _from_dlpack(lz):
+    x = lz(torch.arange(6.0).view(2, 3)) * 2
+    shared = torch.from_dlpack(x)
+    shared[0, 0] = 7.0                  # the exported memory is the value's
+    return shared, x, torch.from_numpy(__import__("numpy").from_dlpack(x + 1))
+
+
+@cases(_from_dlpack)
+def test_dlpack_protocol(f):
+    same_as_eager(f)
+
+
+def _vector_to_parameters(lz):
+    torch.manual_seed(0)
+    m = torch.nn.Linear(2, 2)
+    torch.nn.utils.vector_to_parameters(lz(torch.arange(6.0)) * 2, m.parameters())
+    return [p.detach().clone() for p in m.parameters()]
+
+
+@cases(_vector_to_parameters)
+def test_an_eager_tensors_data_set_to_a_lazy_one(f):
+    same_as_eager(f)

@@ -20,6 +20,9 @@ typedef struct {
     PyObject *orig;      /* the original torch callable */
     PyObject *name;      /* qualified name, for repr and metrics */
     PyObject *dict;      /* __dict__ so functools/inspect helpers work */
+    PyObject *weakrefs;  /* weak references: torch keeps some functions as
+                            WeakKeyDictionary keys (torch.jit.script's
+                            _jit_internal.boolean_dispatched) */
     int op;              /* opcode in the op table */
     int form;            /* enum fl_form */
 } FLEntry;
@@ -159,6 +162,8 @@ static void
 fl_entry_dealloc(FLEntry *e)
 {
     PyObject_GC_UnTrack(e);
+    if (e->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)e);
     fl_entry_clear(e);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
@@ -263,6 +268,7 @@ static PyTypeObject FLEntryType = {
     .tp_methods = fl_entry_methods,
     .tp_getset = fl_entry_getset,
     .tp_dictoffset = offsetof(FLEntry, dict),
+    .tp_weaklistoffset = offsetof(FLEntry, weakrefs),
 };
 
 static PyObject *
@@ -277,6 +283,7 @@ fl_entry_new(PyObject *orig, PyObject *name, int op, int form)
     Py_INCREF(name);
     e->name = name;
     e->dict = NULL;
+    e->weakrefs = NULL;
     e->op = op;
     e->form = form;
     PyObject_GC_Track(e);

@@ -458,8 +458,20 @@ cdef class LazyTensor:
         a = materialize(self).numpy()
         return a if dtype is None else a.astype(dtype)
 
+    def __dlpack__(self, *args, **kwargs):
+        # the value's memory, handed out as eager's is (watch.py sees it)
+        return materialize(self).__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return materialize(self).__dlpack_device__()
+
     def __hash__(self):
         return id(self)
+
+    def __reversed__(self):
+        # torch.Tensor.__reversed__: the tensor flipped along dim 0, a
+        # 0-dim one itself
+        return self if self.meta.ndim == 0 else self.flip(0)
 
     def __reduce_ex__(self, proto):
         # Saved as its value, a plain tensor: the graph is not part of a

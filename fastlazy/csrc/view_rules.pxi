@@ -485,6 +485,18 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     if rule == R_CONTIGUOUS:
         if nargs != 1:
             return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
+        if type(src.family) is not Member and m.ndim >= 4 and (
+                src.value is None or not src.value.is_contiguous()):
+            # a root's layout is not in its metadata, and a channels-last
+            # one is held as it is: a pending root of 4 or more dims (maybe
+            # channels-last) is copied, as eager copies a channels-last
+            # tensor (where eager returns the tensor itself, this returns a
+            # copy of the same values, sizes and strides)
+            found = record_sized_view(reshape_copy_op, src, &out, m.shape, m.ndim,
+                                      numel_of(m), NULL, 0)
+            if found is None:
+                return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
+            return found
         if is_contiguous(m.ndim, size, stride):
             return src                  # as eager: the tensor itself
         return record_view(op, src, &out, 0, NULL, 0)

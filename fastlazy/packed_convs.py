@@ -1,0 +1,294 @@
+"""The fast tier's convolutions with their weights packed once for oneDNN,
+in graphs that record no autograd history: no compiler involved.
+
+Why: ATen's CPU convolution picks its kernel by a size rule (ATen's
+`use_mkldnn`).  A batch-1 image of at most 20,480 elements under a kernel
+of at most 3 in a dim takes its im2col + GEMM path, which costs W4's
+resnet18 at 64x64 88 % of its call: a 512-channel 2x2 layer takes 3.1 ms
+there against 0.3 ms in oneDNN with its weight packed.  Where ATen does
+take oneDNN it reorders the weight into oneDNN's layout at every call.
+Packing the weights once is what inductor's freezing does; here it is done
+at a graph's PLAN_AT-th run (milliseconds: a reorder per weight and one
+more fast-tier compile of the graph).
+
+What is packed: a 2-d convolution of float32 CPU tensors whose weight is an
+nn.Parameter input of the graph, with groups == 1 and a kernel other than
+1x1 (ATen's GEMM beats oneDNN on 1x1: 31 against 75 us at 64 channels of
+16x16), where ATen would take its im2col path or the weight is over
+LARGE_WEIGHT_BYTES.  The packed call (fastlazy::packed_conv2d,
+csrc/packed_conv.h) gives eager's shape, dtype and strides; its values
+agree with eager's to rounding (oneDNN sums in another order), as the fast
+tier's one-row linear kernel's do.
+
+The packed program is a candidate, not a given: the graph's next runs
+alternate it with the plain fast tier, TRIAL_RUNS timed runs each after one
+warm-up, and the faster is kept.  It serves only inputs of the sizes it was
+planned for (other sizes run the plain program) and the parameters it
+packed: one written since (its version counter, its data pointer, or a
+write through a `.data` alias that fastlazy sees) is packed again at the
+next run; another graph's parameters in their place run the plain program,
+and after MAX_FOREIGN_RUNS such runs the packing is given up.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import time
+import weakref
+
+import torch
+
+from fastlazy import _core, backends, metrics, step_executor, watch
+from fastlazy.graph import Slot
+from fastlazy.node_program import AtenCall, Input, NodeProgram, Value
+
+PLAN_AT = 2                  # the run of a graph at which its packed program is made
+TRIAL_RUNS = 5               # timed runs of each program, after one warm-up each
+LARGE_WEIGHT_BYTES = 4 << 20  # oneDNN's per-call reorder of a weight this large costs ms
+SLOW_PATH_ELEMENTS = 20480   # ATen's use_mkldnn: an image this small takes im2col + GEMM
+MAX_FOREIGN_RUNS = 8         # runs with other parameters before packing is given up
+
+
+def enabled() -> bool:
+    """Can graphs get packed convolutions here?  The step executor must be
+    built (it defines the op) and torch built with oneDNN;
+    FASTLAZY_PACKED_CONVS=0 switches them off."""
+    return (os.environ.get("FASTLAZY_PACKED_CONVS", "1") != "0"
+            and torch.backends.mkldnn.is_available()
+            and step_executor.packed_conv_op() is not None)
+
+
+def has_convs(view) -> bool:
+    """Might the graph have a convolution to pack (looked at once per graph)?"""
+    return not view.grad and any(_conv_of(n) is not None for n in view.nodes)
+
+
+def _conv_of(node):
+    """(stride, padding, dilation, groups, has_bias) of a node that is
+    F.conv2d as the op table lowers it, else None."""
+    calls = node.program.calls
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    if call.name != "conv2d" or call.overload is not None or call.kwargs or len(call.args) != 7:
+        return None
+    x, w, bias, stride, padding, dilation, groups = call.args
+    if x != Input(0) or w != Input(1) or not (bias is None or bias == Input(2)):
+        return None
+    pairs = (stride, padding, dilation)
+    if type(groups) is not int or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(type(i) is int for i in p)
+            for p in pairs):
+        return None
+    return list(stride), list(padding), list(dilation), groups, bias is not None
+
+
+def _worth_packing(x_shape, weight, dilation, groups) -> bool:
+    kh, kw = weight.shape[-2:]
+    if groups != 1 or (kh == 1 and kw == 1) or len(x_shape) != 4:
+        return False
+    if weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES:
+        return True
+    # ATen's use_mkldnn for float32 on CPU: oneDNN for a batch over 1, a
+    # kernel over 3 in both dims or an input over 20,480 elements
+    n, c, h, w = x_shape
+    return not (n > 1 or (kh > 3 and kw > 3) or n * c * h * w > SLOW_PATH_ELEMENTS)
+
+
+@dataclasses.dataclass
+class _Weight:
+    """A packed parameter: its position among the fast tier's inputs, the
+    parameter (weakly), its version and data pointer when packed, and how
+    it was packed."""
+    k: int
+    ref: weakref.ref
+    version: int
+    pointer: int
+    args: tuple          # padding, stride, dilation, groups, input sizes
+
+    def pack(self, w):
+        self.version, self.pointer = w._version, w.data_ptr()
+        with torch.no_grad():
+            return torch.ops.mkldnn._reorder_convolution_weight(w.detach(), *self.args)
+
+
+def trial(view, positions, inputs, plain, typical):
+    """The fast tier's call for `view` while its packed program is tried
+    (a _Trial), or None where the graph has nothing to pack.  `positions`:
+    the fast tier's input positions; `inputs`: this run's, in that order;
+    `plain`: the fast tier's call (returning a sequence); `typical`: what
+    a list of run times is judged by."""
+    if view.grad or not enabled() or not all(
+            t.device.type == "cpu" for t in inputs if isinstance(t, torch.Tensor)):
+        return None
+    given = dict(zip(positions, inputs))
+    at = {p: k for k, p in enumerate(positions)}
+    slots = {s.index: s for s in view.slots}
+    shapes = {("slot", s.index): tuple(given[s.position].shape)
+              for s in view.slots if s.kind == "tensor" and s.position in given}
+    shapes.update((("node", n.index), tuple(n.shape)) for n in view.nodes)
+    nodes = list(view.nodes)
+    new_slots = [dataclasses.replace(s, value=given.get(s.position, s.value)) for s in view.slots]
+    index = max((s.index for s in view.slots), default=-1) + 1
+    position = max((s.position for s in view.slots), default=-1) + 1
+    weights, packed = [], []
+    seen = {}                # a parameter read by several convolutions is packed once
+    for i, node in enumerate(nodes):
+        conv = _conv_of(node)
+        if conv is None or node.dtype != torch.float32 or node.inputs[1][0] != "slot":
+            continue
+        stride, padding, dilation, groups, has_bias = conv
+        w = given.get(slots[node.inputs[1][1]].position)
+        x_shape = shapes.get(node.inputs[0])
+        if (type(w) is not torch.nn.Parameter or w.dtype != torch.float32
+                or w.layout != torch.strided or w.dim() != 4 or x_shape is None
+                or watch.exported(w) or not _worth_packing(x_shape, w, dilation, groups)):
+            continue
+        key = (id(w), tuple(padding), tuple(stride), tuple(dilation), x_shape)
+        if key not in seen:
+            weight = _Weight(at[slots[node.inputs[1][1]].position], weakref.ref(w), 0, 0,
+                             (padding, stride, dilation, groups, list(x_shape)))
+            new_slots.append(Slot(index, position, "tensor", weight.pack(w)))
+            seen[key] = index
+            weights.append(weight)
+            packed.append(new_slots[-1].value)
+            index += 1
+            position += 1
+        channels_last = w.is_contiguous(memory_format=torch.channels_last) \
+            and not w.is_contiguous()
+        nodes[i] = dataclasses.replace(
+            node, program=_packed_program(stride, padding, dilation, groups, has_bias,
+                                          channels_last, len(node.inputs)),
+            inputs=(*node.inputs, ("slot", seen[key])))
+    if not weights:
+        return None
+    light = copy.copy(view)
+    light.nodes, light.slots = nodes, new_slots
+    program = backends.get("torchscript").compile(light)
+    call = program.call
+    if program.single:
+        call = (lambda inner: lambda *args: (inner(*args),))(call)
+    metrics.count_event("packed_conv_trials")
+    return _Trial(plain, call, weights, packed, _core.ShapeGuard(inputs), typical)
+
+
+_programs: dict = {}
+
+
+def _packed_program(stride, padding, dilation, groups, has_bias, channels_last, n_inputs):
+    """The NodeProgram of a conv2d node whose packed weight is its input
+    `n_inputs` (one more than the node had)."""
+    key = (tuple(stride), tuple(padding), tuple(dilation), groups, has_bias, channels_last,
+           n_inputs)
+    found = _programs.get(key)
+    if found is None:
+        call = AtenCall("packed_conv2d", step_executor.packed_conv_op(),
+                        [Input(0), Input(n_inputs), Input(2) if has_bias else None,
+                         list(padding), list(stride), list(dilation), groups, channels_last])
+        found = _programs[key] = NodeProgram("packed_conv2d", [call], [Value(0)], fresh=True)
+    return found
+
+
+class _Trial:
+    """The fast tier's call of a graph with packed convolutions: first the
+    trial (plain and packed programs in turn, timed), then the winner."""
+
+    def __init__(self, plain, packed_call, weights, packed, shapes, typical):
+        self.plain = plain
+        self.packed_call = packed_call
+        self.weights = weights
+        self.packed = packed
+        self.shapes = shapes
+        self.typical = typical
+        self.times = ([], [])          # the plain program's runs, the packed one's
+        self.written = False
+        self.foreign_runs = 0
+        self._on_write = _Notice(weakref.ref(self), "written")
+        _core.watch_writes([w.ref() for w in weights], self._on_write)
+        weakref.finalize(self, _core.unwatch_writes, self._on_write)
+        # a parameter freed (its model dropped): its packed copy goes too
+        died = _Notice(weakref.ref(self), "died")
+        for w in weights:
+            w.ref = weakref.ref(w.ref(), died)
+        _live.add(self)
+        self.call = self._try
+
+    def __call__(self, *inputs):
+        return self.call(*inputs)
+
+    def _try(self, *inputs):
+        plain_runs, packed_runs = self.times
+        packed_turn = len(packed_runs) < len(plain_runs)
+        start = time.perf_counter()
+        out = self._packed(*inputs) if packed_turn else self.plain(*inputs)
+        self.times[packed_turn].append(time.perf_counter() - start)
+        if len(packed_runs) > TRIAL_RUNS and self.call == self._try:
+            self._decide()
+        return out
+
+    def _decide(self):
+        plain, packed = (self.typical(t[1:]) for t in self.times)
+        if packed < plain and self.packed is not None:
+            self.call = self._packed
+            metrics.count_event("packed_conv_graphs")
+        else:
+            self.give_up()
+
+    def _packed(self, *inputs):
+        if self.packed is None or not self.shapes.matches(inputs):
+            return self.plain(*inputs)
+        written, self.written = self.written, False
+        for k, w in enumerate(self.weights):
+            t = inputs[w.k]
+            if t is not w.ref():
+                self.foreign_runs += 1
+                if self.foreign_runs > MAX_FOREIGN_RUNS:
+                    self.give_up()
+                return self.plain(*inputs)
+            if written or t._version != w.version or t.data_ptr() != w.pointer:
+                self.packed[k] = w.pack(t)
+                metrics.count_event("packed_conv_repacks")
+        return self.packed_call(*inputs, *self.packed)
+
+    def give_up(self):
+        """The plain program from now on; the packed weights let go."""
+        self.call = self.plain
+        self.packed = None
+        self.weights = []
+        _core.unwatch_writes(self._on_write)
+
+    def forget(self, tensors) -> None:
+        if self.packed is not None and any(w.ref() is t for w in self.weights for t in tensors):
+            self.give_up()
+
+
+class _Notice:
+    """A _Trial's callback for a write to its parameters' memory (the
+    core's watch) or a parameter's death (its weakref), holding the trial
+    weakly: neither must keep a dropped graph's packed weights alive."""
+    __slots__ = ("trial", "what")
+
+    def __init__(self, trial, what):
+        self.trial = trial
+        self.what = what
+
+    def __call__(self, *_):
+        trial = self.trial()
+        if trial is None:
+            return
+        if self.what == "written":
+            trial.written = True
+        elif trial.packed is not None:
+            trial.give_up()
+
+
+# every _Trial alive, for forget_parameters
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def forget_parameters(*tensors) -> None:
+    """No packed program holds any of `tensors` from now on (they are
+    about to be swapped: watch.on_swap)."""
+    for t in list(_live):
+        t.forget(tensors)

@@ -1,0 +1,188 @@
+"""The fast tier's packed convolutions (fastlazy.packed_convs): an inference
+graph's convolutions run with their weights packed once for oneDNN, where
+that is faster than ATen's own choice, with eager's shapes, dtypes and
+strides and eager's values to rounding, whatever happens to the parameters.
+
+The trial between the plain and the packed program is decided by timing;
+these tests decide it for the packed one (`packed_wins`), so that what runs
+is what the test set up.
+"""
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+import fastlazy
+from fastlazy import graph_cache, packed_convs, tiering
+
+from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
+
+pytestmark = pytest.mark.skipif(not packed_convs.enabled(),
+                                reason="needs the step executor and oneDNN")
+
+TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+RUNS = packed_convs.PLAN_AT + 2 * (packed_convs.TRIAL_RUNS + 1) + 3   # past the trial
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """The default engine, no background compile, an empty cache, zeroed
+    counters."""
+    before = fastlazy.backend()
+    fastlazy.mark_step()
+    fastlazy.set_backend("auto")
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 10 ** 9)
+    graph_cache.clear()
+    fastlazy.metrics.reset()
+    yield
+    fastlazy.mark_step()
+    graph_cache.clear()
+    fastlazy.set_backend(before)
+
+
+@pytest.fixture
+def packed_wins(engine, monkeypatch):
+    """Every trial keeps the packed program."""
+    def decide(trial):
+        trial.call = trial._packed
+    monkeypatch.setattr(packed_convs._Trial, "_decide", decide)
+
+
+def _net(seed=0, channels=32):
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+        nn.Conv2d(channels, channels, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+        nn.Conv2d(channels, channels, 1),          # 1x1: left to ATen
+        nn.Conv2d(channels, 8, (3, 1), padding=(1, 0), dilation=(2, 1))).eval()
+
+
+def _counter(name):
+    return fastlazy.metrics.counters()[name]
+
+
+def _runs(net, x, n=RUNS):
+    """n runs of net on x (lazy), each checked against eager's."""
+    with torch.no_grad():
+        want = net(x)
+        for _ in range(n):
+            got = net(x.to("lazy")).to_eager()
+            torch.testing.assert_close(got, want, **TOLERANCE)
+            assert got.stride() == want.stride()
+    return got
+
+
+def test_packed_program_gives_eagers_values_and_strides(packed_wins):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    assert _counter("packed_conv_trials") == 1
+    # the graph that ran is the packed one: it calls the packed op
+    (program,) = graph_cache.programs.values()
+    assert program._fast.call == program._fast._packed
+    assert len(program._fast.packed) == 3        # 3x3, strided, dilated; not the 1x1
+
+
+def test_a_view_of_a_packed_convolutions_result_has_eagers_strides(packed_wins):
+    # oneDNN writes channels-last: a view that needs eager's layout must work
+    torch.manual_seed(1)
+    conv = nn.Conv2d(4, 6, 3).eval()
+    x = torch.randn(1, 4, 8, 8)
+    with torch.no_grad():
+        want = conv(x).view(6, -1).sum(1)
+        for _ in range(RUNS):
+            got = conv(x.to("lazy")).view(6, -1).sum(1).to_eager()
+            torch.testing.assert_close(got, want, **TOLERANCE)
+    assert _counter("packed_conv_trials") == 1
+
+
+def test_channels_last_input_and_weight_keep_eagers_layout(packed_wins):
+    net, x = _net(), torch.randn(1, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    got = _runs(net, x)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    graph_cache.clear()
+    conv = nn.Conv2d(3, 5, 3).eval().to(memory_format=torch.channels_last)
+    got = _runs(conv, torch.randn(1, 3, 9, 9))
+    assert got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_written_parameters_are_packed_again(packed_wins):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    with torch.no_grad():
+        net[0].weight.mul_(0.5)               # bumps the version counter
+    _runs(net, x, 2)
+    assert _counter("packed_conv_repacks") >= 1
+    repacks = _counter("packed_conv_repacks")
+    net[3].weight.data.add_(0.25)             # through .data: no version bump
+    _runs(net, x, 2)
+    assert _counter("packed_conv_repacks") > repacks
+    net[6].weight.data = torch.randn_like(net[6].weight)     # new memory
+    _runs(net, x, 2)
+
+
+def test_other_parameters_and_sizes_run_the_plain_program(packed_wins):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    (program,) = graph_cache.programs.values()
+    trial, plain_runs = program._fast, []
+    plain = trial.plain
+    trial.plain = lambda *inputs: (plain_runs.append(1), plain(*inputs))[1]
+    other = _net(seed=5)                      # the same graph structure
+    _runs(other, x, 3)
+    _runs(net, torch.randn(1, 3, 16, 16), 3)  # another size, the same structure
+    _runs(net, x, 2)
+    assert len(graph_cache.programs) == 1
+    assert trial.packed is not None and trial.foreign_runs == 3 and len(plain_runs) == 6
+
+
+def test_packing_is_given_up_when_other_parameters_keep_coming(packed_wins):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    for seed in range(packed_convs.MAX_FOREIGN_RUNS + 1):
+        _runs(_net(seed=10 + seed), x, 1)
+    (program,) = graph_cache.programs.values()
+    assert program._fast.packed is None and program._fast.call == program._fast.plain
+    _runs(net, x, 2)
+
+
+def test_a_dropped_models_packed_weights_are_let_go(packed_wins):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    (program,) = graph_cache.programs.values()
+    trial = program._fast
+    del net
+    gc.collect()
+    assert trial.packed is None
+
+
+def test_swap_tensors_of_a_packed_parameter(packed_wins):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    torch.utils.swap_tensors(net[0].weight, nn.Parameter(torch.randn_like(net[0].weight)))
+    _runs(net, x, 3)
+
+
+def test_training_graphs_and_switched_off_are_not_packed(engine, monkeypatch):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    for _ in range(RUNS):
+        net(x.to("lazy")).sum().to_eager()    # records autograd history
+    assert _counter("packed_conv_trials") == 0
+    monkeypatch.setenv("FASTLAZY_PACKED_CONVS", "0")
+    _runs(net, x)
+    assert _counter("packed_conv_trials") == 0
+
+
+def test_the_trial_keeps_the_faster_program(engine, monkeypatch):
+    # batch 1, 512 channels of 2x2: ATen's im2col path takes about ten
+    # times oneDNN's with the weight packed
+    torch.manual_seed(2)
+    conv = nn.Conv2d(512, 512, 3, padding=1).eval()
+    _runs(conv, torch.randn(1, 512, 2, 2))
+    assert _counter("packed_conv_graphs") == 1
+    graph_cache.clear()
+    fastlazy.metrics.reset()
+    monkeypatch.setattr(packed_convs._Trial, "_packed",
+                        lambda self, *inputs: (__import__("time").sleep(0.01), self.plain(*inputs))[1])
+    _runs(conv, torch.randn(1, 512, 2, 2))
+    assert _counter("packed_conv_trials") == 1 and _counter("packed_conv_graphs") == 0
