@@ -137,8 +137,14 @@ def _like(x):
     """An uninitialized tensor as empty_like(x) would make it in eager: x's
     metadata, and x's strides where x is a non-overlapping, dense view (a
     random fill then puts each number where eager's would go); contiguous
-    otherwise (a LazyTensor that is not a view is contiguous)."""
+    otherwise (a pending LazyTensor that is not a view is taken as
+    contiguous: the result of an op on a channels-last or transposed
+    tensor gets other numbers than eager's).  A LazyTensor holding a value
+    has that value's layout."""
     shape = tuple(x.shape)
+    if x.family is None and x.is_materialized:
+        # a value's own layout (a channels-last tensor is held as it is)
+        return torch.empty_like(x.to_eager(), memory_format=torch.preserve_format)
     where = views.geometry(x)
     if where is not None and views.dense(shape, where[1]):
         return torch.empty_strided(shape, where[1], dtype=x.dtype, device=x.device)

@@ -1508,3 +1508,29 @@ def _vector_to_parameters(lz):
 @cases(_vector_to_parameters)
 def test_an_eager_tensors_data_set_to_a_lazy_one(f):
     same_as_eager(f)
+
+
+def _copy_copy(lz):
+    import copy
+    x = lz(torch.arange(6.0).view(2, 3)) + 0
+    y = copy.copy(x)
+    y.add_(1)                           # the same memory
+    y.t_()                              # not the same sizes
+    w = copy.copy(lz(torch.ones(2, requires_grad=True)) * 2)
+    return y is x, x, tuple(x.shape), y, w.requires_grad, w.is_leaf
+
+
+@cases(_copy_copy)
+def test_copy_copy(f):
+    same_as_eager(f)
+
+
+def _dropout_of_channels_last(lz):
+    x = lz(torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last))
+    return F.dropout(x, 0.5, training=True), torch.rand_like(x), torch.randn_like(x)
+
+
+@cases(_dropout_of_channels_last)
+def test_random_draws_like_a_channels_last_value(f):
+    # run() seeds each side alike: the numbers must land where eager's do
+    same_as_eager(f)

@@ -480,7 +480,13 @@ cdef class LazyTensor:
         return materialize(self).__reduce_ex__(proto)
 
     def __copy__(self):
-        return self
+        # eager's copy.copy: a new tensor over the same memory (writes
+        # through either show in both, a shape change does not), no view
+        # and no autograd history: a leaf, requiring grad as the original
+        t = self.detach()
+        if self.meta.requires_grad:
+            t.requires_grad_()
+        return t
 
     def __deepcopy__(self, memo):
         # a LazyTensor of a copy of the value (copies stay lazy, as the
