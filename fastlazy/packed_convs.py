@@ -249,7 +249,14 @@ class _Trial:
             if written or t._version != w.version or t.data_ptr() != w.pointer:
                 self.packed[k] = w.pack(t)
                 metrics.count_event("packed_conv_repacks")
-        return self.packed_call(*inputs, *self.packed)
+        try:
+            return self.packed_call(*inputs, *self.packed)
+        except Exception:     # noqa: BLE001 - the plain program judges the run
+            # (oneDNN refusing what ATen takes): the plain program from now
+            # on, which computes the run or raises eager's own error
+            metrics.count_event("packed_conv_failures")
+            self.give_up()
+            return self.plain(*inputs)
 
     def give_up(self):
         """The plain program from now on; the packed weights let go."""

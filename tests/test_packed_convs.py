@@ -186,3 +186,16 @@ def test_the_trial_keeps_the_faster_program(engine, monkeypatch):
                         lambda self, *inputs: (__import__("time").sleep(0.01), self.plain(*inputs))[1])
     _runs(conv, torch.randn(1, 512, 2, 2))
     assert _counter("packed_conv_trials") == 1 and _counter("packed_conv_graphs") == 0
+
+
+def test_a_packed_program_that_fails_leaves_the_plain_one(packed_wins, monkeypatch):
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    (program,) = graph_cache.programs.values()
+    trial = program._fast
+
+    def refuses(*inputs):
+        raise RuntimeError("oneDNN refuses")
+    monkeypatch.setattr(trial, "packed_call", refuses)
+    _runs(net, x, 2)
+    assert trial.packed is None and _counter("packed_conv_failures") == 1
