@@ -102,7 +102,7 @@ def explain(view, backend, with_shapes, flush_site=None):
         seen = list(_seen)
         if not seen:
             reason, detail, site = "first graph", "", None
-        elif skel in _seen:
+        elif _seen.get(skel):
             reason, detail = _type_difference(_seen[skel][-1], types)
             site = None
         elif any(other[1] == skel[1] for other in seen):
@@ -119,7 +119,12 @@ def explain(view, backend, with_shapes, flush_site=None):
                 detail = f"extends a compiled graph of {len(nearest)} ops"
             if site:
                 detail += f" recorded at {site}"
-        _seen.setdefault(skel, []).append(types)
+        # (a new key stored with its entry in one step: a handler run
+        # between a setdefault and its append would find an empty list)
+        if skel in _seen:
+            _seen[skel].append(types)
+        else:
+            _seen[skel] = [types]
         site = site or flush_site or "<unknown>"
         by_reason[reason] += 1
         by_site[site] += 1

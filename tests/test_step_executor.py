@@ -446,3 +446,31 @@ def test_the_backends_graphs_are_read_by_the_executors_reader():
     finally:
         fastlazy.mark_step()
         fastlazy.set_backend(before)
+
+
+MAX_POOL = ('  %k : int[] = prim::Constant[value=[3, 3]]()\n'
+            '  %s : int[] = prim::Constant[value=[2, 2]]()\n'
+            '  %p : int[] = prim::Constant[value=[1, 1]]()\n'
+            '  %d : int[] = prim::Constant[value=[1, 1]]()\n'
+            '  %c : bool = prim::Constant[value={ceil}]()\n'
+            '  %out : Tensor = aten::max_pool2d(%a, %k, %s, %p, %d, %c)')
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 16, 16), (2, 64, 9, 7), (1, 3, 8, 8), (1, 16, 4, 4)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("ceil", [0, 1])
+def test_max_pool2d_runs_directly_with_eagers_bits_and_layout(shape, layout, ceil):
+    """max_pool2d is a direct step: a large enough contiguous batch goes
+    through ATen's channels-last kernel and back (faster, the same maxima),
+    anything else through ATen's own call; values, NaNs and strides are
+    eager's either way."""
+    x = torch.randn(shape)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 1, :2] = -float("inf")
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    want = torch.nn.functional.max_pool2d(x, 3, 2, 1, ceil_mode=bool(ceil))
+    out, direct = run(graph(MAX_POOL.format(ceil=ceil), inputs=1), x)
+    assert direct
+    assert torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out.nan_to_num(), want.nan_to_num()) and out.stride() == want.stride()
