@@ -84,7 +84,7 @@ def _conv_of(node):
     return list(stride), list(padding), list(dilation), groups, bias is not None
 
 
-def _worth_packing(x_shape, weight, dilation, groups) -> bool:
+def _worth_packing(x_shape, weight, groups) -> bool:
     kh, kw = weight.shape[-2:]
     if groups != 1 or (kh == 1 and kw == 1) or len(x_shape) != 4:
         return False
@@ -139,15 +139,16 @@ def trial(view, positions, inputs, plain, typical):
         if conv is None or node.dtype != torch.float32 or node.inputs[1][0] != "slot":
             continue
         stride, padding, dilation, groups, has_bias = conv
-        w = given.get(slots[node.inputs[1][1]].position)
+        w_position = slots[node.inputs[1][1]].position
+        w = given.get(w_position)
         x_shape = shapes.get(node.inputs[0])
         if (type(w) is not torch.nn.Parameter or w.dtype != torch.float32
                 or w.layout != torch.strided or w.dim() != 4 or x_shape is None
-                or watch.exported(w) or not _worth_packing(x_shape, w, dilation, groups)):
+                or watch.exported(w) or not _worth_packing(x_shape, w, groups)):
             continue
         key = (id(w), tuple(padding), tuple(stride), tuple(dilation), x_shape)
         if key not in seen:
-            weight = _Weight(at[slots[node.inputs[1][1]].position], weakref.ref(w), 0, 0,
+            weight = _Weight(at[w_position], weakref.ref(w), 0, 0,
                              (padding, stride, dilation, groups, list(x_shape)))
             new_slots.append(Slot(index, position, "tensor", weight.pack(w)))
             seen[key] = index

@@ -251,13 +251,7 @@ def _unpatched_while(call):
     Other threads' calls meanwhile reach LazyTensor.__torch_function__."""
     def unpatched(*args, **kwargs):
         with _lock:
-            lifted = [row for row in reversed(_installed)
-                      if vars(row[0]).get(row[1], _MISSING) is row[4]]
-            for owner, attr, original, own, entry in lifted:
-                if own:
-                    setattr(owner, attr, original)
-                else:
-                    delattr(owner, attr)
+            lifted = _put_back(_installed)
             try:
                 return call(*args, **kwargs)
             finally:
@@ -299,15 +293,26 @@ def _patch_contexts(cls, entered):
         _install(cls, attr, vars(cls)[attr], True, patched)
 
 
+def _put_back(rows) -> list:
+    """Put back what each of `rows` replaced, last first, where the
+    attribute still holds its entry (one patched again by someone else is
+    theirs now); the rows put back, in that order."""
+    put_back = []
+    for row in reversed(rows):
+        owner, attr, original, own, entry = row
+        if vars(owner).get(attr, _MISSING) is not entry:
+            continue
+        if own:
+            setattr(owner, attr, original)
+        else:
+            delattr(owner, attr)
+        put_back.append(row)
+    return put_back
+
+
 def disable() -> None:
     with _lock:
-        for owner, attr, original, own, entry in reversed(_installed):
-            if vars(owner).get(attr, _MISSING) is not entry:
-                continue            # patched again by someone else: theirs now
-            if own:
-                setattr(owner, attr, original)
-            else:
-                delattr(owner, attr)
+        _put_back(_installed)
         _installed.clear()
         _core.end_watches()
         _core.autocast_entered(-_core.autocast_depth())

@@ -144,7 +144,7 @@ def _like(x):
     shape = tuple(x.shape)
     if x.family is None and x.is_materialized:
         # a value's own layout (a channels-last tensor is held as it is)
-        return torch.empty_like(x.to_eager(), memory_format=torch.preserve_format)
+        return torch.empty_like(x.to_eager())
     where = views.geometry(x)
     if where is not None and views.dense(shape, where[1]):
         return torch.empty_strided(shape, where[1], dtype=x.dtype, device=x.device)
