@@ -92,7 +92,7 @@ say "python: $(command -v "$PY") $("$PY" --version 2>&1)"
 # -- 1. build ---------------------------------------------------------------------
 say "== build (setup.py build_ext --inplace, against the installed torch)"
 T0=$SECONDS
-"$PY" setup.py build_ext --inplace >>"$LOG" 2>&1 || fail "the build failed (see $LOG)"
+"$PY" setup.py build_ext --inplace -j "$(nproc)" >>"$LOG" 2>&1 || fail "the build failed (see $LOG)"
 BUILD_S=$((SECONDS - T0))
 "$PY" - >>"$LOG" 2>&1 <<EOF || fail "fastlazy does not import from $REPO after the build (see $LOG)"
 import pathlib, fastlazy, fastlazy._core, fastlazy._steps
