@@ -301,3 +301,20 @@ def test_torchscript_without_the_step_executor_agrees_with_eager():
     finally:
         fastlazy.mark_step()
         step_executor.set_enabled(executor)
+
+
+def test_implicit_expand_keeps_its_shape_on_the_graph_executor():
+    """The graph executor's RemoveExpands deletes `expand(implicit=True)`
+    (on CUDA, where it runs every fusing graph): the flag is emitted as
+    False, which gives the same value."""
+    executor = step_executor.enabled()
+    step_executor.set_enabled(False)
+    fastlazy.set_backend("torchscript")
+    try:
+        x = torch.randn(3, 1)
+        for _ in range(3):          # the profiling executor optimizes on a later run
+            got = fastlazy.lazy(x).expand(3, 4, implicit=True) * 2
+            assert torch.equal(got.to_eager(), x.expand(3, 4) * 2)
+    finally:
+        fastlazy.mark_step()
+        step_executor.set_enabled(executor)

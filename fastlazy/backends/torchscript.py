@@ -421,6 +421,7 @@ def _emit_call(ir, call, ref, inplace):
             value = arg.default
         else:
             raise TypeError(f"{name}: no value for {arg.name}")
+        value = _NEUTRAL_FLAGS.get((name, arg.name), value)
         if type(value) is bool and arg.kind in ("number", "Optional[number]"):
             args.append(_bool_number(ir, arg.name, value, kwargs.get("dtype")))
         else:
@@ -445,6 +446,13 @@ class _Argument(NamedTuple):
 
 
 _schemas: dict = {}
+
+# Arguments that change no value but that the graph executor's passes read
+# as permission to rewrite the graph: RemoveExpands deletes every
+# `aten::expand(..., implicit=True)`, taking it for a broadcast that tracing
+# inserted, so `x.expand(3, 4, implicit=True)` would keep x's shape on CUDA
+# (where the graph executor runs).  Emitted with the neutral value instead.
+_NEUTRAL_FLAGS = {("aten::expand", "implicit"): False}
 
 
 def _schema_of(overload):
