@@ -98,6 +98,18 @@ def test_w1_chain_is_one_fusion_group(lazy_on, device):
     assert metrics.fusion() == []            # its graph left the cache
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.float32])
+def test_complex_graphs_run_unfused(lazy_on, device, dtype):
+    """NNC takes complex values into a fusion group, then fails from the
+    second run on ("UNSUPPORTED DTYPE: complex"): such graphs run unfused."""
+    x = torch.ones(3, 4, dtype=dtype, device=device)
+    with fusing(device):
+        for _ in range(3):
+            got = ((1.5 - 2j) / fastlazy.lazy(x)).to_eager()
+            assert torch.equal(got, (1.5 - 2j) / x)
+        assert [g["state"] for g in metrics.fusion()] == []
+
+
 def test_a_new_scalar_or_shape_runs_the_fused_graph_without_a_compile(lazy_on, device):
     n = N[device]
     with fusing(device):

@@ -180,12 +180,21 @@ class TorchScriptBackend(Backend):
         the GPU fuser is on (torch's default); on CPU only where CPU fusion
         was switched on, with LLVM (a torch built with it: __init__ switches
         it on) or with LLVM not required (NNC's IR evaluator)."""
-        if not torch._C._jit_texpr_fuser_enabled():
+        if not torch._C._jit_texpr_fuser_enabled() or _has_complex(view):
             return False
         if any(s.kind == "tensor" and s.value.is_cuda for s in view.slots):
             return torch._C._jit_can_fuse_on_gpu()
         return torch._C._jit_can_fuse_on_cpu() and (
             self.llvm or not torch._C._jit_get_te_must_use_llvm_cpu())
+
+
+def _has_complex(view) -> bool:
+    """Does the graph compute in complex numbers anywhere?  NNC's fusion
+    groups take complex values in, then fail at run time ("UNSUPPORTED
+    DTYPE: complex"), from the second run on: such a graph is not fused."""
+    return (any(s.kind == "complex" or s.kind == "tensor" and s.value.is_complex()
+                for s in view.slots)
+            or any(n.dtype.is_complex for n in view.nodes))
 
 
 # the programs compiled to fuse, while they live (fusion_of reads them)
