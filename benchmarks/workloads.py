@@ -485,11 +485,25 @@ def prepared(case: Case):
 
 
 def _check(results, workload, tensors):
-    """Each variant's result must be eager's."""
+    """Each variant's result must be eager's, to 1e-4; where it is not, it
+    must be as close to the float64 result as eager is, within a few times
+    eager's own error.  A 32-op chain of divisions and subtractions loses
+    most of its digits in a few elements out of millions (cancellation), and
+    a fused kernel's rounding (reciprocals, fused multiply-adds) moves those
+    by far more than 1e-4 without being less exact than eager."""
     with fastlazy_state(False):
         expected = [workload.fn(*tensors, *v) for v in workload.variants]
-    for got, want in zip(results, expected):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    for got, want, v in zip(results, expected, workload.variants):
+        try:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+        except AssertionError:
+            with fastlazy_state(False):
+                exact = workload.fn(*(t.double() for t in tensors), *v)
+            got, want = got.double(), want.double()
+            bound = 4 * (want - exact).abs() + 1e-4 * (1 + exact.abs())
+            worse = ((got - exact).abs() > bound) & ~(got.isnan() & want.isnan())
+            if worse.any():
+                raise
 
 
 def _alternate(calls: list[Callable]) -> Callable:

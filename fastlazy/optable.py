@@ -255,6 +255,9 @@ class Op:
     npos: int | None = None       # params accepted positionally (default: all)
     noperands: int | None = None  # leading params that are operands (default: all)
     cats: int = ALL               # accepted dtype categories
+    # those CUDA's kernel takes, where fewer (None: cats); another dtype on
+    # CUDA runs eagerly, so that eager's error is raised at the call
+    cuda_cats: int | None = None
     flags: int = 0
     functions: tuple = ()         # torch.<name>
     methods: tuple = ()           # Tensor.<name>, including operators
@@ -400,8 +403,8 @@ def _rows():
                Flag(ATTR_POOL_CEIL_MODE)),
              ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
               "return_indices"),
-             nrequired=2, noperands=1, cats=INT | FLOAT, flags=OpFlag.OPF_RULE_IN_GENERIC,
-             nn_functions=("max_pool2d",))
+             nrequired=2, noperands=1, cats=INT | FLOAT, cuda_cats=FLOAT,
+             flags=OpFlag.OPF_RULE_IN_GENERIC, nn_functions=("max_pool2d",))
     yield Op("adaptive_avg_pool2d", Rule.R_ADAPTIVE_AVG_POOL2D,
              c("adaptive_avg_pool2d", 0, PackedPair(0, ATTR_ADAPTIVE_SIZE_BITS, 1)),
              ("input", "output_size"), nrequired=2, noperands=1, cats=FLOAT,
@@ -604,7 +607,8 @@ def register(register_op):
             -1 if choice is None else row.params.index(choice[0]),
             None if choice is None else choice[1].values,
             sum(1 << i for i, name in enumerate(row.params) if name in NULLABLE),
-            sum(1 << i for i, name in enumerate(row.params) if name in RAW))
+            sum(1 << i for i, name in enumerate(row.params) if name in RAW),
+            row.cats if row.cuda_cats is None else row.cuda_cats)
 
 
 OPS: tuple[Op, ...] = _number(list(itertools.chain(_rows(), _generic_rows())))

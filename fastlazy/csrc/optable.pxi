@@ -4,6 +4,7 @@
 
 cdef int8_t op_rule[MAX_OPS]
 cdef int8_t op_cats[MAX_OPS]       # allowed categories (CAT_* mask)
+cdef int8_t op_cuda_cats[MAX_OPS]  # those allowed on CUDA (fewer where its kernel takes fewer)
 cdef uint16_t op_flags[MAX_OPS]
 cdef int8_t op_nparams[MAX_OPS]
 cdef int8_t op_noperands[MAX_OPS]  # leading params that are operands
@@ -28,13 +29,14 @@ cdef object _str_input = "input"
 
 def register_op(int op, int rule, int cats, int flags, tuple params,
                 int noperands, int nrequired, int npos, int choice_param=-1,
-                tuple choices=None, int nullable=0, int raw=0):
+                tuple choices=None, int nullable=0, int raw=0, int cuda_cats=-1):
     """Declare opcode `op` to the recorder (called by fastlazy.optable)."""
     global n_ops, select_op, slice_op, unsqueeze_op, reshape_copy_op
     if not 0 <= op < MAX_OPS or len(params) > MAX_PARAMS or not 0 <= rule < R_COUNT:
         raise ValueError(f"op {op}: bad row")
     op_rule[op] = rule
     op_cats[op] = cats
+    op_cuda_cats[op] = cats if cuda_cats < 0 else cuda_cats
     op_flags[op] = flags
     op_nparams[op] = len(params)
     op_noperands[op] = noperands

@@ -121,6 +121,8 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
     cdef Operand recip
     if not is_tensor(&ops[0]):
         return RULE_EAGER              # torch.add(2, x) and the like: eager
+    if ops[0].m.device != 0 and not op_cuda_cats[op] & category[ops[0].m.dtype]:
+        return RULE_RUN_EAGER          # CUDA's kernel refuses the dtype: eager's error
     for i in range(nops):
         if flags & OPF_TENSORS_ONLY and ops[i].kind == K_SCALAR:
             return RULE_EAGER
