@@ -167,6 +167,23 @@ _NEVER_ON_FAKES = frozenset(
     if callable(getattr(torch.Tensor, name, None)))
 
 
+# Indexing takes index tensors on the CPU for a tensor on another device
+# (eager moves them there): those do not make a call one of several devices.
+_INDEXING = frozenset(
+    getattr(torch.Tensor, name) for name in ("__getitem__", "__setitem__", "index_put_",
+                                             "index_put"))
+
+
+def _host_index(func, t) -> bool:
+    if t.device.type != "cpu" or t.is_floating_point() or t.is_complex():
+        return False
+    while func not in _INDEXING:
+        func = getattr(func, "__wrapped__", None)     # (an in-place call's wrapper)
+        if func is None:
+            return False
+    return True
+
+
 def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     if getattr(func, "__wrapped__", func) in _NEVER_ON_FAKES:
         raise Unsafe("calls Python back or reads the tensor's memory (never traced)")
@@ -174,7 +191,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         raise Unsafe("no LazyTensor argument at the top of a list")
     if len(tensors) > MAX_INPUTS and not nestable:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments")
-    if len({t.device for t in tensors if t.dim() > 0}) > 1:
+    if len({t.device for t in tensors if t.dim() > 0 and not _host_index(func, t)}) > 1:
         raise Unsafe("tensors on several devices (eager judges)")
     erased = program_templates.erased_key(func, args, kwargs, tensors) if templates else None
     # 1. the call itself, on fake tensors (eager's checks, the results'

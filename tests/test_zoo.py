@@ -62,10 +62,16 @@ def _as_eager(t):
     return t.to_eager() if isinstance(t, fastlazy.LazyTensor) else t
 
 
-def _check_bounds(name, mode, counters):
+def _check_bounds(name, mode, counters, device="cpu"):
     bound = BOUNDS[name, mode]
     fallbacks = {k: v for k, v in counters.items() if k.startswith("fallback.")}
-    measured = dict(fallbacks=counters["fallbacks"], graphs=counters["flushes"])
+    # On CUDA, attention with dropout is the efficient-attention kernel,
+    # which draws its mask from the CUDA generator at the call: it runs
+    # eagerly so that seeded runs match eager's, and each such call ends a graph
+    excused = (counters.get("fallback.F.scaled_dot_product_attention", 0)
+               if device == "cuda" and mode == zoo.TRAIN else 0)
+    measured = dict(fallbacks=counters["fallbacks"] - excused,
+                    graphs=counters["flushes"] - excused)
     for key, limit in bound.items():
         assert measured[key] <= limit, (
             f"{name} {mode}: {measured[key]} {key} per call, bound {limit}; "
@@ -89,14 +95,18 @@ def test_inference_matches_eager(name, device):
     got = lazy_call()
     counters = fastlazy.metrics.counters()
     torch.testing.assert_close(got, want, **TOLERANCE)
-    _check_bounds(name, zoo.INFER, counters)
+    _check_bounds(name, zoo.INFER, counters, device)
 
 
 @pytest.mark.parametrize("name", [m.name for m in zoo.W4 if zoo.TRAIN in m.modes])
 def test_training_steps_match_eager(name, device):
     """Forward, loss, backward, SGD step, three times, on two copies of the
     model: the lazy input's loss and the copy's gradients, parameters and
-    buffers (batch-norm statistics) are eager's after every step."""
+    buffers (batch-norm statistics) are eager's after every step.  On CUDA,
+    where eager's own training step is not deterministic (cuDNN's algorithms,
+    atomic additions in backward kernels), within eager's distance from a
+    third copy trained eagerly too: twice its spread, per tensor, beyond
+    the tolerance."""
     model = zoo.MODELS[name]
     x, target = (t.to(device) for t in model.inputs(SIZE))
     eager_module = model.build(SIZE, zoo.TRAIN).to(device)
@@ -104,21 +114,34 @@ def test_training_steps_match_eager(name, device):
     eager_step = zoo.step(model, eager_module, eager_module, x, target, zoo.TRAIN)
     lazy_step = zoo.step(model, lazy_module, lazy_module, fastlazy.lazy(x),
                          fastlazy.lazy(target), zoo.TRAIN)
+    twin_module = twin_step = None
+    if device != "cpu":
+        twin_module = model.build(SIZE, zoo.TRAIN).to(device)
+        twin_step = zoo.step(model, twin_module, twin_module, x, target, zoo.TRAIN)
     for k in range(TRAIN_STEPS):
         with _fastlazy_off():
             torch.manual_seed(k)                  # the dropout masks
             want = eager_step()
             want_state = zoo.state(eager_module)
+            spread = [0.0] * (len(want_state) + 1)
+            if twin_step is not None:
+                torch.manual_seed(k)
+                twin = [twin_step(), *zoo.state(twin_module)]
+                spread = [(torch.as_tensor(a, dtype=torch.float64)
+                           - torch.as_tensor(b, dtype=torch.float64)).abs().max().item()
+                          for a, b in zip(twin, [want, *want_state])]
         fastlazy.metrics.reset()
         torch.manual_seed(k)
         got = lazy_step()
         counters = fastlazy.metrics.counters()
         got_state = zoo.state(lazy_module, _as_eager)
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **TOLERANCE,
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=TOLERANCE["rtol"],
+                                   atol=TOLERANCE["atol"] + 2 * spread[0],
                                    msg=lambda m: f"loss, step {k}: {m}")
         assert len(got_state) == len(want_state)
         for i, (g, w) in enumerate(zip(got_state, want_state)):
-            torch.testing.assert_close(g, w, **TOLERANCE,
+            torch.testing.assert_close(g, w, rtol=TOLERANCE["rtol"],
+                                       atol=TOLERANCE["atol"] + 2 * spread[i + 1],
                                        msg=lambda m: f"step {k}, tensor {i} of "
                                                      f"zoo.state: {m}")
-    _check_bounds(name, zoo.TRAIN, counters)      # the last step's
+    _check_bounds(name, zoo.TRAIN, counters, device)      # the last step's
