@@ -485,12 +485,14 @@ def prepared(case: Case):
 
 
 def _check(results, workload, tensors):
-    """Each variant's result must be eager's, to 1e-4; where it is not, it
-    must be as close to the float64 result as eager is, within a few times
-    eager's own error.  A 32-op chain of divisions and subtractions loses
-    most of its digits in a few elements out of millions (cancellation), and
-    a fused kernel's rounding (reciprocals, fused multiply-adds) moves those
-    by far more than 1e-4 without being less exact than eager."""
+    """Each variant's result must be eager's, to 1e-4, except in elements
+    that eager itself computes badly: where eager's float32 result is over
+    1e-5 (relative) from the float64 one, the chain has cancelled most of
+    its digits, and any other float32 rounding (a fused kernel's
+    reciprocals and fused multiply-adds) lands elsewhere; there a result
+    within 100 times eager's distance from the float64 value is taken.  (On
+    an H200, torch.compile's W1 at n=4000 differed from eager in 53 of 16
+    million elements, by up to 14 % relative, and failed a 1e-4 check.)"""
     with fastlazy_state(False):
         expected = [workload.fn(*tensors, *v) for v in workload.variants]
     for got, want, v in zip(results, expected, workload.variants):
@@ -499,10 +501,14 @@ def _check(results, workload, tensors):
         except AssertionError:
             with fastlazy_state(False):
                 exact = workload.fn(*(t.double() for t in tensors), *v)
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise
             got, want = got.double(), want.double()
-            bound = 4 * (want - exact).abs() + 1e-4 * (1 + exact.abs())
-            worse = ((got - exact).abs() > bound) & ~(got.isnan() & want.isnan())
-            if worse.any():
+            close = (got - want).abs() <= 1e-4 + 1e-4 * want.abs()
+            close |= got.isnan() & want.isnan()
+            eager_error = (want - exact).abs()
+            badly_computed = eager_error > 1e-5 * exact.abs()
+            if not (close | badly_computed & ((got - exact).abs() <= 100 * eager_error)).all():
                 raise
 
 
