@@ -51,6 +51,8 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
     # a reshaping call changes a view's place, not the values: only a call
     # that writes values may be replayed as a write (backends.base.as_written)
     reshaping = name.rpartition(".")[2] in _RESHAPING
+    if reshaping and _has_views(target):
+        _leave_storage_to_views(target)
     if flag is None:
         value = generic.record(_functional(func), args, kwargs, name, track_views=False,
                                ruled=ruled, written=not reshaping)
@@ -76,9 +78,9 @@ def _set(target, source):
     through either show in the other).  An eager source: target holds a
     view of it, so reads see its writes and target's writes reach it
     (in-place ops through an eager view run eagerly)."""
+    if _has_views(target):
+        _leave_storage_to_views(target)
     old = target.family
-    if type(old) is views.Family and len(old.members):
-        raise Unsafe("set_ on a tensor with live views")
     if type(old) is Member:
         _leave(old.family, target)
     target.family = None
@@ -96,6 +98,27 @@ def _set(target, source):
 
 def _leave(family, view):
     family.discard(view)
+
+
+def _has_views(target) -> bool:
+    return type(target.family) is views.Family and bool(target.family.members)
+
+
+def _leave_storage_to_views(root):
+    """`root`, a base with live views, is about to take another place in
+    its storage (t_, transpose_, as_strided_...) or to leave it (set_): its
+    views keep the storage, as eager's do.  A copy of its values becomes
+    their root -- the storage -- and `root` a view of that copy, at the
+    place it holds now, so that writes through either still show in the
+    other."""
+    family = root.family
+    storage = generic.record(torch.Tensor.clone, (root,), {}, "view storage",
+                             track_views=False)
+    for view in family.members:
+        view.family.root = storage
+    storage.family = family
+    root.family = None
+    views.attach(root, storage, (tuple(root.shape), views.contiguous_strides(root.shape), 0), 0)
 
 
 # In-place ops that change a view's shape and strides, never its values.

@@ -663,6 +663,54 @@ def test_writes(f):
     same_as_eager(f)
 
 
+# -- a base with live views takes another place in its storage, or leaves it
+
+def fn_t_inplace_then_view_write(lz):
+    x = lz(torch.arange(6.).reshape(2, 3))
+    y = x.view(3, 2)
+    x.t_()
+    y.mul_(10)
+    return y, x, x.is_contiguous()
+
+
+def fn_as_strided_inplace_with_view(lz):
+    x = lz(torch.arange(6.).reshape(2, 3))
+    v = x.view(3, 2)
+    x.as_strided_((3, 2), (1, 3))
+    return v, x
+
+
+def fn_set_with_live_view(lz):
+    x = lz(torch.arange(6.).reshape(2, 3))
+    v = x[1]
+    x.set_(torch.zeros(2, 3))
+    return v, x
+
+
+def fn_transpose_inplace_then_base_write(lz):
+    x = lz(torch.arange(6.).reshape(2, 3))
+    v = x[:, 1]
+    x.transpose_(0, 1)
+    x.add_(100)
+    return v, x
+
+
+def fn_reshaped_base_with_grad(lz):
+    w = torch.arange(6.).reshape(2, 3).requires_grad_()
+    x = lz(w) * 1
+    v = x[0]
+    x.t_()
+    v.mul_(3)
+    x.sum().backward()
+    return x, v, w.grad
+
+
+@cases(fn_t_inplace_then_view_write, fn_as_strided_inplace_with_view, fn_set_with_live_view,
+       fn_transpose_inplace_then_base_write, fn_reshaped_base_with_grad)
+def test_a_base_that_moves_in_its_storage_leaves_it_to_its_views(f):
+    same_as_eager(f)
+
+
 # -- layouts a LazyTensor cannot hold ---------------------------------------
 
 def fn_to_sparse_dense(lz):
