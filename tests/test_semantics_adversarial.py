@@ -663,6 +663,29 @@ def test_writes(f):
     same_as_eager(f)
 
 
+# -- requires_grad_ after ops were recorded on the tensor ----------------------
+
+def fn_requires_grad_after_an_op(lz):
+    x = lz(torch.ones(3))
+    y = x * 2                      # recorded while x needs no gradient
+    x.requires_grad_()
+    (x * 3 + y).sum().backward()
+    return x.grad, y.requires_grad
+
+
+def fn_requires_grad_off_after_an_op(lz):
+    w = torch.ones(3, requires_grad=True)
+    a = lz(w)
+    b = a * 2
+    a.requires_grad_(False)
+    return b.requires_grad, a.requires_grad, b
+
+
+@cases(fn_requires_grad_after_an_op, fn_requires_grad_off_after_an_op)
+def test_requires_grad_flag_set_after_ops_were_recorded(f):
+    same_as_eager(f)
+
+
 # -- a base with live views takes another place in its storage, or leaves it
 
 def fn_t_inplace_then_view_write(lz):
