@@ -793,6 +793,17 @@ def test_deferred_error_does_not_surface_in_an_eager_write():
             bad.to_eager()
 
 
+def test_deferred_error_does_not_surface_at_another_tensors_read():
+    x = fastlazy.lazy(torch.tensor([1.0, 2.0]))
+    good = x * 2
+    bad = x[torch.tensor([5])]                 # out of range: raised when read
+    doomed = bad.sum() + 1
+    torch.testing.assert_close(good.to_eager(), torch.tensor([2.0, 4.0]))
+    for t in (bad, doomed, bad):               # what depends on it raises its error
+        with pytest.raises(IndexError):
+            t.to_eager()
+
+
 def test_deferred_error_does_not_surface_at_a_threshold_flush():
     before = fastlazy._core.get_flush_threshold()
     fastlazy._core.set_flush_threshold(3)

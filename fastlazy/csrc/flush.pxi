@@ -264,7 +264,15 @@ cdef int run_segment_for(LazyTensor t) except -1:
             "it (from a finalizer or callback run in the middle of that update); "
             "read it after the update returns")
     if seg.state == SEG_RECORDING:
-        return flush(seg, REASON_VALUE)
+        try:
+            return flush(seg, REASON_VALUE)
+        except Exception:
+            # The graph failed as a whole (an index out of range in another
+            # tensor): this one is computed alone below, and raises only if
+            # it depends on what failed -- as eager, where the error was the
+            # other tensor's call's
+            if t.seg is not seg or seg.state != SEG_FAILED:
+                raise
     if seg.state == SEG_RUNNING:
         if seg.runner == PyThread_get_thread_ident() or PyThread_get_thread_ident() in _flushing:
             # Read on the thread that runs the segment (a finalizer, weakref
