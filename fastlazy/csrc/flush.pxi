@@ -263,16 +263,30 @@ cdef int run_segment_for(LazyTensor t) except -1:
             "fastlazy: this LazyTensor was read while an in-place update rebound "
             "it (from a finalizer or callback run in the middle of that update); "
             "read it after the update returns")
+    cdef object failure = None, value = None
+    cdef bint computed = False
     if seg.state == SEG_RECORDING:
         try:
             return flush(seg, REASON_VALUE)
-        except Exception:
-            # The graph failed as a whole (an index out of range in another
-            # tensor): this one is computed alone below, and raises only if
-            # it depends on what failed -- as eager, where the error was the
-            # other tensor's call's
+        except Exception as exc:
             if t.seg is not seg or seg.state != SEG_FAILED:
                 raise
+            failure = exc
+        # The graph failed as a whole (an index out of range in another
+        # tensor): this one is computed alone, and where it depends on what
+        # failed, the graph's error is raised (it names the op that failed
+        # and where it was recorded); otherwise its value is eager's, as in
+        # eager, where the error was the other tensor's call's
+        try:
+            value = _hooks.recover(seg, t.idx, seg.error)
+            computed = True
+        except Exception:
+            pass
+        if not computed:
+            raise failure
+        set_value(t, value)
+        t.seg = None
+        return 0
     if seg.state == SEG_RUNNING:
         if seg.runner == PyThread_get_thread_ident() or PyThread_get_thread_ident() in _flushing:
             # Read on the thread that runs the segment (a finalizer, weakref
