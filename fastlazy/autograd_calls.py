@@ -15,6 +15,8 @@
 - The C++ autograd functions Python constructs and calls on tensors
   (gradcheck's UndefinedGrad, DelayedError) read their argument as a
   tensor: their call runs on the value.
+- torch.autograd.backward: its LazyTensor arguments (an eager output's
+  lazy gradient) are read first.
 - torch.autograd.grad: a gradient is lazy where its input is, and a plain
   tensor for an eager input, as eager returns (code that checks
   `type(g) is torch.Tensor`, gradcheck, must see eager's types).
@@ -57,10 +59,25 @@ def python_patches():
 
     lazy_aware_apply.__doc__ = original.__doc__
     lazy_aware_apply.__wrapped__ = apply
-    patches = [(function, "apply", classmethod(lazy_aware_apply))]
+    patches = [(function, "apply", classmethod(lazy_aware_apply)),
+               (torch.autograd, "backward", _backward_on_values(torch.autograd.backward))]
     for name in ("UndefinedGrad", "DelayedError"):
         patches.append((torch._C._functions, name, _on_values(getattr(torch._C._functions, name))))
     return patches
+
+
+def _backward_on_values(original):
+    """torch.autograd.backward (which Tensor.backward calls), its LazyTensor
+    arguments read first: an eager output's backward given a lazy gradient
+    (`y.backward(lazy_g)`) hands the engine a tensor, as eager's does."""
+    def backward(*args, **kwargs):
+        if _has_lazy(args) or _has_lazy(kwargs.values()):
+            args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
+        return original(*args, **kwargs)
+
+    backward.__doc__ = original.__doc__
+    backward.__wrapped__ = original
+    return backward
 
 
 def _makes_history(args, kwargs) -> bool:

@@ -27,21 +27,24 @@ def materialize(x):
     return x
 
 
-def wrap_result(out):
+def wrap_result(out, keep=()):
     """Eager results as LazyTensors (tensors inside tuples/lists too); an
     instance of a tensor subclass keeps its type (x.as_subclass(cls), a
-    library's tensor type), which a LazyTensor would lose."""
+    library's tensor type), which a LazyTensor would lose; and so does a
+    tensor of `keep` (the eager `out=` tensors a call wrote and returned)."""
     if isinstance(out, torch.Tensor):
         if type(out) is not torch.Tensor and type(out) is not torch.nn.Parameter:
             return out
+        if any(out is k for k in keep):
+            return out
         return _core.lazy_or_eager(out)
     if isinstance(out, tuple):
-        items = [wrap_result(v) for v in out]
+        items = [wrap_result(v, keep) for v in out]
         if hasattr(out, "_fields"):      # a namedtuple
             return type(out)(*items)
         return type(out)(items)          # tuple, torch.return_types.*
     if type(out) is list:
-        return [wrap_result(v) for v in out]
+        return [wrap_result(v, keep) for v in out]
     return out
 
 
@@ -53,5 +56,10 @@ def count(name, reason):
 
 
 def run(func, args, kwargs):
-    """func on the materialized arguments, its tensor results lazy."""
-    return wrap_result(func(*materialize(args), **materialize(kwargs)))
+    """func on the materialized arguments, its tensor results lazy -- except
+    an eager `out=` tensor it returns, which eager's caller gets back itself
+    (`r = torch.add(x, 1, out=o)`: r is o)."""
+    written = kwargs.get("out")
+    keep = ((written,) if isinstance(written, torch.Tensor) else
+            tuple(written) if type(written) in (tuple, list) else ())
+    return wrap_result(func(*materialize(args), **materialize(kwargs)), keep)

@@ -42,6 +42,8 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
         raise Unsafe("writes an eager tensor (eager semantics)")
     if name == "Tensor.set_" and len(args) == 2 and not kwargs and isinstance(args[1], torch.Tensor):
         return _set(target, args[1])
+    if name == "Tensor.detach_":
+        return _detach(target)
     if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
         raise Unsafe("writes through a view whose elements overlap")
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
@@ -70,6 +72,16 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
     elif target.family is not None:
         after_mutation(target)
     return None if name.endswith("__setitem__") else target
+
+
+def _detach(target):
+    """target.detach_(): the handle becomes its detached value (no write:
+    a leaf that requires grad may call it).  A view refuses, as eager's."""
+    if type(target.family) is Member:
+        raise RuntimeError("Can't detach views in-place. Use detach() instead.")
+    _core.adopt(target, generic.record(torch.Tensor.detach, (target,), {}, "Tensor.detach_",
+                                       track_views=False))
+    return target
 
 
 def _set(target, source):

@@ -686,6 +686,36 @@ def test_requires_grad_flag_set_after_ops_were_recorded(f):
     same_as_eager(f)
 
 
+# -- eager outputs and arguments beside LazyTensors -------------------------------
+
+def fn_backward_of_an_eager_output_with_a_lazy_gradient(lz):
+    w = torch.ones(3, requires_grad=True)
+    (w * 2).backward(lz(torch.tensor([1.0, 2.0, 3.0])))
+    v = torch.ones(3, requires_grad=True)
+    torch.autograd.backward([(lz(v) * 3).sum()], inputs=[v])
+    return w.grad, v.grad
+
+
+def fn_out_argument_is_returned_itself(lz):
+    o = torch.empty(3)
+    r = torch.add(lz(torch.ones(3)), 1, out=o)
+    pair = (torch.empty(3), torch.empty(3, dtype=torch.long))
+    m = torch.max(lz(torch.arange(6.0).reshape(2, 3)), 0, out=pair)
+    return r is o, o, m[0] is pair[0], m[1] is pair[1], pair
+
+
+def fn_detach_inplace_of_a_leaf_that_requires_grad(lz):
+    x = lz(torch.ones(3)).requires_grad_()
+    r = x.detach_()
+    return r is x, x.requires_grad, x.is_leaf, (x * 2).requires_grad, x
+
+
+@cases(fn_backward_of_an_eager_output_with_a_lazy_gradient, fn_out_argument_is_returned_itself,
+       fn_detach_inplace_of_a_leaf_that_requires_grad)
+def test_eager_outputs_beside_lazy_arguments(f):
+    same_as_eager(f)
+
+
 # -- a base with live views takes another place in its storage, or leaves it
 
 def fn_t_inplace_then_view_write(lz):
