@@ -823,6 +823,22 @@ def test_deferred_error_does_not_surface_in_an_eager_write():
             bad.to_eager()
 
 
+@pytest.mark.parametrize("call", [lambda x: x.max(0, keepdim=True), lambda x: x.median(1),
+                                  lambda x: x.max(), lambda x: x.amin(0)],
+                         ids=["max(0)", "median(1)", "max()", "amin(0)"])
+def test_an_empty_input_raises_at_the_call_after_a_nonempty_one(call):
+    """Eager's kernels refuse a reduction over an empty dim; a meta run of
+    the op's program (the judge of a call whose op was seen at other sizes)
+    does not, so an empty input is judged by a fake run."""
+    for _ in range(3):
+        call(fastlazy.lazy(torch.ones(3, 3)))
+    with pytest.raises((IndexError, RuntimeError)) as lazy_error:
+        call(fastlazy.lazy(torch.zeros(0, 0)))
+    with pytest.raises((IndexError, RuntimeError)) as eager_error:
+        call(torch.zeros(0, 0))
+    assert lazy_error.type is eager_error.type
+
+
 def test_deferred_error_does_not_surface_at_another_tensors_read():
     x = fastlazy.lazy(torch.tensor([1.0, 2.0]))
     good = x * 2
