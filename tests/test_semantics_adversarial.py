@@ -681,7 +681,17 @@ def fn_requires_grad_off_after_an_op(lz):
     return b.requires_grad, a.requires_grad, b
 
 
-@cases(fn_requires_grad_after_an_op, fn_requires_grad_off_after_an_op)
+def fn_requires_grad_of_a_base_after_a_view(lz):
+    x = lz(torch.arange(3.0))
+    v = x[1:]
+    x.requires_grad_()
+    flags = (v.requires_grad, x.is_leaf)
+    v.mul_(10)           # eager: a view of a leaf that requires grad, written
+    return flags
+
+
+@cases(fn_requires_grad_after_an_op, fn_requires_grad_off_after_an_op,
+       fn_requires_grad_of_a_base_after_a_view)
 def test_requires_grad_flag_set_after_ops_were_recorded(f):
     same_as_eager(f)
 
