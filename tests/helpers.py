@@ -315,8 +315,13 @@ def check(fn, *args, lazy=None, returns_self=False, pending=False, expect_record
             raise Mismatch(f"in-place call returned {describe(got)}, not its self argument")
 
     recorded = False
+    # an eager out= tensor the call wrote is returned itself, as eager's is
+    returns_out = (_is_tensor(expected) and expected is eager_kwargs.get("out")
+                   and type(lazy_kwargs.get("out")) is not LazyTensor)
+    if returns_out and got is not lazy_kwargs.get("out"):
+        raise Mismatch(f"the call returned {describe(got)}, not its eager out= tensor")
     if _is_tensor(expected):
-        if returns_self and _is_tensor(got):
+        if (returns_self or returns_out) and _is_tensor(got):
             pass        # an eager self mutated in place stays eager, as in torch
         elif type(got) is not LazyTensor:
             raise Mismatch(f"lazy call returned {type(got).__name__}, not a LazyTensor")
