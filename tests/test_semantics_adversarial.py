@@ -720,8 +720,20 @@ def fn_detach_inplace_of_a_leaf_that_requires_grad(lz):
     return r is x, x.requires_grad, x.is_leaf, (x * 2).requires_grad, x
 
 
+def fn_grad_of_an_eager_parameter_assigned_a_lazy_value(lz):
+    lin = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.arange(6.0).reshape(2, 3))
+    x = lz(torch.arange(12.0).reshape(4, 3))
+    lin(x).sum().backward()
+    lin.weight.grad = lin.weight.grad * (x.abs().sum() > 0).float()
+    del lin.bias.grad
+    return type(lin.weight.grad) is torch.Tensor, lin.weight.grad, lin.bias.grad is None
+
+
 @cases(fn_backward_of_an_eager_output_with_a_lazy_gradient, fn_out_argument_is_returned_itself,
-       fn_detach_inplace_of_a_leaf_that_requires_grad)
+       fn_detach_inplace_of_a_leaf_that_requires_grad,
+       fn_grad_of_an_eager_parameter_assigned_a_lazy_value)
 def test_eager_outputs_beside_lazy_arguments(f):
     same_as_eager(f)
 
