@@ -52,8 +52,9 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
         raise Unsafe("writes a leaf under no_grad")
     # a reshaping call changes a view's place, not the values: only a call
     # that writes values may be replayed as a write (backends.base.as_written)
-    reshaping = name.rpartition(".")[2] in _RESHAPING
-    if reshaping and _has_views(target):
+    method = name.rpartition(".")[2]
+    reshaping = method in _RESHAPING
+    if reshaping and (_has_views(target) or method in _RELAYING and target.family is None):
         _leave_storage_to_views(target)
     if flag is None:
         value = generic.record(_functional(func), args, kwargs, name, track_views=False,
@@ -117,25 +118,30 @@ def _has_views(target) -> bool:
 
 
 def _leave_storage_to_views(root):
-    """`root`, a base with live views, is about to take another place in
-    its storage (t_, transpose_, as_strided_...) or to leave it (set_): its
-    views keep the storage, as eager's do.  A copy of its values becomes
-    their root -- the storage -- and `root` a view of that copy, at the
-    place it holds now, so that writes through either still show in the
-    other."""
+    """`root`, a base (with live views, or none), is about to take another
+    place in its storage (t_, transpose_, as_strided_...) or to leave it
+    (set_): its views keep the storage, as eager's do.  A copy of its
+    values becomes their root -- the storage -- and `root` a view of that
+    copy, at the place it holds now, so that writes through either still
+    show in the other."""
     family = root.family
     storage = generic.record(torch.Tensor.clone, (root,), {}, "view storage",
                              track_views=False)
-    for view in family.members:
-        view.family.root = storage
+    if family is not None:
+        for view in family.members:
+            view.family.root = storage
     storage.family = family
     root.family = None
     views.attach(root, storage, (tuple(root.shape), views.contiguous_strides(root.shape), 0), 0)
 
 
-# In-place ops that change a view's shape and strides, never its values.
+# In-place ops that change a view's shape and strides, never its values;
+# those of them that can leave a contiguous tensor non-contiguous (a
+# LazyTensor that is no view reports a contiguous layout: one written so
+# becomes a view of its own storage, whose layout it then reports)
 _RESHAPING = frozenset({"squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_",
                         "swapaxes_", "as_strided_"})
+_RELAYING = frozenset({"transpose_", "t_", "swapdims_", "swapaxes_", "as_strided_"})
 
 
 def _reshape_view(target, func, args, kwargs):

@@ -27,7 +27,8 @@ from helpers import fuzz_settings
 # (index_list is advanced indexing: a copy, which later writes must not reach)
 VIEWS = ["select", "slice", "transpose", "unsqueeze", "diagonal", "flatten_input",
          "narrow", "index_list"]
-WRITES = ["add_", "mul_", "sub_", "setitem", "setitem_list", "zero_", "clamp_"]
+WRITES = ["add_", "mul_", "sub_", "setitem", "setitem_list", "zero_", "clamp_",
+          "transpose_", "unsqueeze_", "squeeze_"]
 
 
 @st.composite
@@ -71,6 +72,14 @@ def _view(name, x, i, n_inputs, a):
 
 
 def _write(name, x, y, i, flag):
+    # in place, a tensor's place in its storage (a base's with live views
+    # too: those keep the storage)
+    if name == "transpose_":
+        return x.transpose_(0, i % x.dim()) if x.dim() else x
+    if name == "unsqueeze_":
+        return x.unsqueeze_(i % (x.dim() + 1))
+    if name == "squeeze_":
+        return x.squeeze_(i % x.dim()) if x.dim() else x
     if name == "setitem":
         if x.dim() == 0:
             x.fill_(i)
