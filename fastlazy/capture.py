@@ -174,14 +174,16 @@ _INDEXING = frozenset(
                                              "index_put"))
 
 
-def _host_index(func, t) -> bool:
-    if t.device.type != "cpu" or t.is_floating_point() or t.is_complex():
-        return False
+def _indexes(func) -> bool:
     while func not in _INDEXING:
         func = getattr(func, "__wrapped__", None)     # (an in-place call's wrapper)
         if func is None:
             return False
     return True
+
+
+def _host_index(t) -> bool:
+    return t.device.type == "cpu" and not t.is_floating_point() and not t.is_complex()
 
 
 def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
@@ -191,7 +193,9 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         raise Unsafe("no LazyTensor argument at the top of a list")
     if len(tensors) > MAX_INPUTS and not nestable:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments")
-    if len({t.device for t in tensors if t.dim() > 0 and not _host_index(func, t)}) > 1:
+    if len({t.device for t in tensors if t.dim() > 0}) > 1 and (
+            not _indexes(func)
+            or len({t.device for t in tensors if t.dim() > 0 and not _host_index(t)}) > 1):
         raise Unsafe("tensors on several devices (eager judges)")
     erased = program_templates.erased_key(func, args, kwargs, tensors) if templates else None
     # 1. the call itself, on fake tensors (eager's checks, the results'

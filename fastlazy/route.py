@@ -51,13 +51,14 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         # (named like an in-place call, but no write: a leaf that requires
         # grad may set it, which the write checks would refuse)
         target = args[0] if args else kwargs.get("self")
-        if type(target) is LazyTensor and target.is_materialized:
+        held = type(target) is LazyTensor and target.is_materialized
+        if held:
             # the pending ops that read the value were recorded with the
             # flag it has now: as in eager, they build no history from a
             # later requires_grad_() (and keep theirs after requires_grad_(False))
             _core.flush_reading(target.to_eager())
         out = run_eagerly(func, name, args, kwargs, False, "sets a flag on the value")
-        if type(target) is LazyTensor and target.is_materialized:
+        if held:
             # its metadata follows (ops recorded on it from now on build
             # autograd history: a compiled graph is a training program)
             _core.rebind_value(target, target.to_eager())

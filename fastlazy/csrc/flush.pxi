@@ -271,22 +271,7 @@ cdef int run_segment_for(LazyTensor t) except -1:
         except Exception as exc:
             if t.seg is not seg or seg.state != SEG_FAILED:
                 raise
-            failure = exc
-        # The graph failed as a whole (an index out of range in another
-        # tensor): this one is computed alone, and where it depends on what
-        # failed, the graph's error is raised (it names the op that failed
-        # and where it was recorded); otherwise its value is eager's, as in
-        # eager, where the error was the other tensor's call's
-        try:
-            value = _hooks.recover(seg, t.idx, seg.error)
-            computed = True
-        except Exception:
-            pass
-        if not computed:
-            raise failure
-        set_value(t, value)
-        t.seg = None
-        return 0
+            failure = exc       # (computed alone below)
     if seg.state == SEG_RUNNING:
         if seg.runner == PyThread_get_thread_ident() or PyThread_get_thread_ident() in _flushing:
             # Read on the thread that runs the segment (a finalizer, weakref
@@ -304,9 +289,22 @@ cdef int run_segment_for(LazyTensor t) except -1:
         with seg.lock:
             pass
     if t.seg is seg and seg.state == SEG_FAILED:
-        # The graph failed as a whole; this tensor may not depend on the
-        # failing part, so compute it alone, node by node.
-        set_value(t, _hooks.recover(seg, t.idx, seg.error))
+        # The graph failed as a whole (an index out of range in another
+        # tensor); this tensor may not depend on the failing part, so
+        # compute it alone, node by node: its value is eager's, where the
+        # error was the other tensor's call's.  Where it does depend on it
+        # and this read ran the graph, the graph's own error is raised (it
+        # names the op that failed and where it was recorded), outside the
+        # handler so that no second error is chained to it.
+        try:
+            value = _hooks.recover(seg, t.idx, seg.error)
+            computed = True
+        except Exception:
+            if failure is None:
+                raise
+        if not computed:
+            raise failure
+        set_value(t, value)
         t.seg = None
     elif t.seg is seg:
         raise SystemError("fastlazy: a flushed segment left a LazyTensor without its value")
