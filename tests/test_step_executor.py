@@ -89,6 +89,68 @@ def test_each_direct_op_gives_eagers_values_on_both_paths(body, eager):
     assert torch.equal(out.detach(), expected) and out.grad_fn is not None
 
 
+# A Python number as a binary op's operand (a graph's lifted float or int
+# input, or a constant): ATen's Scalar overloads, which the executor calls
+# with the number wrapped in self's dtype where that cannot change a value.
+NUMBER_OPS = [
+    ("add", "%a, %n, %one", lambda a, n: torch.add(a, n)),
+    ("sub", "%a, %n, %two", lambda a, n: torch.sub(a, n, alpha=2)),
+    ("mul", "%a, %n", torch.mul),
+    ("div", "%a, %n", torch.div),
+    ("add_", "%a, %n, %one", lambda a, n: a.add_(n)),
+    ("sub_", "%a, %n, %one", lambda a, n: a.sub_(n)),
+    ("mul_", "%a, %n", lambda a, n: a.mul_(n)),
+    ("div_", "%a, %n", lambda a, n: a.div_(n)),
+    ("pow", "%a, %n", torch.pow),
+] + [(op, "%a, %n", getattr(torch, op)) for op in ("eq", "ne", "lt", "le", "gt", "ge")]
+
+# (TorchScript takes no bool as a Scalar: fastlazy emits none)
+NUMBERS = [1.01, -0.0, 1e300, float("nan"), 3, 2**40, -7, 1.5 - 2j]
+NUMBER_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                 torch.int32, torch.uint8, torch.bool, torch.complex64]
+
+
+def _number_graph(op, args, number):
+    """A graph of one op whose number operand %n is an input (a float, int
+    or complex, as a lifted number is)."""
+    consts = ("  %one : int = prim::Constant[value=1]()\n"
+              "  %two : int = prim::Constant[value=2]()\n")
+    kind = {float: "float", int: "int", complex: "complex"}[type(number)]
+    params = f"%a : Tensor, %n : {kind}"
+    return f"graph({params}):\n{consts}  %out : Tensor = aten::{op}({args})\n  return (%out)"
+
+
+@pytest.mark.parametrize("op,args,eager", NUMBER_OPS, ids=[o[0] for o in NUMBER_OPS])
+def test_number_operands_give_eagers_values_dtypes_and_errors(op, args, eager):
+    """Every dtype against numbers that round, overflow, are NaN, -0.0, a
+    large int, a bool or complex: eager's values bit for bit (NaN where
+    eager's is, the sign of a zero included), its dtype, or its error."""
+    program, ran = {}, set()
+    for number in NUMBERS:
+        key = type(number)
+        if key not in program:
+            program[key] = step_executor.compile(_number_graph(op, args, number))
+        for dtype in NUMBER_DTYPES:
+            base = (torch.linspace(-3, 3, 12) * 7).to(dtype)
+            try:
+                expected = eager(base.clone(), number)
+            except Exception as exc:        # noqa: BLE001 - eager's error is the oracle
+                with pytest.raises(type(exc)):
+                    program[key](base.clone(), number)
+                continue
+            out = program[key](base.clone(), number)
+            ran.add(key)
+            where = f"{op} {dtype} {number!r}"
+            assert out.dtype == expected.dtype, where
+            assert torch.equal(out.isnan(), expected.isnan()), where
+            same = (out == expected) | out.isnan()
+            if out.is_floating_point():
+                same &= out.signbit() == expected.signbit()
+            assert bool(same.all()), where
+    for key in ran:     # (lt of a complex number raises in every dtype)
+        assert program[key].calls["direct"] > 0, f"{op} {key.__name__}: no direct call"
+
+
 def test_the_chain_runs_directly_through_fastlazy():
     """The TorchScript backend hands its graphs to the executor; an
     inference chain's runs call the kernels directly and equal eager's."""

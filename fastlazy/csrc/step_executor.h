@@ -22,6 +22,8 @@
 
 #include <Python.h>
 
+#include <ATen/EmptyTensor.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
@@ -41,12 +43,19 @@
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/eq_cpu_dispatch.h>
 #include <ATen/ops/exp_cpu_dispatch.h>
+#include <ATen/ops/ge_cpu_dispatch.h>
 #include <ATen/ops/gelu_cpu_dispatch.h>
+#include <ATen/ops/gt_cpu_dispatch.h>
+#include <ATen/ops/le_cpu_dispatch.h>
+#include <ATen/ops/lt_cpu_dispatch.h>
 #include <ATen/ops/max_pool2d.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/ne_cpu_dispatch.h>
 #include <ATen/ops/neg_cpu_dispatch.h>
+#include <ATen/ops/pow_cpu_dispatch.h>
 #include <ATen/ops/relu_cpu_dispatch.h>
 #include <ATen/ops/rsqrt_cpu_dispatch.h>
 #include <ATen/ops/sigmoid_cpu_dispatch.h>
@@ -124,7 +133,35 @@ inline at::Tensor max_pool2d_step(const at::Tensor& x, const IValue& kernel, con
   return at::max_pool2d(x, k, st, p, d, ceil);
 }
 
+// A Python number operand of a binary op, as the 0-dim "wrapped number"
+// tensor ATen's Scalar overloads make of it (add.Scalar is
+// add(self, wrapped_scalar_tensor(other))).  ATen wraps a float as a double
+// tensor, which TensorIterator then copies to a float32 self's dtype (a
+// .to() of its own: about 1 us of a 2 us call on a small tensor).  Where
+// self is float32 or float64 and the number a float or an int, the number
+// is wrapped in self's dtype at once, converted as that copy converts it
+// (static_cast): the kernel reads the same value (for these dtypes the
+// kernels' math type is self's dtype).  Any other case -- half types, whose
+// kernels read the original double, integer, bool and complex operands --
+// is wrapped as ATen wraps it.
+inline at::Tensor number_operand(const at::Tensor& self, const IValue& v) {
+  const auto dtype = self.scalar_type();
+  if ((dtype == at::kFloat || dtype == at::kDouble) && (v.isDouble() || v.isInt())) {
+    at::Tensor t = at::detail::empty_cpu({}, dtype, /*pin_memory=*/false, std::nullopt);
+    if (dtype == at::kFloat) {
+      *t.data_ptr<float>() = v.isDouble() ? static_cast<float>(v.toDouble())
+                                          : static_cast<float>(v.toInt());
+    } else {
+      *t.data_ptr<double>() = v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+    }
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  }
+  return at::native::wrapped_scalar_tensor(v.toScalar());
+}
+
 #define FL_T(i) f.tensor(s, i)
+#define FL_N(i) number_operand(f.tensor(s, 0), f.at(s.ins[i]))
 #define FL_S(i) f.at(s.ins[i]).toScalar()
 #define FL_FUNCTIONAL(expr) [](Frame& f, const Step& s) { set_out(f, s, expr); }
 #define FL_INPLACE(expr) [](Frame& f, const Step& s) { expr; written(f, s); }
@@ -145,6 +182,29 @@ inline const std::vector<DirectOp>& direct_ops() {
     {"aten::mul_", "Tensor", FL_INPLACE(at::cpu::mul_(self_of(f, s), FL_T(1)))},
     {"aten::div", "Tensor", FL_FUNCTIONAL(at::cpu::div(FL_T(0), FL_T(1)))},
     {"aten::div_", "Tensor", FL_INPLACE(at::cpu::div_(self_of(f, s), FL_T(1)))},
+    {"aten::add", "Scalar", FL_FUNCTIONAL(at::cpu::add(FL_T(0), FL_N(1), FL_S(2)))},
+    {"aten::add_", "Scalar", FL_INPLACE(at::cpu::add_(self_of(f, s), FL_N(1), FL_S(2)))},
+    {"aten::sub", "Scalar", FL_FUNCTIONAL(at::cpu::sub(FL_T(0), FL_N(1), FL_S(2)))},
+    {"aten::sub_", "Scalar", FL_INPLACE(at::cpu::sub_(self_of(f, s), FL_N(1), FL_S(2)))},
+    {"aten::mul", "Scalar", FL_FUNCTIONAL(at::cpu::mul(FL_T(0), FL_N(1)))},
+    {"aten::mul_", "Scalar", FL_INPLACE(at::cpu::mul_(self_of(f, s), FL_N(1)))},
+    {"aten::div", "Scalar", FL_FUNCTIONAL(at::cpu::div(FL_T(0), FL_N(1)))},
+    {"aten::div_", "Scalar", FL_INPLACE(at::cpu::div_(self_of(f, s), FL_N(1)))},
+    // comparisons: ATen's Scalar overloads compare with the wrapped number
+    {"aten::eq", "Scalar", FL_FUNCTIONAL(at::cpu::eq(FL_T(0), FL_N(1)))},
+    {"aten::ne", "Scalar", FL_FUNCTIONAL(at::cpu::ne(FL_T(0), FL_N(1)))},
+    {"aten::lt", "Scalar", FL_FUNCTIONAL(at::cpu::lt(FL_T(0), FL_N(1)))},
+    {"aten::le", "Scalar", FL_FUNCTIONAL(at::cpu::le(FL_T(0), FL_N(1)))},
+    {"aten::gt", "Scalar", FL_FUNCTIONAL(at::cpu::gt(FL_T(0), FL_N(1)))},
+    {"aten::ge", "Scalar", FL_FUNCTIONAL(at::cpu::ge(FL_T(0), FL_N(1)))},
+    {"aten::eq", "Tensor", FL_FUNCTIONAL(at::cpu::eq(FL_T(0), FL_T(1)))},
+    {"aten::ne", "Tensor", FL_FUNCTIONAL(at::cpu::ne(FL_T(0), FL_T(1)))},
+    {"aten::lt", "Tensor", FL_FUNCTIONAL(at::cpu::lt(FL_T(0), FL_T(1)))},
+    {"aten::le", "Tensor", FL_FUNCTIONAL(at::cpu::le(FL_T(0), FL_T(1)))},
+    {"aten::gt", "Tensor", FL_FUNCTIONAL(at::cpu::gt(FL_T(0), FL_T(1)))},
+    {"aten::ge", "Tensor", FL_FUNCTIONAL(at::cpu::ge(FL_T(0), FL_T(1)))},
+    {"aten::pow", "Tensor_Scalar", FL_FUNCTIONAL(at::cpu::pow(FL_T(0), FL_S(1)))},
+    {"aten::pow", "Tensor_Tensor", FL_FUNCTIONAL(at::cpu::pow(FL_T(0), FL_T(1)))},
     {"aten::neg", "", FL_FUNCTIONAL(at::cpu::neg(FL_T(0)))},
     {"aten::neg_", "", FL_INPLACE(at::cpu::neg_(self_of(f, s)))},
     {"aten::exp", "", FL_FUNCTIONAL(at::cpu::exp(FL_T(0)))},
@@ -172,6 +232,7 @@ inline const std::vector<DirectOp>& direct_ops() {
 }
 
 #undef FL_T
+#undef FL_N
 #undef FL_S
 #undef FL_FUNCTIONAL
 #undef FL_INPLACE
