@@ -44,6 +44,7 @@ cdef extern from "step_executor.h" namespace "fastlazy" nogil:
         long long direct_calls()
         long long boxed_calls()
         bint read_fast()
+        bint releases_gil()
 
     object run_program "fastlazy_run" (CStepProgram& program, tuple args) with gil
 
@@ -98,6 +99,12 @@ cdef class StepProgram:
         """Was the IR read by the executor's own reader (csrc/ir_reader.h),
         not by torch's parseIR?"""
         return self.program.get().read_fast()
+
+    @property
+    def releases_gil(self):
+        """Will the next run let go of the GIL?  Only where the last run
+        took at least 100 us (csrc/step_executor.h: RELEASE_GIL_AFTER_NS)."""
+        return self.program.get().releases_gil()
 
     @property
     def direct_steps(self):

@@ -91,9 +91,21 @@ class Engine:
         # of a few milliseconds is compiled after hot_after runs; a 0.5 ms
         # one after 200.
         self.hot_seconds = float(os.environ.get("FASTLAZY_HOT_SECONDS", "0.1"))
+        # ... and those runs must have taken this long each, on average.
+        # A compiled program's call costs more than the fast tier's on a
+        # graph of a few small ops (inductor's wrapper and guards: a
+        # five-op graph on 64 floats ran 3 us slower compiled), so such a
+        # graph is never kept compiled, and its compile only costs the
+        # user's thread: a loop reading one value per iteration ran at
+        # 0.65x eager's speed for the 20 s its 3-us graph was compiling.
+        # A graph whose runs lengthen (larger inputs, shape-generic) is
+        # judged again on each new window of hot_seconds.
+        self.hot_min_run = float(os.environ.get("FASTLAZY_HOT_MIN_RUN_US", "10")) * 1e-6
 
 
 ENGINE = Engine()
+
+_TOO_SHORT = "fast (runs too short to repay a compile)"
 
 class TieredProgram:
     """A Program (slots, call, single, source, run) whose `call` moves from
@@ -109,6 +121,8 @@ class TieredProgram:
         self.tier = "fast"
         self.runs = 0
         self.fast_seconds = 0.0     # the fast tier's runs until its compile is queued
+        # (runs, fast_seconds) where the window judged for a compile began
+        self._window = (0, 0.0)
         self.compile_seconds = None
         self.error = None
         self.fast_run_seconds = self.compiled_run_seconds = None
@@ -163,9 +177,15 @@ class TieredProgram:
         start = time.perf_counter()
         out = self._fast(*inputs)
         self.fast_seconds += time.perf_counter() - start
-        if self.runs >= ENGINE.hot_after and self.fast_seconds >= ENGINE.hot_seconds:
-            self._dtypes = _dtypes(out)
-            self._submit(inputs)
+        if self.runs >= ENGINE.hot_after and self.fast_seconds - self._window[1] >= ENGINE.hot_seconds:
+            runs, seconds = self.runs - self._window[0], self.fast_seconds - self._window[1]
+            if seconds < ENGINE.hot_min_run * runs:
+                # too short to repay a compile: judged again after the next window
+                self._window = (self.runs, self.fast_seconds)
+                self.tier = _TOO_SHORT
+            else:
+                self._dtypes = _dtypes(out)
+                self._submit(inputs)
         return out
 
     def _pack(self, inputs):
@@ -658,7 +678,7 @@ def runs_until_hot(programs) -> int:
     for p in programs:
         if isinstance(p, TieredProgram) and p.tier == "fast" and p.runs:
             mean = p.fast_seconds / p.runs
-            seconds = ENGINE.hot_seconds - p.fast_seconds
+            seconds = ENGINE.hot_seconds - (p.fast_seconds - p._window[1])
             by_time = int(seconds / mean) + 1 if seconds > 0 and mean > 0 else 0
             needed = max(needed, ENGINE.hot_after - p.runs, by_time)
     return needed

@@ -27,6 +27,7 @@ def auto(monkeypatch):
     fastlazy.set_backend("auto")
     monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
     monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
+    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
     graph_cache.clear()
     fastlazy.metrics.reset()
@@ -119,6 +120,7 @@ FORKED = textwrap.dedent("""
     from fastlazy import compile_process, tiering
     fastlazy.enable(backend="auto")
     tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
+    tiering.ENGINE.hot_min_run = 0.0
     a = torch.randn(8, 16)
 
     def settle(f):

@@ -2,6 +2,8 @@
 backend's graphs run step by step, ATen's CPU kernels called directly where
 a run's inputs allow, and every other run as the interpreter would run it.
 Eager is the oracle, bit for bit (the same kernels run)."""
+import time
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -295,6 +297,38 @@ def test_dead_intermediates_are_released_during_the_run():
         expected = expected + b
     assert torch.equal(out, expected * b)
     assert max(peak) <= 6, max(peak)
+
+
+def test_a_run_lets_go_of_the_gil_only_where_the_last_run_was_long():
+    """A first run, and a run after one of at least 100 us, let other
+    threads run Python meanwhile; a run after a short one keeps the GIL
+    (handing it over costs such a run more than it could give)."""
+    import threading
+    program = step_executor.compile(graph("  %out : Tensor = aten::mm(%a, %b)"))
+    small, big = torch.rand(4, 4), torch.rand(1200, 1200)
+    assert program.releases_gil
+    for _ in range(3):          # (a first run pays one-time costs)
+        program(small, small)
+    assert not program.releases_gil
+    program(big, big)
+    assert program.releases_gil
+    counted, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            counted[0] += 1
+    other = threading.Thread(target=count)
+    other.start()
+    try:
+        time.sleep(0.05)
+        before = counted[0]
+        out = program(big, big)             # tens of milliseconds, without the GIL
+        during = counted[0] - before
+    finally:
+        stop.set()
+        other.join()
+    assert torch.equal(out, big @ big)
+    assert during > 0
 
 
 def test_threads_run_one_program_at_once():

@@ -34,6 +34,7 @@ def auto(monkeypatch):
     fastlazy.set_backend("auto")
     monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
     monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
+    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
     graph_cache.clear()
     fastlazy.metrics.reset()
     yield
@@ -198,6 +199,42 @@ def test_a_graph_is_compiled_once_its_runs_add_up_to_hot_seconds(auto, scripted,
     assert compiler.compiled.wait(30)
     assert fastlazy.metrics.counters()["tier_compiles_queued"] == 1
     assert tiering.runs_until_hot(graph_cache.programs.values()) == 0
+
+
+def test_a_graph_of_short_runs_is_compiled_only_once_its_runs_lengthen(auto, scripted,
+                                                                         monkeypatch):
+    """A graph whose fast-tier runs average under hot_min_run stays on the
+    fast tier, its compile never queued (a compiled program's call costs
+    more than such a run); once its runs take longer (larger inputs), the
+    next window of runs sends it to the compiler."""
+    compiler = scripted()
+    delay = [0.0]
+    real = backends.get("torchscript").compile
+
+    def lengthening(view):
+        program = real(view)
+        inner = program.call
+
+        def call(*inputs):
+            time.sleep(delay[0])
+            return inner(*inputs)
+        program.call = call
+        program._first_call = None
+        return program
+    monkeypatch.setattr(backends.get("torchscript"), "compile", lengthening)
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 3)
+    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.005)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    for _ in range(8):
+        torch.testing.assert_close(run(a, b, 1.0), graph(a, b, 1.0))
+    assert only_tier()["tier"] == tiering._TOO_SHORT
+    assert fastlazy.metrics.counters()["tier_compiles_queued"] == 0
+    assert tiering.runs_until_hot(graph_cache.programs.values()) == 0
+    delay[0] = 0.01
+    torch.testing.assert_close(run(a, b, 1.0), graph(a, b, 1.0))
+    assert compiler.compiled.wait(30)
+    assert fastlazy.metrics.counters()["tier_compiles_queued"] == 1
+    torch.testing.assert_close(run(a, b, 1.0), graph(a, b, 1.0))
 
 
 def test_a_slower_compiled_program_is_dropped(auto, scripted):
@@ -438,6 +475,7 @@ def test_a_program_does_not_wait_at_exit_for_the_compile_process():
 
         compile_process._ensure_child = never_answering_child
         tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
+        tiering.ENGINE.hot_min_run = 0.0
         fastlazy.enable(backend="auto")
         x = torch.randn(4, 8)
         for _ in range(2):
@@ -466,6 +504,7 @@ def test_a_program_that_ends_during_a_compile_exits_cleanly(delay):
         import time, torch, fastlazy
         from fastlazy import tiering
         tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
+        tiering.ENGINE.hot_min_run = 0.0
         fastlazy.enable(backend="auto")
         for k in range(4):                 # four graphs queued for compiles
             x = torch.randn(4, 8)
@@ -974,6 +1013,7 @@ FORKED_DURING_A_COMPILE = textwrap.dedent("""
     import os, torch, fastlazy
     from fastlazy import graph_cache, tiering
     tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds = 1, 0.0
+    tiering.ENGINE.hot_min_run = 0.0
     fastlazy.enable(backend="auto")
     a = torch.randn(6, 7)
 

@@ -64,6 +64,8 @@
 #include <ATen/ops/tanh_cpu_dispatch.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -262,6 +264,16 @@ inline c10::DispatchKeySet plain_cpu_keys() {
 
 enum InputKind : int8_t { IN_TENSOR, IN_INT, IN_FLOAT, IN_COMPLEX };
 
+// A run lets go of the GIL only where the program's last run took at least
+// this long (and on its first run).  Letting go hands the GIL to any
+// thread that wants it -- fastlazy's own compile thread while a compile is
+// under way -- and taking it back waits until that thread lets go in turn
+// (the compile thread runs up to 200 us at a time: compile_worker.RUN_US).
+// For a run of a few microseconds (a loop that reads a value each
+// iteration) that wait was 15 % of the loop's time, and what another
+// thread could do meanwhile is as short as the run itself.
+constexpr int64_t RELEASE_GIL_AFTER_NS = 100000;
+
 class StepProgram {
  public:
   explicit StepProgram(const std::string& ir) {
@@ -276,6 +288,12 @@ class StepProgram {
   int64_t direct_steps() const { return direct_steps_; }
   int64_t direct_calls() const { return direct_calls_; }
   int64_t boxed_calls() const { return boxed_calls_; }
+
+  // Will the next run let go of the GIL (RELEASE_GIL_AFTER_NS)?
+  bool releases_gil() const {
+    int64_t last = last_run_ns_.load(std::memory_order_relaxed);
+    return last < 0 || last >= RELEASE_GIL_AFTER_NS;
+  }
 
   // args: a tuple of the graph's inputs in order.  A new reference to the
   // graph's output (a tensor, or a tuple of them), or NULL with the Python
@@ -321,11 +339,17 @@ class StepProgram {
       }
     }
     IValue out;
-    {
+    const auto start = std::chrono::steady_clock::now();
+    if (releases_gil()) {
       pybind11::gil_scoped_release no_gil;
       execute(f, direct);
-      out = std::move(f.regs[output_]);
+    } else {
+      execute(f, direct);
     }
+    out = std::move(f.regs[output_]);
+    last_run_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start).count(),
+                       std::memory_order_relaxed);
     return wrap(out);
     END_HANDLE_TH_ERRORS
   }
@@ -343,6 +367,7 @@ class StepProgram {
   int64_t direct_calls_ = 0;
   int64_t boxed_calls_ = 0;
   bool read_fast_ = false;
+  std::atomic<int64_t> last_run_ns_{-1};   // -1: never run
 
   static bool direct_allowed() {
     auto tls = c10::impl::tls_local_dispatch_key_set();
