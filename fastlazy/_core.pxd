@@ -385,8 +385,6 @@ cdef class Hooks:
     # (func, args, kwargs) -> (True, result) where its body was run and
     # recorded, (False, None) where it is to be recorded whole
     cdef public object run_body
-    # a graph was computed for a reason other than mark_step: (reason name)
-    cdef public object note_flush
     # the exception the generic path's signatures raise for a call they do
     # not describe, and the argument types that describe themselves
     cdef public object unsafe

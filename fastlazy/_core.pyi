@@ -156,7 +156,6 @@ class Hooks:
     graph_failed: Callable[..., Any]
     site_of_call: Callable[[], str]
     run_body: Callable[..., tuple[bool, Any]]
-    note_flush: Callable[[str], None]
     unsafe: type
     atoms: Any
     forget_signatures: Callable[[], None]
@@ -186,6 +185,7 @@ def record_generic(lowering: int, inputs: tuple, outs: list, detach: bool,
 def signature_key(func: Any, args: tuple, kwargs: dict, tensors: list, ruled: bool,
                   autocast: Any) -> tuple: ...
 def set_tensor_reader(capsule: Any) -> None: ...
+def set_flush_sites(counts: dict, codes: dict, skip: tuple[str, ...]) -> None: ...
 def tensor_reader_installed() -> bool: ...
 def eager_operand_facts(
     x: torch.Tensor,

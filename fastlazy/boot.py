@@ -39,7 +39,6 @@ def hooks() -> _core.Hooks:
         graph_failed=functools.partial(failures.graph_failed, backends.get("eager")),
         site_of_call=sites.site_of_call,
         run_body=python_bodies.run_body,
-        note_flush=metrics.note_flush,
         unsafe=capture.Unsafe,
         atoms=generic.ATOMS,
     )
@@ -51,6 +50,7 @@ def boot() -> None:
         return
     _core.install(hooks())
     _core.set_tensor_reader(step_executor.tensor_reader())
+    metrics.count_flush_sites()
     optable.register(_core.register_op)
     host_checks.define()
     detached_writes.define()

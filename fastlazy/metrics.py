@@ -20,9 +20,10 @@ fallback_reasons: collections.Counter = collections.Counter()   # (op, reason) -
 compile_seconds: list[float] = []
 recompile_reasons: collections.Counter = collections.Counter()
 # (reason, id(code), instruction offset) -> graphs computed there other
-# than by mark_step (flushes_by_site() names the sites as file:line); the
-# codes themselves, by id, in _flush_codes (note_flush says why)
-_flush_sites: collections.Counter = collections.Counter()
+# than by mark_step, counted by the core (csrc/flush_sites.pxi says why it
+# is keyed so; flushes_by_site() names the sites as file:line); the codes
+# themselves, by id, in _flush_codes
+_flush_sites: dict = {}
 _flush_codes: dict = {}
 _events: collections.Counter = collections.Counter()    # count_event's names
 # set by the boot: the graph cache's per-graph tiers (fastlazy.tiering) as
@@ -49,25 +50,21 @@ def count_fallback(name: str, reason: str = "") -> None:
             fallback_reasons[name, reason] += 1
 
 
-def note_flush(reason: str) -> None:
-    """A graph was computed because of `reason` (a value read, a full
-    buffer, an eager write...) at the user's current line."""
-    code, offset = sites.where_called(2)
-    # keyed by the code's id (a code object's hash reads all of its
-    # bytecode and constants: tens of microseconds for a long function);
-    # _flush_codes keeps each code alive, so that its id stays its own
-    with _lock:
-        _flush_sites[reason, id(code), offset] += 1
-        _flush_codes[id(code)] = code
+def count_flush_sites() -> None:
+    """Have the core count where graphs are computed (flushes_by_site)."""
+    _core.set_flush_sites(_flush_sites, _flush_codes, sites.SKIP)
 
 
 def flushes_by_site() -> collections.Counter:
     """(reason, "file:line") -> graphs computed there other than by
     mark_step() since the last reset()."""
     found = collections.Counter()
-    with _lock:
-        for (reason, code, offset), n in _flush_sites.items():
-            found[reason, sites.site_name(_flush_codes[code], offset)] += n
+    # the core counts without a lock, holding the GIL: the items are copied
+    # in one C call (a loop over the dict itself could see it grow), and
+    # each count's code was stored before its count
+    codes = _flush_codes.copy()
+    for (reason, code, offset), n in list(_flush_sites.items()):
+        found[reason, sites.site_name(codes[code], offset)] += n
     return found
 
 

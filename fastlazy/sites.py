@@ -8,7 +8,7 @@ import torch
 
 # directories with their separator: a user's fastlazy_demo.py beside the
 # package is not inside it
-_SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
          os.path.dirname(torch.__file__) + os.sep)
 
 
@@ -20,12 +20,10 @@ def site_of_call() -> str:
 def where_called(depth: int = 1):
     """(code object, instruction offset) of the first frame outside
     fastlazy and torch above the caller `depth` frames up; (None, 0) if
-    there is none.  What a counter bumped at every flush keys by: no string
-    is made and no line looked up -- a frame's f_lineno scans its code's
-    line table from the start, a few microseconds in a long function, paid
-    at every flush for a name read rarely (site_name makes it)."""
+    there is none; site_name makes it 'file:line'.  (The core finds each
+    flush's site the same way, in C: csrc/flush_sites.pxi.)"""
     frame = sys._getframe(depth)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
+    while frame is not None and frame.f_code.co_filename.startswith(SKIP):
         frame = frame.f_back
     if frame is None:
         return None, 0

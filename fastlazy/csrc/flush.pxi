@@ -143,7 +143,7 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
     if reason != REASON_MARK_STEP:
         # a read (or a full buffer) split the program here: where, is
         # what a user needs to remove the split (metrics.explain)
-        _hooks.note_flush(REASON_NAMES[reason])
+        note_flush_site(REASON_NAMES[reason])
     key, slot_order = canonical_key(seg, outs)
     cdef int now = default_float()
     if seg.default_dtype == -1 or now == seg.default_dtype:
