@@ -59,7 +59,9 @@ PROGRAMS = {
     """,
     # Python run while fastlazy holds one of its own locks (a trace
     # function stands in for a finalizer there): the read flushes, which
-    # takes that lock again on the same thread
+    # takes that lock again on the same thread.  Each read computes a new
+    # graph (a chain one op longer each time): its compile path takes
+    # fastlazy's locks, where a cache hit runs in C and takes none.
     "inside_locks": """
         box = {}
         def tracer(frame, event, arg):
@@ -75,7 +77,10 @@ PROGRAMS = {
         try:
             for i in range(20):
                 box["t"] = (fastlazy.lazy(torch.ones(4)) + i, 4.0 * (i + 1))
-                (fastlazy.lazy(torch.ones(2)) * i).to_eager()
+                y = fastlazy.lazy(torch.ones(2))
+                for _ in range(i + 1):
+                    y = y * 2
+                y.to_eager()
         finally:
             sys.settrace(None)
         assert len(seen) == 20, seen
