@@ -59,12 +59,16 @@ def flushes_by_site() -> collections.Counter:
     """(reason, "file:line") -> graphs computed there other than by
     mark_step() since the last reset()."""
     found = collections.Counter()
-    # the core counts without a lock, holding the GIL: the items are copied
-    # in one C call (a loop over the dict itself could see it grow), and
-    # each count's code was stored before its count
+    # The core counts without a lock, holding the GIL, a site's code stored
+    # before its count: the counts are copied in one C call (a loop over
+    # the dict itself could see it grow), then the codes, which then hold
+    # every copied count's code -- but for a count reset() has not cleared
+    # yet, whose code it has (left out here, as the reset will leave it out)
+    counts = list(_flush_sites.items())
     codes = _flush_codes.copy()
-    for (reason, code, offset), n in list(_flush_sites.items()):
-        found[reason, sites.site_name(codes[code], offset)] += n
+    for (reason, code, offset), n in counts:
+        if code in codes:
+            found[reason, sites.site_name(codes[code], offset)] += n
     return found
 
 
@@ -179,8 +183,9 @@ def reset() -> None:
         fallback_reasons.clear()
         compile_seconds.clear()
         recompile_reasons.clear()
-        _flush_sites.clear()
+        # (codes first: a count the core adds in between keeps its code)
         _flush_codes.clear()
+        _flush_sites.clear()
         _events.clear()
     recompiles.reset()
     _steps.reset_kernel_calls()

@@ -8,7 +8,9 @@ A graph's life:
    interpreter; the native executor for a graph the graph cache's policy
    sends there), which takes milliseconds, and runs it.
 2. compiling -- once it has run `hot_after` times and its fast-tier runs
-   add up to `hot_seconds`, the graph is handed to the compile thread
+   add up to `hot_seconds`, at an average of at least `hot_min_run` (a
+   graph of shorter runs is judged again after its next `hot_seconds` of
+   runs), the graph is handed to the compile thread
    (fastlazy.compile_worker), compiled by inductor for the shapes of that
    run.  Calls meanwhile run the fast tier: none waits.
 3. probation -- once the compile is done, the next calls run each
@@ -107,6 +109,7 @@ ENGINE = Engine()
 
 _TOO_SHORT = "fast (runs too short to repay a compile)"
 
+
 class TieredProgram:
     """A Program (slots, call, single, source, run) whose `call` moves from
     the fast tier to the compiled one.  `single` is always False: every
@@ -177,9 +180,9 @@ class TieredProgram:
         start = time.perf_counter()
         out = self._fast(*inputs)
         self.fast_seconds += time.perf_counter() - start
-        if self.runs >= ENGINE.hot_after and self.fast_seconds - self._window[1] >= ENGINE.hot_seconds:
-            runs, seconds = self.runs - self._window[0], self.fast_seconds - self._window[1]
-            if seconds < ENGINE.hot_min_run * runs:
+        window = self.fast_seconds - self._window[1]
+        if self.runs >= ENGINE.hot_after and window >= ENGINE.hot_seconds:
+            if window < ENGINE.hot_min_run * (self.runs - self._window[0]):
                 # too short to repay a compile: judged again after the next window
                 self._window = (self.runs, self.fast_seconds)
                 self.tier = _TOO_SHORT
@@ -673,7 +676,8 @@ def forget_compiles_after_fork(programs):
 def runs_until_hot(programs) -> int:
     """How many more runs the graphs of `programs` still on the fast tier,
     their compiles not yet queued, need to reach both thresholds, at their
-    mean run time so far (the most any one needs)."""
+    mean run time so far (the most any one needs).  A graph whose runs were
+    judged too short to compile is not waited for."""
     needed = 0
     for p in programs:
         if isinstance(p, TieredProgram) and p.tier == "fast" and p.runs:

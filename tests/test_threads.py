@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -67,3 +68,36 @@ def test_a_thread_reads_a_tensor_another_left_pending(lazy_on):
     assert _core.pending_nodes() == 0
     y = x * 5                           # this thread records on, in a fresh segment
     assert torch.equal(y.to_eager(), torch.arange(4.0) * 10)
+
+
+def test_flush_sites_read_and_reset_while_another_thread_flushes():
+    """The core counts each read's site without a lock: explain()'s table
+    read and metrics.reset() on one thread while another thread reads
+    values at new sites raise nothing and name only real sites."""
+    stop, errors = threading.Event(), []
+
+    def reads():
+        x = fastlazy.lazy(torch.ones(3))
+        try:
+            while not stop.is_set():
+                for k in range(20):         # a different code offset each time
+                    exec(f"float((x * {k}).sum())", {"x": x})
+        except Exception as exc:            # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)         # the threads switch as often as they can
+    other = threading.Thread(target=reads)
+    other.start()
+    try:
+        deadline = time.perf_counter() + 1.0
+        while time.perf_counter() < deadline:
+            fastlazy.metrics.flushes_by_site()
+            fastlazy.metrics.reset()
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    sites = fastlazy.metrics.flushes_by_site()
+    assert all(name != "<unknown>" for _, name in sites), sites

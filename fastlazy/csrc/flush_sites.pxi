@@ -41,8 +41,9 @@ cdef int note_flush_site(str reason) except -1:
         frame = frame.f_back
     if frame is None:
         code = None
-    key = (reason, id(code), offset)
-    _site_counts[key] = _site_counts.get(key, 0) + 1
+    # the code before its count: metrics.flushes_by_site reads them so
     if id(code) not in _site_codes:
         _site_codes[id(code)] = code
+    key = (reason, id(code), offset)
+    _site_counts[key] = _site_counts.get(key, 0) + 1
     return 0
