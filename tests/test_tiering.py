@@ -117,15 +117,17 @@ def only_tier():
 
 
 def _slow_fast_tier(monkeypatch, seconds):
-    """The fast tier's runs made `seconds` slower."""
+    """The fast tier's runs made `seconds` slower (a number, or a function
+    giving it at each run)."""
     real = backends.get("torchscript").compile
+    delay = seconds if callable(seconds) else (lambda: seconds)
 
     def slow(view):
         program = real(view)
         inner = program.call
 
         def call(*inputs):
-            time.sleep(seconds)
+            time.sleep(delay())
             return inner(*inputs)
         program.call = call
         program._first_call = None
@@ -209,19 +211,7 @@ def test_a_graph_of_short_runs_is_compiled_only_once_its_runs_lengthen(auto, scr
     next window of runs sends it to the compiler."""
     compiler = scripted()
     delay = [0.0]
-    real = backends.get("torchscript").compile
-
-    def lengthening(view):
-        program = real(view)
-        inner = program.call
-
-        def call(*inputs):
-            time.sleep(delay[0])
-            return inner(*inputs)
-        program.call = call
-        program._first_call = None
-        return program
-    monkeypatch.setattr(backends.get("torchscript"), "compile", lengthening)
+    _slow_fast_tier(monkeypatch, lambda: delay[0])
     monkeypatch.setattr(tiering.ENGINE, "hot_after", 3)
     monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.005)
     a, b = torch.randn(4, 5), torch.randn(4, 5)

@@ -34,13 +34,10 @@ cdef int note_flush_site(str reason) except -1:
     frame = None if top == NULL else <object><PyObject *>top
     code, offset = None, 0
     while frame is not None:
-        code = frame.f_code
-        if not code.co_filename.startswith(_site_skip):
-            offset = frame.f_lasti
+        if not frame.f_code.co_filename.startswith(_site_skip):
+            code, offset = frame.f_code, frame.f_lasti
             break
         frame = frame.f_back
-    if frame is None:
-        code = None
     # the code before its count: metrics.flushes_by_site reads them so
     if id(code) not in _site_codes:
         _site_codes[id(code)] = code
