@@ -7,7 +7,7 @@ falls on both alike.  report.py times each contender in a run of its own,
 one after the other, which suits absolute times and first calls; this
 script is the judge of the ratios.
 
-Per W4 row (batch 1): the module built once; eager's step and fastlazy's
+Per W4 row (batch 1, or --batch 8): the module built once; eager's step and fastlazy's
 (the default engine) as report.py makes them (workloads.Contender.w4_step),
 warmed up, fastlazy's settled (every hot graph compiled in the background and
 its tier chosen); then ROUNDS rounds of a block of each (at least MIN_CALLS
@@ -21,7 +21,7 @@ the graphs' shapes do not change).  (Until f1011d6 the calls alternated one
 by one, which slowed eager's: see _round.)
 
     python benchmarks/w4_interleaved.py [--models resnet18,gpt2] [--modes infer,train]
-        [--rounds 5] [--out FILE]
+        [--batch 1] [--rounds 5] [--out FILE]
 """
 from __future__ import annotations
 
@@ -63,11 +63,11 @@ def _round(steps, seconds: float, calls: int) -> list[list[float]]:
     return times
 
 
-def measure(name: str, mode: str, rounds: int) -> dict:
+def measure(name: str, mode: str, rounds: int, batch: int = 1) -> dict:
     """eager's and fastlazy's round medians (seconds), the ratios of
     eager's to fastlazy's, and fastlazy's tiers once settled."""
     import fastlazy
-    model, size = zoo.MODELS[name], zoo.SIZES[1]
+    model, size = zoo.MODELS[name], zoo.SIZES[batch]
     x, target = model.inputs(size)
     module = model.build(size, mode)
     eager = workloads.contender_named("eager")
@@ -93,13 +93,14 @@ def measure(name: str, mode: str, rounds: int) -> dict:
             medians["eager"].append(statistics.median(e))
             medians["fastlazy"].append(statistics.median(f))
     ratios = [e / f for e, f in zip(medians["eager"], medians["fastlazy"])]
-    return {"model": name, "mode": mode, "medians": medians, "ratios": ratios, "tiers": tiers}
+    return {"model": name, "mode": mode, "batch": batch, "medians": medians, "ratios": ratios,
+            "tiers": tiers}
 
 
 def _row(r: dict) -> str:
     ratios = r["ratios"]
     what = "inference" if r["mode"] == zoo.INFER else "training step"
-    return (f"| W4 {r['model']} batch 1 {what} "
+    return (f"| W4 {r['model']} batch {r['batch']} {what} "
             f"| {statistics.median(r['medians']['eager']) * 1e3:.3g} ms "
             f"| {statistics.median(r['medians']['fastlazy']) * 1e3:.3g} ms "
             f"| **{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) "
@@ -112,6 +113,7 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     zoo.table_options(parser, ROUNDS)
     parser.add_argument("--modes", default=f"{zoo.INFER},{zoo.TRAIN}")
+    parser.add_argument("--batch", type=int, default=1, choices=sorted(zoo.SIZES))
     args = parser.parse_args(argv)
     zoo.ready_to_time()
     lines = ["| workload | eager (median call) | fastlazy[auto] (median call) "
@@ -121,7 +123,7 @@ def main(argv=None) -> None:
     for name in args.models.split(","):
         for mode in zoo.MODELS[name].modes:
             if mode in args.modes.split(","):
-                results.append(measure(name, mode, args.rounds))
+                results.append(measure(name, mode, args.rounds, args.batch))
                 lines.append(_row(results[-1]))
                 print(lines[-1], file=sys.stderr, flush=True)
     lines.append("")

@@ -118,9 +118,8 @@ def disable() -> None:
 
 
 def enabled() -> Enabled:
-    """Whether torch's entry points are patched: true or false (``if
-    fastlazy.enabled():``); ``with fastlazy.enabled():`` enables fastlazy for
-    a block, as ``with fastlazy.enable():`` does."""
+    """Whether torch's entry points are patched (``if fastlazy.enabled():``);
+    ``with fastlazy.enabled():`` enables fastlazy for a block."""
     return Enabled(_patched())
 
 

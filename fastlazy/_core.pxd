@@ -389,6 +389,9 @@ cdef class Hooks:
     # not describe, and the argument types that describe themselves
     cdef public object unsafe
     cdef public object atoms
+    # LazyTensor.backward runs the engine inside backward_scope(), a
+    # context manager (fastlazy.cpu_pool.scope: large buffers pooled)
+    cdef public object backward_scope
 
 
 # -- functions the parts share --

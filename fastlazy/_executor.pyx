@@ -1,6 +1,8 @@
 # distutils: language = c++
-"""The step executor (csrc/step_executor.h): a graph in TorchScript IR run
-step by step, ATen's CPU kernels called directly where they can be.  Built
+"""fastlazy's C++ against ATen's headers: the step executor
+(csrc/step_executor.h: a graph in TorchScript IR run step by step, ATen's
+CPU kernels called directly where they can be), the packed convolution op,
+and the pool of CPU buffers for recorded backwards (csrc/cpu_pool.h).  Built
 only where torch was importable when fastlazy was built (see
 fastlazy/step_executor.py, which loads it)."""
 from cpython.object cimport PyObject
@@ -8,6 +10,7 @@ from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int64_t
 from libcpp.memory cimport shared_ptr, make_shared
 from libcpp.string cimport string
+from libcpp.vector cimport vector
 
 
 cdef extern from *:
@@ -117,3 +120,70 @@ cdef class StepProgram:
         "boxed": through the dispatcher}."""
         return {"direct": self.program.get().direct_calls(),
                 "boxed": self.program.get().boxed_calls()}
+
+
+cdef extern from "cpu_pool_scope.h":
+    ctypedef struct fl_cpu_pool_scope:
+        pass
+    const char *FL_CPU_POOL_CAPSULE
+
+
+cdef extern from "cpu_pool.h" namespace "fastlazy::cpu_pool":
+    const fl_cpu_pool_scope scope_functions
+    void c_pool_enter "fastlazy::cpu_pool::enter_scope" () except +
+    void c_pool_exit "fastlazy::cpu_pool::exit_scope" ()
+    bint c_pool_installed "fastlazy::cpu_pool::installed" ()
+    bint c_pool_refused "fastlazy::cpu_pool::refused" ()
+    void c_pool_set_cap "fastlazy::cpu_pool::set_cap" (size_t) except +
+    void c_pool_empty "fastlazy::cpu_pool::empty" () except +
+    void c_pool_after_fork "fastlazy::cpu_pool::after_fork" ()
+    vector[int64_t] c_pool_stats "fastlazy::cpu_pool::stats" () except +
+
+
+def cpu_pool_scope():
+    """The pool's enter and exit functions (csrc/cpu_pool_scope.h), in a
+    capsule for fastlazy._core.set_cpu_pool_scope: the core enters the
+    scope around each graph run."""
+    return PyCapsule_New(<void *>&scope_functions, FL_CPU_POOL_CAPSULE, NULL)
+
+
+def cpu_pool_enter():
+    """This thread's large CPU allocations come from the pool until the
+    matching cpu_pool_exit() (the first scope puts the pool's allocator in
+    front of torch's)."""
+    c_pool_enter()
+
+
+def cpu_pool_exit():
+    c_pool_exit()
+
+
+def cpu_pool_installed():
+    """Is the pool's allocator in front of torch's?"""
+    return c_pool_installed()
+
+
+def cpu_pool_refused():
+    """Did the first scope find that the pool's allocator cannot stand in
+    front of torch's (another one installed above torch's priority)?"""
+    return c_pool_refused()
+
+
+def cpu_pool_set_cap(size_t cap):
+    """Keep at most `cap` bytes of idle blocks (0: the pool is off)."""
+    c_pool_set_cap(cap)
+
+
+def cpu_pool_empty():
+    c_pool_empty()
+
+
+def cpu_pool_after_fork():
+    c_pool_after_fork()
+
+
+def cpu_pool_stats():
+    """The pool's counts (csrc/cpu_pool.h: stats)."""
+    cdef vector[int64_t] s = c_pool_stats()
+    return dict(zip(("hits", "misses", "returned", "given_back", "idle_bytes", "in_use",
+                     "cap"), s))

@@ -16,7 +16,8 @@
   (gradcheck's UndefinedGrad, DelayedError) read their argument as a
   tensor: their call runs on the value.
 - torch.autograd.backward: its LazyTensor arguments (an eager output's
-  lazy gradient) are read first.
+  lazy gradient) are read first.  A backward of LazyTensors takes its
+  large CPU buffers from fastlazy.cpu_pool, as torch.autograd.grad's does.
 - torch.autograd.grad: a gradient is lazy where its input is, and a plain
   tensor for an eager input, as eager returns (code that checks
   `type(g) is torch.Tensor`, gradcheck, must see eager's types).
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy import fallback
+from fastlazy import cpu_pool, fallback
 from fastlazy._core import LazyTensor, lazy_or_eager
 
 
@@ -73,6 +74,8 @@ def _backward_on_values(original):
     def backward(*args, **kwargs):
         if _has_lazy(args) or _has_lazy(kwargs.values()):
             args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
+            with cpu_pool.scope():
+                return original(*args, **kwargs)
         return original(*args, **kwargs)
 
     backward.__doc__ = original.__doc__
@@ -174,7 +177,9 @@ def grad(func, args, kwargs):
     if create_graph and on_create_graph is not None:
         on_create_graph()
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-    out = func(*fallback.materialize(args), **fallback.materialize(kwargs))
+    args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
+    with cpu_pool.scope():
+        out = func(*args, **kwargs)
     if isinstance(out, dict):
         return {k: _like(inputs[k], g) for k, g in out.items()}
     if type(inputs) is LazyTensor or isinstance(inputs, torch.Tensor):

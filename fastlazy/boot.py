@@ -13,6 +13,7 @@ import functools
 import os
 
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
+                      cpu_pool,
                       detached_writes, failures, fx_threads, generic, graph_cache, host_checks,
                       inference_saves, lazy_device, metrics, mutation, optable, python_bodies,
                       recompiles, route, sites, step_executor, tensor_methods, tiering,
@@ -41,6 +42,7 @@ def hooks() -> _core.Hooks:
         run_body=python_bodies.run_body,
         unsafe=capture.Unsafe,
         atoms=generic.ATOMS,
+        backward_scope=cpu_pool.scope,
     )
 
 
@@ -50,6 +52,7 @@ def boot() -> None:
         return
     _core.install(hooks())
     _core.set_tensor_reader(step_executor.tensor_reader())
+    cpu_pool.configure()
     metrics.count_flush_sites()
     optable.register(_core.register_op)
     host_checks.define()
@@ -81,6 +84,7 @@ def _after_fork():
     tiering.forget_compiles_after_fork(list(graph_cache.programs.values()))
     inductor.new_lock_after_fork()
     fx_threads.new_lock_after_fork()
+    cpu_pool.after_fork()
 
 
 def _configure_from_environment():

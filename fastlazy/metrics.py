@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from fastlazy import _core, _steps, recompiles, sites, step_executor
+from fastlazy import _core, _steps, cpu_pool, recompiles, sites, step_executor
 
 # Re-entrant: a finalizer run by an allocation inside the lock may call
 # back into fastlazy (read a LazyTensor: a flush) on this very thread.
@@ -201,6 +201,11 @@ def report() -> str:
         lines.append(f"{key:<{width}}  {shown:>12}")
     if tier_summary is not None:
         lines += ["", f"graphs by tier (tiered engine): {tier_summary()}"]
+    pool = cpu_pool.stats()
+    if pool:
+        lines += ["", f"CPU pool (large buffers of graph runs and backwards): "
+                      f"{pool['hits']} reused, {pool['misses']} new, "
+                      f"{pool['idle_bytes'] / (1 << 20):.1f} MiB idle"]
     fused = _fusion_lines()
     if fused:
         lines += ["", *fused]

@@ -46,6 +46,13 @@ def available() -> bool:
     return _module is not None
 
 
+def extension():
+    """The extension module (fastlazy._executor) built for this torch, or
+    None; it also holds the packed convolution op and the CPU pool, which
+    serve whether or not graphs run on the executor."""
+    return _module
+
+
 def enabled() -> bool:
     """Will graphs compiled from now on run on the executor?"""
     return _enabled

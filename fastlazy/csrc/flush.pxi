@@ -8,8 +8,15 @@
 # (Python, fastlazy.graph_cache) to build one.
 
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.stdlib cimport malloc, free
 from cpython.ref cimport Py_INCREF
+
+cdef extern from "cpu_pool_scope.h":
+    ctypedef struct fl_cpu_pool_scope:
+        void (*enter)() noexcept nogil
+        void (*exit)() noexcept nogil
+    const char *FL_CPU_POOL_CAPSULE
 
 cdef object _move_to_end = None    # the graph cache's LRU bump, bound by install()
 cdef object _backend_tag = None    # the active backend's name, part of every key
@@ -23,6 +30,25 @@ def set_backend_key(str name, bint specializes_shapes):
     global _backend_tag, _key_shapes
     _backend_tag = name
     _key_shapes = specializes_shapes
+
+
+# The CPU pool's scope (fastlazy.cpu_pool), entered around each graph run so
+# that the run's large buffers come from the pool; NULL without the C++
+# extension.
+cdef void (*pool_enter)() noexcept nogil
+cdef void (*pool_exit)() noexcept nogil
+
+
+def set_cpu_pool_scope(capsule):
+    """Enter the CPU pool's scope around each graph run with the functions
+    in `capsule` (fastlazy._executor.cpu_pool_scope()), or not (None)."""
+    global pool_enter, pool_exit
+    cdef const fl_cpu_pool_scope *scope
+    if capsule is None:
+        pool_enter = pool_exit = NULL
+    else:
+        scope = <const fl_cpu_pool_scope *>PyCapsule_GetPointer(capsule, FL_CPU_POOL_CAPSULE)
+        pool_enter, pool_exit = scope.enter, scope.exit
 
 
 cdef tuple canonical_key(Segment seg, list outs):
@@ -234,7 +260,14 @@ cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
     cdef object programs = _hooks.programs
     program = programs.get(key)
     if program is None:
-        values = _hooks.compile_and_run(seg, key, outs)
+        if pool_enter is NULL:
+            values = _hooks.compile_and_run(seg, key, outs)
+        else:
+            pool_enter()
+            try:
+                values = _hooks.compile_and_run(seg, key, outs)
+            finally:
+                pool_exit()
         return programs.get(key), values
     counters[C_HITS] += 1
     _move_to_end(key)
@@ -252,7 +285,14 @@ cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
         Py_INCREF(v)
         PyTuple_SET_ITEM(args, k, v)
     seg.check_versions(used)
-    out = program.call(*args)
+    if pool_enter is NULL:
+        out = program.call(*args)
+    else:
+        pool_enter()
+        try:
+            out = program.call(*args)
+        finally:
+            pool_exit()
     return program, ((out,) if program.single else out)
 
 

@@ -424,10 +424,13 @@ cdef class LazyTensor:
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """Eager autograd from the value: reading it runs the pending graph,
-        whose outputs carry grad_fn back to the eager leaves."""
+        whose outputs carry grad_fn back to the eager leaves.  Its large
+        CPU buffers come from fastlazy.cpu_pool."""
         if type(gradient) is LazyTensor:
             gradient = materialize(gradient)
-        materialize(self).backward(gradient, retain_graph, create_graph, inputs)
+        value = materialize(self)
+        with _hooks.backward_scope():
+            value.backward(gradient, retain_graph, create_graph, inputs)
 
     def __repr__(self):
         text = repr(materialize(self))
