@@ -99,6 +99,7 @@ def main(argv=None) -> None:
     head = " | ".join(f"{label} (median call; faults per call)" for label, _, _ in contenders)
     lines = [f"| workload | {head} | eager / fastlazy (rounds' range) |",
              "|---|" + "---|" * len(contenders) + "---|"]
+    rounds = []
     for name in args.models.split(","):
         for mode in zoo.MODELS[name].modes:
             if mode not in args.modes.split(","):
@@ -120,7 +121,12 @@ def main(argv=None) -> None:
                          f"| **{statistics.median(ratios):.2f}x** "
                          f"({min(ratios):.2f}-{max(ratios):.2f}) |")
             print(lines[-1], file=sys.stderr, flush=True)
-    zoo.emit(lines, args.out)
+            rounds.append(f"{name} {what}: " + "; ".join(
+                f"{label} " + ", ".join(f"{r['median_s'] * 1e3:.3g} ms ({r['faults_per_call']:.0f})"
+                                        for r in runs[label])
+                for label, _, _ in contenders))
+    zoo.emit(lines + ["", "Each round's median call (faults per call), in round order:", ""]
+             + [f"- {r}" for r in rounds], args.out)
 
 
 if __name__ == "__main__":
