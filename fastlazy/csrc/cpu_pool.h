@@ -49,11 +49,12 @@ struct Block {
 };
 
 // Blocks start at COLOURS different offsets into their first page, a
-// multiple of COLOUR_BYTES apart.  malloc hands out large blocks page
-// aligned (plus its header); a pool of them would start every tensor at
-// the same page offset, and a kernel reading two while writing a third
-// then stalls on 4K aliasing and cache set conflicts (GPT-2's training
-// step: 4 ms, or 6.5 ms in some processes).
+// multiple of COLOUR_BYTES apart.  malloc maps a large block afresh at one
+// page offset (its chunk header's), so a pool of such blocks would start
+// every tensor there, and a kernel reading two while writing a third can
+// stall on 4K aliasing and cache set conflicts.  (No difference was
+// measurable on W4's models, whose call times move more than that from
+// one process to the next; the offsets cost at most 4 KiB a block.)
 constexpr size_t COLOURS = 32;
 constexpr size_t COLOUR_BYTES = 128;
 
