@@ -16,7 +16,8 @@ on that thread come from the pool; every other allocation goes to torch's
 allocator as before.  A pooled buffer freed (at `zero_grad()`, when the
 backward drops it, when a graph's output dies) returns to the pool, which
 keeps at most FASTLAZY_CPU_POOL_MB (default 1024; 0 switches the pool off)
-of idle buffers; `empty()` gives them back.  The pool's allocator is put in
+of idle buffers; `empty()` gives them back, as does any allocation that
+fails for want of memory (it is then tried again).  The pool's allocator is put in
 front of torch's at the first graph run, and stays (it passes everything
 else through).  It needs fastlazy's C++ extension
 (fastlazy.step_executor.available()).

@@ -218,3 +218,20 @@ def test_the_metrics_report_shows_the_pool(lazy_on):
     x = fastlazy.lazy(torch.randn(256, 256))
     (x + 1).to_eager()
     assert "CPU pool (large buffers of graph runs and backwards): " in fastlazy.metrics.report()
+
+
+def test_an_allocation_that_fails_gives_the_idle_buffers_back_first(lazy_on):
+    """Memory the pool keeps idle must not make an allocation fail that
+    would succeed without it: a failed one empties the pool and is tried
+    again; where it still fails, eager's error comes out."""
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([1, 7])
+    model = _model()
+    _train(model, x, y, fastlazy.lazy, steps=1)
+    model.zero_grad()
+    assert cpu_pool.stats()["idle_bytes"] > 0
+    with pytest.raises(RuntimeError, match="memory"):
+        torch.empty(1 << 48, dtype=torch.uint8)        # 256 TiB
+    assert cpu_pool.stats()["idle_bytes"] == 0
+    _train(model, x, y, fastlazy.lazy, steps=2)        # and the pool serves again
+    model.zero_grad()
+    assert cpu_pool.stats()["idle_bytes"] > 0

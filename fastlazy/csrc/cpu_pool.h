@@ -152,11 +152,46 @@ inline void delete_any(void* data) {
     pool().torch_allocator->raw_deleter()(data);
 }
 
+// Idle blocks back to torch's allocator.
+inline void empty() {
+  Pool& p = pool();
+  std::vector<Block*> freed;
+  {
+    std::lock_guard<std::mutex> guard(p.lock);
+    for (auto& [cls, list] : p.idle) {
+      freed.insert(freed.end(), list.begin(), list.end());
+      p.stats.given_back += static_cast<int64_t>(list.size());
+    }
+    p.idle.clear();
+    p.idle_bytes = 0;
+  }
+  free_blocks(freed);
+}
+
+// torch's allocator's block of n bytes.  Where it fails (out of memory),
+// the pool's idle blocks are given back and it is asked once more: memory
+// the pool keeps idle must not make an allocation fail that would succeed
+// without the pool (eager's own included).
+inline c10::DataPtr torch_allocate(size_t n) {
+  Pool& p = pool();
+  try {
+    return p.torch_allocator->allocate(n);
+  } catch (const c10::Error&) {
+    {
+      std::lock_guard<std::mutex> guard(p.lock);
+      if (p.idle_bytes == 0)
+        throw;
+    }
+    empty();
+    return p.torch_allocator->allocate(n);
+  }
+}
+
 struct PoolAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     Pool& p = pool();
     if (scope_depth == 0 || n < MIN_BYTES || p.cap.load(std::memory_order_relaxed) == 0)
-      return p.torch_allocator->allocate(n);
+      return torch_allocate(n);
     const size_t cls = size_class(n);
     Block* b = nullptr;
     {
@@ -177,7 +212,7 @@ struct PoolAllocator final : c10::Allocator {
       static std::atomic<size_t> next_colour{0};
       const size_t offset = next_colour.fetch_add(1, std::memory_order_relaxed) % COLOURS *
                             COLOUR_BYTES;
-      b = new Block{p.torch_allocator->allocate(cls + offset), cls, nullptr};
+      b = new Block{torch_allocate(cls + offset), cls, nullptr};
       b->data = static_cast<char*>(b->memory.get()) + offset;
     }
     void* data = b->data;
@@ -236,22 +271,6 @@ inline void c_enter_scope() noexcept {
 inline void c_exit_scope() noexcept { exit_scope(); }
 
 inline const fl_cpu_pool_scope scope_functions = {&c_enter_scope, &c_exit_scope};
-
-// Idle blocks back to torch's allocator.
-inline void empty() {
-  Pool& p = pool();
-  std::vector<Block*> freed;
-  {
-    std::lock_guard<std::mutex> guard(p.lock);
-    for (auto& [cls, list] : p.idle) {
-      freed.insert(freed.end(), list.begin(), list.end());
-      p.stats.given_back += static_cast<int64_t>(list.size());
-    }
-    p.idle.clear();
-    p.idle_bytes = 0;
-  }
-  free_blocks(freed);
-}
 
 inline void set_cap(size_t bytes) {
   Pool& p = pool();
