@@ -60,13 +60,16 @@ def flushes_by_site() -> collections.Counter:
     mark_step() since the last reset()."""
     found = collections.Counter()
     # The core counts without a lock, holding the GIL, a site's code stored
-    # before its count: the counts are copied in one C call (a loop over
-    # the dict itself could see it grow), then the codes, which then hold
-    # every copied count's code -- but for a count reset() has not cleared
-    # yet, whose code it has (left out here, as the reset will leave it out)
-    counts = list(_flush_sites.items())
+    # before its count: the counts are copied with dict.copy(), then the
+    # codes, which then hold every copied count's code -- but for a count
+    # reset() has not cleared yet, whose code it has (left out here, as the
+    # reset will leave it out).  dict.copy() runs no Python code while it
+    # copies; iterating the dict itself, even inside list(d.items()), makes
+    # a tuple per item, and a garbage collection one of them sets off can
+    # run finalizers, switch threads and let the dict grow mid-copy.
+    counts = _flush_sites.copy()
     codes = _flush_codes.copy()
-    for (reason, code, offset), n in counts:
+    for (reason, code, offset), n in counts.items():
         if code in codes:
             found[reason, sites.site_name(codes[code], offset)] += n
     return found
