@@ -2,9 +2,9 @@
 """fastlazy's C++ against ATen's headers: the step executor
 (csrc/step_executor.h: a graph in TorchScript IR run step by step, ATen's
 CPU kernels called directly where they can be), the packed convolution op,
-and the pool of CPU buffers for recorded backwards (csrc/cpu_pool.h).  Built
-only where torch was importable when fastlazy was built (see
-fastlazy/step_executor.py, which loads it)."""
+and the pool of large CPU buffers for graph runs and recorded backwards
+(csrc/cpu_pool.h).  Built only where torch was importable when fastlazy
+was built (see fastlazy/step_executor.py, which loads it)."""
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int64_t

@@ -1,6 +1,6 @@
-"""A pool of large CPU buffers for the backward of a graph fastlazy
-recorded (csrc/cpu_pool.h): a training loop's gradients and the backward's
-work buffers keep their pages from one step to the next.
+"""A pool of large CPU buffers for fastlazy's graph runs and for the
+backward of a graph it recorded (csrc/cpu_pool.h): a loop's outputs,
+gradients and work buffers keep their pages from one step to the next.
 
 torch's CPU allocator is malloc, which maps a large block afresh (or the
 top of its heap again, after handing it back to the system) each time one
@@ -17,13 +17,14 @@ allocator as before.  A pooled buffer freed (at `zero_grad()`, when the
 backward drops it, when a graph's output dies) returns to the pool, which
 keeps at most FASTLAZY_CPU_POOL_MB (default 1024; 0 switches the pool off)
 of idle buffers; `empty()` gives them back, as does any allocation that
-fails for want of memory (it is then tried again).  The pool's allocator is put in
-front of torch's at the first graph run, and stays (it passes everything
-else through).  It needs fastlazy's C++ extension
+fails for want of memory (it is then tried again).  The pool's allocator
+is put in front of torch's at the first graph run, and stays (it passes
+everything else through).  It needs fastlazy's C++ extension
 (fastlazy.step_executor.available()).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from fastlazy import _core, step_executor
@@ -55,17 +56,7 @@ class _Scope:
         _module.cpu_pool_exit()
 
 
-class _NoScope:
-    __slots__ = ()
-
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
-
-
-_SCOPE, _NO_SCOPE = _Scope(), _NoScope()
+_SCOPE, _NO_SCOPE = _Scope(), contextlib.nullcontext()
 
 
 def scope():

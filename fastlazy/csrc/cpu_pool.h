@@ -1,6 +1,6 @@
-// A pool of large CPU buffers for the memory a recorded graph's backward
-// allocates, so that a training loop's buffers stay mapped from one step
-// to the next.
+// A pool of large CPU buffers for the memory fastlazy's graph runs and
+// recorded backwards allocate, so that a loop's buffers stay mapped from
+// one step to the next.
 //
 // Why: torch's CPU allocator is malloc.  glibc serves a large block
 // (above its mmap threshold, 128 KiB to 32 MiB) with fresh pages, and
@@ -13,9 +13,9 @@
 // How: fastlazy's CPU allocator stands in front of torch's.  It passes
 // every allocation through to torch's allocator unchanged, except those of
 // at least MIN_BYTES made on a thread inside a pool scope (fastlazy enters
-// one around each graph run and for the backward of a graph it recorded).  Those come from the pool:
-// a block freed earlier, of the same size class, or a new block from
-// torch's allocator.  A pooled block freed goes back to the pool, not to
+// one around each graph run and for the backward of a graph it recorded).
+// Those come from the pool: a block freed earlier, of the same size class,
+// or a new block from torch's allocator.  A pooled block freed goes back to the pool, not to
 // malloc, while the pool holds at most `cap` bytes of idle blocks (the
 // idle blocks of other sizes are given back to make room).
 //
@@ -115,8 +115,7 @@ inline void free_blocks(std::vector<Block*>& blocks) {
 }
 
 // The deleter of a pooled block: back to the pool, or to torch's allocator
-// where it is larger than the cap.  false if `data` was not
-// a pooled block.
+// where it is larger than the cap.  false if `data` was not a pooled block.
 inline bool give_back(void* data) {
   Pool& p = pool();
   std::vector<Block*> freed;

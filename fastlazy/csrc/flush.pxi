@@ -51,6 +51,17 @@ def set_cpu_pool_scope(capsule):
         pool_enter, pool_exit = scope.enter, scope.exit
 
 
+cdef object call_in_pool(object f, tuple args):
+    """f(*args) inside the CPU pool's scope (where there is a pool)."""
+    if pool_enter is NULL:
+        return f(*args)
+    pool_enter()
+    try:
+        return f(*args)
+    finally:
+        pool_exit()
+
+
 cdef tuple canonical_key(Segment seg, list outs):
     """The cache key of the graph computing `outs`, and the segment's input
     slots in the graph's parameter order.
@@ -260,14 +271,7 @@ cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
     cdef object programs = _hooks.programs
     program = programs.get(key)
     if program is None:
-        if pool_enter is NULL:
-            values = _hooks.compile_and_run(seg, key, outs)
-        else:
-            pool_enter()
-            try:
-                values = _hooks.compile_and_run(seg, key, outs)
-            finally:
-                pool_exit()
+        values = call_in_pool(_hooks.compile_and_run, (seg, key, outs))
         return programs.get(key), values
     counters[C_HITS] += 1
     _move_to_end(key)
@@ -285,14 +289,7 @@ cdef tuple run_graph(Segment seg, object key, list outs, tuple slot_order):
         Py_INCREF(v)
         PyTuple_SET_ITEM(args, k, v)
     seg.check_versions(used)
-    if pool_enter is NULL:
-        out = program.call(*args)
-    else:
-        pool_enter()
-        try:
-            out = program.call(*args)
-        finally:
-            pool_exit()
+    out = call_in_pool(program.call, args)
     return program, ((out,) if program.single else out)
 
 
