@@ -112,6 +112,9 @@ cpdef enum OpFlag:
     OPF_COPIES = 128
     # the call returns (result, None): the op's second output is not asked for
     OPF_PAIR_WITH_NONE = 256
+    # operands 1 and 2 are limits, lower then upper: eager raises where the
+    # lower exceeds the upper (F.hardtanh's ValueError)
+    OPF_ORDERED_LIMITS = 512
 
 
 # dtype categories; a row's `cats` is a mask of them.

@@ -239,6 +239,19 @@ def _batch_norm_of(x, weight, bias, mean, var, training, momentum, eps, cudnn_en
     return y
 
 
+def _hardtanh(graph, args, kwargs):
+    """hardtanh with limits that are 0-dim tensor inputs, which aten's
+    Scalar parameters cannot take: clamping by comparisons (eager's forward
+    is a clamp), written so that the gradient passes only strictly between
+    the limits, as hardtanh_backward's does (clamp's passes at them too)."""
+    x, low, high = args
+    if not isinstance(low, torch.fx.Node) and not isinstance(high, torch.fx.Node):
+        return graph.call_function(fx_target("hardtanh"), (x, low, high))
+    where = fx_target("where")
+    upper = graph.call_function(where, (graph.call_function(fx_target("ge"), (x, high)), high, x))
+    return graph.call_function(where, (graph.call_function(fx_target("le"), (x, low)), low, upper))
+
+
 def _batch_norm(graph, args, kwargs):
     if not isinstance(args[7], torch.fx.Node):
         return graph.call_function(fx_target("batch_norm"), tuple(args))
@@ -250,6 +263,7 @@ _DECOMPOSE = {
     "sub": (("alpha",), _sub_alpha),
     "rsub": (("alpha",), _rsub_alpha),
     "leaky_relu": (("*",), _leaky_relu),
+    "hardtanh": (("*",), _hardtanh),
     "layer_norm": (("*",), _layer_norm),
     "batch_norm": (("*",), _batch_norm),
 }

@@ -45,7 +45,7 @@ RAW = frozenset({"normalized_shape", "training", "momentum", "embed_dim", "num_h
 
 # Parameters that aten takes as a Python number (Scalar) rather than as an
 # operand of type promotion.
-SCALAR_ARGS = frozenset({"alpha", "negative_slope", "eps"})
+SCALAR_ARGS = frozenset({"alpha", "negative_slope", "eps", "min_val", "max_val"})
 
 
 @dataclass(frozen=True)
@@ -329,6 +329,13 @@ def _rows():
     yield Op("leaky_relu", Rule.R_UNARY, c("leaky_relu", 0, Opt(1, 0.01)),
              ("input", "negative_slope", "inplace"), noperands=2, cats=FLOAT,
              nn_functions=("leaky_relu",))
+    # nn.Hardtanh and nn.ReLU6 (a Hardtanh) call F.hardtanh; F.relu6 is
+    # hardtanh(0, 6) in aten too
+    yield Op("hardtanh", Rule.R_UNARY, c("hardtanh", 0, Opt(1, -1.0), Opt(2, 1.0)),
+             ("input", "min_val", "max_val", "inplace"), noperands=3, cats=FLOAT,
+             flags=OpFlag.OPF_ORDERED_LIMITS, nn_functions=("hardtanh",))
+    yield Op("relu6", Rule.R_UNARY, c("hardtanh", 0, Const(0.0), Const(6.0)),
+             ("input", "inplace"), noperands=1, cats=FLOAT, nn_functions=("relu6",))
     yield Op("gelu", Rule.R_UNARY, c("gelu", 0, approximate=Attr(("none", "tanh"))),
              ("input", "approximate"), noperands=1, npos=1, cats=FLOAT,
              nn_functions=("gelu",))
@@ -561,8 +568,7 @@ GENERIC_OPS = {
     "cross_entropy": (False, False, True), "mse_loss": (False, False, True),
     "nll_loss": (False, False, True),
     "pad": (False, False, True), "softplus": (False, False, True),
-    "elu": (False, False, True), "hardtanh": (False, False, True),
-    "relu6": (False, False, True), "mish": (False, False, True),
+    "elu": (False, False, True), "mish": (False, False, True),
     "normalize": (False, False, True),
 }
 

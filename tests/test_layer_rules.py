@@ -372,3 +372,57 @@ def test_sdpa_gradients_to_query_key_and_value():
     for g, w in zip(got, want):
         grad = g.grad.to_eager() if isinstance(g.grad, fastlazy.LazyTensor) else g.grad
         torch.testing.assert_close(grad, w.grad)
+
+
+# --------------------------------------------------------------------------
+# F.hardtanh (nn.Hardtanh, and nn.ReLU6, which is one) and F.relu6, in place
+# or not, are recorded by a C rule: eager's values and gradients -- which
+# pass strictly between the limits, none at them -- and eager's
+# ValueError where the lower limit exceeds the upper.
+HARDTANH_CALLS = {
+    "relu6": lambda x: F.relu6(x),
+    "relu6_inplace": lambda x: F.relu6(x * 1, inplace=True),
+    "hardtanh": lambda x: F.hardtanh(x),
+    "hardtanh_limits": lambda x: F.hardtanh(x, -0.5, 2),
+    "hardtanh_inplace": lambda x: F.hardtanh(x * 1, 0.0, 6.0, True),
+    "ReLU6_module": lambda x: torch.nn.ReLU6(inplace=True)(x * 1),
+}
+
+
+def _at_the_limits():
+    # every limit of the calls above, each side of it, and between
+    return torch.tensor([-7.0, -1.0, -0.5, -0.25, 0.0, 0.5, 1.0, 2.0, 3.0, 6.0, 6.5,
+                         float("nan")])
+
+
+@pytest.mark.parametrize("name", list(HARDTANH_CALLS))
+def test_hardtanh_calls_are_recorded_by_the_c_rule(backend, name):
+    call = HARDTANH_CALLS[name]
+    x = _at_the_limits()
+    before = _counts()
+    got = call(fastlazy.lazy(x))
+    assert _counts() == before
+    torch.testing.assert_close(got.to_eager(), call(x), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "inductor"],
+                         indirect=True)
+@pytest.mark.parametrize("name", list(HARDTANH_CALLS))
+def test_hardtanh_gradients_are_zero_at_the_limits_as_in_eager(backend, name):
+    call = HARDTANH_CALLS[name]
+    want_x = _at_the_limits()[:-1].requires_grad_()
+    call(want_x * 1).mul(torch.arange(11.0)).sum().backward()
+    got_x = fastlazy.lazy(_at_the_limits()[:-1]).requires_grad_()
+    call(got_x * 1).mul(torch.arange(11.0)).sum().backward()
+    grad = got_x.grad
+    grad = grad.to_eager() if isinstance(grad, fastlazy.LazyTensor) else grad
+    torch.testing.assert_close(grad, want_x.grad, rtol=0, atol=0)
+
+
+def test_hardtanh_lower_limit_above_the_upper_raises_eagers_error_at_the_call():
+    x = fastlazy.lazy(torch.randn(3))
+    with pytest.raises(ValueError, match="min_val cannot be greater than max_val"):
+        F.hardtanh(x, 2.0, 1.0)
+    with pytest.raises(ValueError, match="min_val cannot be greater than max_val"):
+        F.hardtanh(x * 1, 2, 1, inplace=True)
+    assert x.to_eager().shape == (3,)
