@@ -186,6 +186,13 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
     if form is not None:
         # a tuple of one result and Nones: the core records it too
         _publish(prepared, sig, sig.kinds[form[1]], form)
+    elif prepared and not sig.draws and not resolves:
+        places = _places(sig)
+        if places is not None:
+            # a tuple or list of several results: so does it
+            _core.publish_generic_results(prepared, sig.lowering.index, sig.recorded,
+                                          sig.detach, tuple(sig.constants or ()), places,
+                                          len(sig.kinds), sig.sequence is list)
     flat = []
     for kind in sig.kinds:
         if kind[0] == "input":
@@ -239,6 +246,23 @@ def _publish(prepared, sig, kind, form=None):
     _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
                           tuple(sig.constants or ()), kind[1] if view else -1,
                           kind[2] if view else None, kind[3] if view else 0, form)
+
+
+def _places(sig):
+    """Per recorded result, (its position, the tensor it is a view of or
+    -1, its place, its view flags), if the signature returns a plain tuple
+    or list of several recorded results and Nones; else None."""
+    if sig.sequence not in (tuple, list) or len(sig.recorded) < 2:
+        return None
+    places = []
+    for k, kind in enumerate(sig.kinds):
+        if kind[0] == "new":
+            places.append((k, -1, None, 0))
+        elif kind[0] == "view" and not kind[3] & _CONJ:
+            places.append((k, kind[1], kind[2], kind[3]))
+        elif kind[0] != "none":
+            return None
+    return places if len(places) == len(sig.recorded) else None
 
 
 def _tuple_form(sig):

@@ -81,17 +81,21 @@ def record(func, args, kwargs):
     if owner is None:
         return NOT_HANDLED
     module, names = owner
-    if not (_ours_to_rebind(module, names[0]) and _ours_to_rebind(module, names[1])):
+    buffers = module._buffers
+    originals = _originals.get(module)
+    if not (_ours_to_rebind(buffers, originals, names[0])
+            and _ours_to_rebind(buffers, originals, names[1])):
         return NOT_HANDLED
     F._verify_batch_size(x.size())        # eager's check, at the call
-    # The graph reads copies of eager buffers: autograd keeps the graph's
-    # inputs for the backward, and the buffers are written once it has run.
-    mean, var = (t if type(t) is LazyTensor else t.detach().clone() for t in (mean, var))
-    out, _, _, new_mean, new_var = generic.record(
-        _FUNCTIONAL, (x, weight, bias, mean, var, True, float(momentum), float(eps)), {},
-        "F.batch_norm")
-    _rebind(module, names[0], new_mean)
-    _rebind(module, names[1], new_var)
+    # (the graph reads the module's own tensors: an eager write to one
+    # through another reference computes the graph first, as for any eager
+    # input, so that write lands after the update, as in eager)
+    args = (x, weight, bias, mean, var, True, float(momentum), float(eps))
+    hit, found = _core.signature_hit(_FUNCTIONAL, args)
+    if not hit:        # (a new signature: analysed, then the core's from now on)
+        found = generic.record(_FUNCTIONAL, args, {}, "F.batch_norm", prepared=found)
+    out, _, _, new_mean, new_var = found
+    _rebind(module, buffers, originals, names, (new_mean, new_var))
     return out
 
 
@@ -135,29 +139,43 @@ def _owner_among_callers(mean, var):
     return None
 
 
-def _ours_to_rebind(module, name):
+def _ours_to_rebind(buffers, originals, name):
     """An eager buffer, or one this module rebound and not yet restored (a
     step recorded before the last one's graph ran); not a LazyTensor the
-    user put there."""
-    return (type(module._buffers[name]) is not LazyTensor
-            or name in _originals.get(module, ()))
+    user put there.  `originals`: the module's entry in _originals."""
+    return type(buffers[name]) is not LazyTensor or originals is not None and name in originals
 
 
-def _rebind(module, name, new):
-    originals = _originals.setdefault(module, {})
-    if name not in originals:
-        originals[name] = module._buffers[name]
-    module._buffers[name] = new
-    _core.after_run(new, functools.partial(_restore, weakref.ref(module), name, new))
+def _rebind(module, buffers, originals, names, news):
+    """The module's buffers `names` hold the pending `news` until their
+    graph has run."""
+    if originals is None:
+        originals = _originals.setdefault(module, {})
+    for name, new in zip(names, news):
+        if name not in originals:
+            originals[name] = buffers[name]
+        buffers[name] = new
+    _core.after_run(news[0], functools.partial(_restore, weakref.ref(module), names, news))
 
 
-def _restore(module_ref, name, new):
-    """The graph computing `new` has run: copy it into the buffer's original
-    tensor and put that back, unless a later step rebound the buffer again."""
+def _restore(module_ref, names, news):
+    """The graph computing `news` has run: copy each into its buffer's
+    original tensor and put that back, unless a later step rebound the
+    buffer again."""
     module = module_ref()
-    if module is None or module._buffers.get(name) is not new:
+    if module is None:
         return
-    original = _originals[module].pop(name)
+    buffers = module._buffers
+    originals = _originals[module]
     with torch.no_grad():
-        original.copy_(new.to_eager())
-    module._buffers[name] = original
+        for name, new in zip(names, news):
+            if buffers.get(name) is not new:
+                continue
+            original = originals.pop(name)
+            # through `.data`, whose version counter is its own: the graph's
+            # autograd saved the original (the functional batch norm's
+            # backward keeps its running statistics, though training reads
+            # none of them), and a write it saw would make the backward
+            # refuse to run
+            original.data.copy_(new.to_eager())
+            buffers[name] = original

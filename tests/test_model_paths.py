@@ -236,6 +236,41 @@ def test_batch_norm_training_is_recorded_with_eagers_statistics():
     assert all(a is b for a, b in zip(lazy.buffers(), buffers_before))
 
 
+def test_batch_norm_training_steps_are_one_graph_structure():
+    """The first step records batch norm through the generic path's
+    analysis, the later ones from the signature it published: every step's
+    graph has the same structure (one compile).  (The later steps' nodes
+    once read each eager operand through a slot per result: a second
+    structure.)"""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                              torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1),
+                              torch.nn.BatchNorm2d(2)).train()
+    x = fastlazy.lazy(torch.randn(2, 3, 6, 6))
+    fastlazy.graph_cache.clear()
+    for _ in range(4):
+        net.zero_grad()
+        net(x).pow(2).mean().backward()
+    c = fastlazy.metrics.counters()
+    assert c["flushes"] == 4 and c["cache_misses"] == 1, fastlazy.explain()
+
+
+def test_an_eager_write_to_a_buffer_after_the_forward_lands_after_the_update():
+    """A reference to a running mean taken before the step, written in place
+    after the forward is recorded: as in eager, the write comes after the
+    step's update (the graph runs first), and the module keeps the tensor."""
+    eager, lazy = _bn_net(), _bn_net()
+    x = torch.randn(2, 3, 6, 6)
+    held_e, held_l = eager[1].running_mean, lazy[1].running_mean
+    eager(x)
+    held_e.add_(1)
+    out = lazy(fastlazy.lazy(x))
+    held_l.add_(1)
+    out.to_eager()
+    assert lazy[1].running_mean is held_l
+    assert torch.equal(held_l, held_e)
+
+
 def test_a_buffer_read_before_the_graph_runs_sees_the_update():
     eager, lazy = _bn_net(), _bn_net()
     x = torch.randn(2, 3, 6, 6)

@@ -88,6 +88,12 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     if verdict == RULE_RUN_EAGER:
         return run_eager(entry, args, nargs, kwnames, form, "its C rule leaves it to eager")
     if verdict != RULE_OK:
+        if op_rule[op] == R_BATCH_NORM and p[5] != NULL and <object>p[5] is True:
+            # training: fastlazy.running_stats records it with the module's
+            # statistics (no signature of this call is ever published)
+            pos, kw = split_arguments(args, nargs, kwnames)
+            return _hooks.record_call(<object>fl_entry_orig(entry), entry.qualname, pos, kw,
+                                      False, False)
         return call_generic(entry, args, nargs, kwnames, form,
                             not op_flags[op] & OPF_RULE_IN_GENERIC)
     if not out.requires_grad:

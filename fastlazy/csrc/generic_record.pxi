@@ -105,6 +105,10 @@ cdef class GenericHit:
     cdef int64_t view_offset
     cdef int tuple_len          # > 0: the call returns a tuple of that length,
     cdef int tuple_at           # the result at tuple_at and None elsewhere
+    # a call that returns several results (aten's functional batch norm,
+    # chunk): the hits of the others, each at its own tuple_at; None else
+    cdef tuple parts
+    cdef bint as_list           # ... returned as a list, not a tuple
     # under a flat key (FastKey): the key itself, to tell hash collisions apart
     cdef FastKey key
     cdef GenericHit next        # another signature of the same hash
@@ -126,14 +130,51 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
     (the key, tensors and flat key it handed to fastlazy.generic) in C.
     tuple_form: (length, position) of a call that returns a tuple holding
     its one result and Nones (F.multi_head_attention_forward's (out, None))."""
-    cdef GenericHit hit = GenericHit.__new__(GenericHit)
-    hit.returns_input = -1
+    if len(outs) != 1:
+        raise ValueError("generic call out of range")
+    cdef GenericHit hit = result_hit(lowering, outs[0], detach, view_of, where, view_flags)
+    hit.constants = constants
     if tuple_form is not None:
         hit.tuple_len, hit.tuple_at = tuple_form
         if not 0 <= hit.tuple_at < hit.tuple_len:
             raise ValueError("generic call out of range")
-    index, dtype, shape, requires_grad = outs[0]
-    if len(outs) != 1 or len(shape) > MAX_NDIM or index > 255 or not (
+    file_hit(prepared, hit)
+
+
+def publish_generic_results(tuple prepared, int lowering, list outs, bint detach,
+                            tuple constants, list places, int length, bint as_list):
+    """publish_generic for a call that returns a tuple (or, as_list, a
+    list) of `length` results, each of `outs` recorded as a node:
+    places[k] is (its position, view_of, where, view_flags); the others
+    are None."""
+    cdef Py_ssize_t k, n = len(outs)
+    if n < 2 or len(places) != n or length < n:
+        raise ValueError("generic call out of range")
+    hits = []
+    for k in range(n):
+        at, view_of, where, view_flags = places[k]
+        if not 0 <= at < length:
+            raise ValueError("generic call out of range")
+        hit = result_hit(lowering, outs[k], detach, view_of, where, view_flags)
+        (<GenericHit>hit).tuple_at = at
+        hits.append(hit)
+    cdef GenericHit head = <GenericHit>hits[0]
+    head.constants = constants
+    head.tuple_len = length
+    head.parts = tuple(hits[1:])
+    head.as_list = as_list
+    file_hit(prepared, head)
+
+
+cdef GenericHit result_hit(int lowering, tuple out, bint detach, int view_of, where,
+                           int view_flags):
+    """The hit of one recorded result: `out` is (output index, dtype,
+    shape, requires_grad); a view of the call's tensor `view_of` (-1: none)
+    sits at `where`, (size, stride, offset), in its root's storage."""
+    cdef GenericHit hit = GenericHit.__new__(GenericHit)
+    hit.returns_input = -1
+    index, dtype, shape, requires_grad = out
+    if len(shape) > MAX_NDIM or index > 255 or not (
             0 <= lowering < (1 << ATTR_GENERIC_OUT_SHIFT)):
         raise ValueError("generic call out of range")
     hit.meta.dtype = dtype_code(dtype)
@@ -143,7 +184,7 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
     hit.meta.requires_grad = requires_grad
     hit.attr = lowering | (<int>index << ATTR_GENERIC_OUT_SHIFT)
     hit.flags = NODE_DETACH if detach else 0
-    hit.constants = constants
+    hit.constants = ()
     hit.view_of = view_of
     hit.view_flags = view_flags
     if view_of >= 0:
@@ -155,7 +196,7 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
             hit.view_size[j] = size[j]
             hit.view_stride[j] = stride[j]
         hit.view_offset = offset
-    file_hit(prepared, hit)
+    return hit
 
 
 def publish_input(tuple prepared, int index):
@@ -185,6 +226,7 @@ cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
         h.view_of, h.view_flags, h.view_ndim = hit.view_of, hit.view_flags, hit.view_ndim
         h.returns_input = hit.returns_input
         h.tuple_len, h.tuple_at = hit.tuple_len, hit.tuple_at
+        h.parts, h.as_list = hit.parts, hit.as_list
         memcpy(h.view_size, hit.view_size, sizeof(hit.view_size))
         memcpy(h.view_stride, hit.view_stride, sizeof(hit.view_stride))
         h.view_offset = hit.view_offset
@@ -220,16 +262,27 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
             held = []
         held.append(v)
         classify(&ops[n + k], <PyObject*>v)
-    cdef Meta m = hit.meta
-    m.device = ops[0].m.device if n + nc else 0
-    out = record(GENERIC_OP, ops, <int>(n + nc), &m, hit.attr, hit.flags, None)
-    if hit.view_of >= 0:
-        base = <object>ops[hit.view_of].obj
-        if type(base) is not LazyTensor:
-            raise SystemError("fastlazy: a generic view of an eager tensor")
-        attach_view(out, base, hit.view_ndim, hit.view_size, hit.view_stride,
-                    hit.view_offset, hit.view_flags)
+    if hit.parts is not None:
+        # the results' nodes read one slot per eager tensor, as the generic
+        # path's do (an eager operand would take a slot per node): wrapped
+        for k in range(n):
+            if ops[k].kind == K_TENSOR:
+                v = wrap_value(<object>ops[k].obj)
+                if held is None:
+                    held = []
+                held.append(v)
+                classify(&ops[k], <PyObject*>v)
+    out = record_result(hit, hit.flags, ops, n + nc)
     counters[C_GENERIC] += 1
+    cdef GenericHit part
+    if hit.parts is not None:
+        # every result a node over the same inputs (one run computes them)
+        results = [None] * hit.tuple_len
+        results[hit.tuple_at] = out
+        for k in range(len(hit.parts)):
+            part = <GenericHit>hit.parts[k]
+            results[part.tuple_at] = record_result(part, hit.flags, ops, n + nc)
+        return results if hit.as_list else tuple(results)
     if hit.tuple_len:
         result = PyTuple_New(hit.tuple_len)
         for k in range(hit.tuple_len):
@@ -237,6 +290,20 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
             Py_INCREF(item)
             PyTuple_SET_ITEM(result, k, item)
         return result
+    return out
+
+
+cdef object record_result(GenericHit hit, int flags, Operand *ops, Py_ssize_t n):
+    """The node of one result of a published signature, over ops[:n]."""
+    cdef Meta m = hit.meta
+    m.device = ops[0].m.device if n else 0
+    out = record(GENERIC_OP, ops, <int>n, &m, hit.attr, flags, None)
+    if hit.view_of >= 0:
+        base = <object>ops[hit.view_of].obj
+        if type(base) is not LazyTensor:
+            raise SystemError("fastlazy: a generic view of an eager tensor")
+        attach_view(out, base, hit.view_ndim, hit.view_size, hit.view_stride,
+                    hit.view_offset, hit.view_flags)
     return out
 
 
@@ -273,6 +340,35 @@ cdef object record_by_signature(object func, object name, tuple pos, dict kw, bi
                 add_fast_hit(<FastKey>fast, hit)
             return out
     return _hooks.record_call(func, name, pos, kw, False, ruled, (key, tensors, fast))
+
+
+def signature_hit(object func, tuple args):
+    """(True, the result) where func(*args) -- positional arguments only --
+    is recorded from a published signature; else (False, prepared): what
+    fastlazy.generic.record takes as `prepared` to analyse the call and
+    publish its signature (None where the arguments have none here)."""
+    cdef PyObject *vector[MAX_PARAMS]
+    cdef Py_ssize_t k, n = len(args)
+    if fl_autocast or n > MAX_PARAMS:
+        return False, None
+    for k in range(n):
+        vector[k] = PyTuple_GET_ITEM(args, k)
+    fast = fast_generic_hit(func, vector, n, None, False)
+    if fast is not None and type(fast) is not FastKey:
+        return True, fast
+    cdef list tensors = []
+    try:
+        key = signature_key(func, args, {}, tensors, False, None)
+    except Exception:
+        return False, None
+    found = _generic_hits.get(key)
+    if found is not None and n <= MAX_IN and (<GenericHit>found).returns_input < 0:
+        out = record_published(<GenericHit>found, tensors)
+        if out is not None:
+            if fast is not None:
+                add_fast_hit(<FastKey>fast, <GenericHit>found)
+            return True, out
+    return False, (key, tensors, fast)
 
 
 cdef object record_published(GenericHit hit, list tensors):
