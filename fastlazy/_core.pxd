@@ -113,7 +113,8 @@ cpdef enum OpFlag:
     # the call returns (result, None): the op's second output is not asked for
     OPF_PAIR_WITH_NONE = 256
     # operands 1 and 2 are limits, lower then upper: eager raises where the
-    # lower exceeds the upper (F.hardtanh's ValueError)
+    # lower exceeds the upper (F.hardtanh's ValueError); the rule takes
+    # both or neither
     OPF_ORDERED_LIMITS = 512
 
 

@@ -52,7 +52,7 @@ ALL_DTYPES = CORE_DTYPES + EXTRA_DTYPES
 PARAM_KINDS = {
     "input": "operand", "other": "operand", "exponent": "operand", "mat2": "operand",
     "weight": "operand", "bias": "operand",
-    "alpha": "number", "negative_slope": "number",
+    "alpha": "number", "negative_slope": "number", "min_val": "number", "max_val": "number",
     "min": "bound", "max": "bound",
     "rounding_mode": "choice", "approximate": "choice",
     "inplace": "flag", "keepdim": "flag",

@@ -180,8 +180,11 @@ cdef int apply_rule(int op, Operand *ops, int nops, PyObject **p, Meta *out,
             if ops[i].kind != K_SCALAR or ops[i].scalar == SC_BOOL or ops[i].scalar == SC_COMPLEX \
                     or not scalar_fits(&ops[i], ops[0].m.dtype):
                 return RULE_EAGER
-        if (op_flags[op] & OPF_ORDERED_LIMITS and nops > 2 and ops[1].kind != K_ABSENT
-                and ops[2].kind != K_ABSENT and <object>ops[1].obj > <object>ops[2].obj):
+        if op_flags[op] & OPF_ORDERED_LIMITS and nops > 2 and (
+                (ops[1].kind == K_ABSENT) != (ops[2].kind == K_ABSENT)
+                or ops[1].kind != K_ABSENT and <object>ops[1].obj > <object>ops[2].obj):
+            # (one limit given: the generic path weighs it against the
+            # other's default)
             return RULE_EAGER
 
     if not elementwise(out, ops, 2 if rule == R_BINARY else (1 if rule <= R_ABS else nops)):
