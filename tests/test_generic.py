@@ -121,6 +121,28 @@ def test_a_growing_sequence_is_recorded_without_an_analysis_per_length(monkeypat
     assert not analysed
 
 
+@pytest.mark.parametrize("call", [lambda ts: torch.cat(ts, 1), lambda ts: torch.cat(ts, dim=1),
+                                  lambda ts: torch.cat([t.transpose(0, 1) for t in ts])],
+                         ids=["dim", "dim-kw", "no-dim"])
+def test_a_long_sequence_of_one_dtype_is_nested_by_the_core(monkeypatch, call):
+    """A dense block's list (one dtype, some tensors eager) is grouped and
+    joined in C, never going up into Python, into the nodes the generic
+    path's nesting records (generic._record_nested)."""
+    from fastlazy import debug
+    eager = [torch.rand(2, 1 + i % 3) for i in range(30)]
+    mixed = [fastlazy.lazy(t) if i % 3 == 0 else t for i, t in enumerate(eager)]
+    cat = next(f for f in generic._NESTED if f.__name__ == "cat")      # torch's own
+    by_python = debug.pending_graph([generic._record_nested(cat, (mixed[:20], 1), {}, "cat",
+                                                            by_entries=True)])
+    fastlazy.mark_step()
+    monkeypatch.setattr(generic, "record", lambda *a, **k: pytest.fail("went up into Python"))
+    assert debug.pending_graph([torch.cat(mixed[:20], 1)]) == by_python
+    for n in range(9, 31):
+        got = call(mixed[:n])
+        assert type(got) is fastlazy.LazyTensor
+        assert torch.equal(got.to_eager(), call(eager[:n]))
+
+
 def test_a_bad_long_sequence_raises_eagers_error_for_the_whole_call():
     eager, mixed = _many(12)
     eager[10] = torch.rand(3, 1)            # rows differ, in the second group

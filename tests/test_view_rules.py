@@ -496,12 +496,12 @@ def test_cat_skips_an_empty_1d_tensor_as_eager_does():
         torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
 
 
-def test_cat_of_more_tensors_than_a_node_holds_is_the_generic_paths():
+def test_cat_of_more_tensors_than_a_node_holds_is_nested_by_the_rule():
     x = torch.randn(2, 3)
     lx = fastlazy.lazy(x) * 1
     before = generic_calls()
     got = torch.cat([lx] * 9, 1)
-    assert generic_calls() > before
+    assert generic_calls() == before
     torch.testing.assert_close(got.to_eager(), torch.cat([x] * 9, 1), rtol=0, atol=0)
 
 

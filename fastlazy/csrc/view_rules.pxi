@@ -992,7 +992,9 @@ cdef object cat_call(object entry, int op, PyObject **args, Py_ssize_t nargs, ob
     if type(seq) is not tuple and type(seq) is not list:
         return not_taken(entry, args, nargs, kwnames, form, "argument type")
     n = len(seq)
-    if not 1 <= n <= MAX_IN:
+    if n > MAX_IN:
+        return nested_cat(entry, op, seq, dim_arg, args, nargs, kwnames, form)
+    if n < 1:
         return not_taken(entry, args, nargs, kwnames, form, "tensor count")
     cdef bint lazy = False
     for k in range(n):
@@ -1037,6 +1039,67 @@ cdef object cat_call(object entry, int op, PyObject **args, Py_ssize_t nargs, ob
             if ops[k].m.requires_grad:
                 flags = NODE_DETACH
     return record(op, ops, <int>n, &out, d | <int>n << ATTR_DIM_BITS, flags, None)
+
+
+cdef object nested_cat(object entry, int op, object seq, PyObject *dim_arg, PyObject **args,
+                       Py_ssize_t nargs, object kwnames, int form):
+    """torch.cat of more than MAX_IN tensors (a dense block's growing list)
+    as the generic path nests it (generic._record_nested): the cat of each
+    group of MAX_IN, then the cat of those (nested again if they are
+    many) -- the same nodes, recorded here without Python.  Only tensors of
+    one dtype, rank (>= 1), device and size but at dim, some lazy: with
+    mixed dtypes a group's cat would round to the group's own result
+    dtype first; other lists, and eager's errors, are the generic path's."""
+    cdef Operand o
+    cdef Meta ref
+    cdef Py_ssize_t n = len(seq), k, start
+    cdef int i, d = 0
+    cdef bint lazy = False
+    for k in range(n):
+        item = seq[k]
+        if classify(&o, <PyObject*>item) != 1 or not is_tensor(&o):
+            return not_taken(entry, args, nargs, kwnames, form, "argument type")
+        if k == 0:
+            memcpy(&ref, o.m, sizeof(Meta))
+            if ref.ndim == 0:
+                return not_taken(entry, args, nargs, kwnames, form, "argument type")
+            if dim_arg != NULL:
+                d = wrap_dim(<object>dim_arg, ref.ndim)
+                if d < 0:
+                    return not_taken(entry, args, nargs, kwnames, form, "dim out of range")
+        elif o.m.ndim != ref.ndim or o.m.dtype != ref.dtype or o.m.device != ref.device:
+            return not_taken(entry, args, nargs, kwnames, form, "mixed tensors")
+        else:
+            for i in range(ref.ndim):
+                if i != d and o.m.shape[i] != ref.shape[i]:
+                    return not_taken(entry, args, nargs, kwnames, form, "sizes differ")
+        lazy = lazy or o.kind == K_LAZY
+    if not lazy:
+        return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    cdef PyObject *argv[2]
+    cdef Py_ssize_t nargv = 1 if dim_arg == NULL else 2
+    if dim_arg != NULL:
+        argv[1] = dim_arg
+    # the dim as the entry had it: positional, or the keyword dim=
+    cdef object names = kwnames
+    if names is not None:
+        nargv = 1
+    parts = []
+    for start in range(0, n, MAX_IN):
+        group = list(seq[start:start + MAX_IN])
+        if not any([type(t) is LazyTensor for t in group]):
+            # eager's cat, as the entry gives a list it finds no LazyTensor in
+            if dim_arg == NULL:
+                parts.append((<object>fl_entry_orig(entry))(group))
+            elif names is not None:
+                parts.append((<object>fl_entry_orig(entry))(group, dim=<object>dim_arg))
+            else:
+                parts.append((<object>fl_entry_orig(entry))(group, <object>dim_arg))
+            continue
+        argv[0] = <PyObject*>group
+        parts.append(cat_call(entry, op, argv, nargv, names, form))
+    argv[0] = <PyObject*>parts
+    return cat_call(entry, op, argv, nargv, names, form)
 
 
 cdef object call_row(object entry, tuple args, dict kwargs):
