@@ -13,11 +13,10 @@ import functools
 import os
 
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
-                      cpu_pool,
-                      detached_writes, failures, fx_threads, generic, graph_cache, host_checks,
-                      inference_saves, lazy_device, metrics, mutation, optable, python_bodies,
-                      recompiles, route, sites, step_executor, tensor_methods, tiering,
-                      views, watch)
+                      cpu_pool, detached_writes, failures, fx_threads, generic, graph_cache,
+                      host_checks, inference_saves, lazy_device, metrics, mutation, optable,
+                      python_bodies, recompiles, route, running_stats, sites, step_executor,
+                      tensor_methods, tiering, views, watch)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -53,6 +52,7 @@ def boot() -> None:
     _core.install(hooks())
     _core.set_tensor_reader(step_executor.tensor_reader())
     cpu_pool.configure()
+    running_stats.install()
     metrics.count_flush_sites()
     optable.register(_core.register_op)
     host_checks.define()

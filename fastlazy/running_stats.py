@@ -43,9 +43,11 @@ _FRAMES = 8            # caller frames searched for the module owning the buffer
 # module -> {buffer name: the eager tensor it held before fastlazy rebound it}
 _originals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # id(running mean) -> (weakref to the module whose buffer it is, (mean's
-# name, var's name)): the frames are searched once per module, not at every
-# call (an entry is used only while that module still holds both tensors as
-# those buffers, so a reused id finds nothing)
+# name, var's name), the module's entry in _originals): the frames are
+# searched once per module, not at every call (an entry is used only while
+# that module still holds both tensors as those buffers, so a reused id
+# finds nothing); the core records the calls it finds here itself
+# (csrc/running_stats.pxi)
 _owners: dict = {}
 _MAX_OWNERS = 4096
 
@@ -95,8 +97,14 @@ def record(func, args, kwargs):
     if not hit:        # (a new signature: analysed, then the core's from now on)
         found = generic.record(_FUNCTIONAL, args, {}, "F.batch_norm", prepared=found)
     out, _, _, new_mean, new_var = found
-    _rebind(module, buffers, originals, names, (new_mean, new_var))
+    _rebind(module, buffers, originals, names, (new_mean, new_var), mean)
     return out
+
+
+def install():
+    """Let the core record the calls of modules found before itself
+    (csrc/running_stats.pxi), from this module's table."""
+    _core.set_running_stats(_owners, _FUNCTIONAL, _restore)
 
 
 def _owner(mean, var):
@@ -115,7 +123,8 @@ def _owner(mean, var):
     if found is not None:
         if len(_owners) >= _MAX_OWNERS:
             _owners.clear()            # (modules come and go: start over)
-        _owners[id(mean)] = (weakref.ref(found[0]), found[1])
+        _owners[id(mean)] = (weakref.ref(found[0]), found[1],
+                             _originals.setdefault(found[0], {}))
     return found
 
 
@@ -146,15 +155,21 @@ def _ours_to_rebind(buffers, originals, name):
     return type(buffers[name]) is not LazyTensor or originals is not None and name in originals
 
 
-def _rebind(module, buffers, originals, names, news):
+def _rebind(module, buffers, originals, names, news, mean):
     """The module's buffers `names` hold the pending `news` until their
-    graph has run."""
+    graph has run (`mean`: the running mean the call was given, under
+    whose id _owner filed the module)."""
     if originals is None:
         originals = _originals.setdefault(module, {})
     for name, new in zip(names, news):
         if name not in originals:
             originals[name] = buffers[name]
         buffers[name] = new
+    known = _owners.get(id(mean))
+    if known is not None:
+        # (a second call of the module before the graph runs passes the
+        # pending mean: known too, until the write-back forgets it)
+        _owners[id(news[0])] = known
     _core.after_run(news[0], functools.partial(_restore, weakref.ref(module), names, news))
 
 
@@ -162,6 +177,7 @@ def _restore(module_ref, names, news):
     """The graph computing `news` has run: copy each into its buffer's
     original tensor and put that back, unless a later step rebound the
     buffer again."""
+    _owners.pop(id(news[0]), None)
     module = module_ref()
     if module is None:
         return

@@ -2,6 +2,7 @@
 compute a pending value), now recorded with eager's exact semantics:
 dropout and *_like random draws, nn.functional activations with
 inplace=True, and .to() naming the device a value already lives on."""
+import copy
 import inspect
 
 import pytest
@@ -253,6 +254,35 @@ def test_batch_norm_training_steps_are_one_graph_structure():
         net(x).pow(2).mean().backward()
     c = fastlazy.metrics.counters()
     assert c["flushes"] == 4 and c["cache_misses"] == 1, fastlazy.explain()
+
+
+def test_batch_norm_training_of_a_module_seen_before_is_recorded_by_the_core(monkeypatch):
+    """Once running_stats.py has found a module, the core records its calls
+    (csrc/running_stats.pxi) -- a module called twice in a step included
+    (the second call passes its pending statistics) -- with eager's
+    outputs, statistics and gradients."""
+    from fastlazy import running_stats
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3, padding=1), torch.nn.BatchNorm2d(3))
+    lazy = copy.deepcopy(eager)
+    xs = [torch.randn(2, 3, 5, 5) for _ in range(4)]
+
+    def step(net, x):
+        net.zero_grad()
+        bn = net[1]
+        bn(net(x)).pow(2).mean().backward()     # the batch norm twice
+
+    step(lazy, fastlazy.lazy(xs[0]))
+    step(eager, xs[0])
+    monkeypatch.setattr(running_stats, "record",
+                        lambda *a: pytest.fail("went up into Python"))
+    for x in xs[1:]:
+        step(lazy, fastlazy.lazy(x))
+        step(eager, x)
+    for mine, want in zip(lazy.state_dict().values(), eager.state_dict().values()):
+        assert type(mine) is torch.Tensor and torch.equal(mine, want)
+    for mine, want in zip(lazy.parameters(), eager.parameters()):
+        assert torch.equal(mine.grad, want.grad)
 
 
 def test_an_eager_write_to_a_buffer_after_the_forward_lands_after_the_update():

@@ -89,8 +89,13 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         return run_eager(entry, args, nargs, kwnames, form, "its C rule leaves it to eager")
     if verdict != RULE_OK:
         if op_rule[op] == R_BATCH_NORM and p[5] != NULL and <object>p[5] is True:
-            # training: fastlazy.running_stats records it with the module's
-            # statistics (no signature of this call is ever published)
+            # training: recorded with the module's statistics, here
+            # (running_stats.pxi) or by fastlazy.running_stats (no signature
+            # of this call is ever published)
+            if nargs == 8 and kwnames is None:
+                recorded = training_batch_norm(args)
+                if recorded is not None:
+                    return recorded
             pos, kw = split_arguments(args, nargs, kwnames)
             return _hooks.record_call(<object>fl_entry_orig(entry), entry.qualname, pos, kw,
                                       False, False)
