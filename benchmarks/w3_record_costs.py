@@ -55,6 +55,8 @@ def _cases():
          lambda x3, x4, q, ids, mask: F.conv2d(x4, conv_w, None, 1, 1)),
         ("F.batch_norm (inference)", "C rule",
          lambda x3, x4, q, ids, mask: F.batch_norm(x4, mean, var, bn_w, bn_b, False)),
+        ("F.hardtanh(x, 0.0, 6.0) (nn.ReLU6)", "C rule",
+         lambda x3, x4, q, ids, mask: F.hardtanh(x4, 0.0, 6.0)),
         ("F.max_pool2d(x, 2)", "C rule", lambda x3, x4, q, ids, mask: F.max_pool2d(x4, 2)),
         ("F.adaptive_avg_pool2d(x, 1)", "C rule",
          lambda x3, x4, q, ids, mask: F.adaptive_avg_pool2d(x4, 1)),

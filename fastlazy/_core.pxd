@@ -313,8 +313,10 @@ cdef class Segment:
     cdef object error         # the exception a failed flush raised
     cdef object sites         # per node: recording site, when tracing is on
     cdef list after_run       # callables to run once the graph has run (after_run())
-    cdef list slot_storages   # per slot, filled when first asked: the address of
-                              # a tensor's storage (0: none, or not a tensor)
+    cdef set slot_addresses   # the slots' storage addresses, filled when first
+                              # asked (may_read), for the first slots_seen slots
+    cdef Py_ssize_t slots_seen
+    cdef bint slot_unknown    # some slot's storage could not be told
     cdef int default_dtype    # the default dtype's code when it opened (-1: not
                               # yet read): its nodes' dtypes were found under it
     cdef object __weakref__

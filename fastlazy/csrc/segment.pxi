@@ -92,7 +92,9 @@ cdef class Segment:
         self.inputs = []
         self.state = SEG_RECORDING
         self.sites = [] if _record_sites else None
-        self.slot_storages = []
+        self.slot_addresses = set()
+        self.slots_seen = 0
+        self.slot_unknown = False
         self.after_run = None
         self.default_dtype = -1
 
@@ -283,7 +285,7 @@ cdef class Segment:
         # inputs so finished segments hold no tensors alive.
         self.inputs = None
         self.sites = None
-        self.slot_storages = None
+        self.slot_addresses = None
         self.n = 0
         self.nslots = 0
 
@@ -291,20 +293,23 @@ cdef class Segment:
         """May a node of this segment read memory of the eager tensor
         `written`?  Yes if one of its input slots shares the storage (a view
         of it, a `.data` alias, the tensor itself), or if that cannot be
-        told.  The storages of the slots are looked up once per segment."""
+        told.  The storages of the slots are looked up once per segment, into
+        a set: an eager write per layer (BatchNorm's num_batches_tracked)
+        costs the same in a long segment as in a short one."""
         cdef Py_ssize_t k
         cdef object address = _storage_address(written)
         if address is None:
             return True
         if address == 0:
             return False               # no memory: nothing can read it
-        for k in range(len(self.slot_storages), self.nslots):
-            self.slot_storages.append(_storage_address(self.inputs[k]))
-        for k in range(self.nslots):
-            other = self.slot_storages[k]
-            if other is None or other == address:
-                return True
-        return False
+        for k in range(self.slots_seen, self.nslots):
+            other = _storage_address(self.inputs[k])
+            if other is None:
+                self.slot_unknown = True
+            else:
+                self.slot_addresses.add(other)
+        self.slots_seen = self.nslots
+        return self.slot_unknown or address in self.slot_addresses
 
     # -- read-only views for lowering and debugging (not on the hot path) --
 
