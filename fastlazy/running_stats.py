@@ -22,7 +22,6 @@ once the step's graph has run, not before.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import weakref
@@ -83,8 +82,8 @@ def record(func, args, kwargs):
     if owner is None:
         return NOT_HANDLED
     module, names = owner
-    buffers = module._buffers
-    originals = _originals.get(module)
+    known = _owners[id(mean)]           # (filed by _owner)
+    buffers, originals = module._buffers, known[2]
     if not (_ours_to_rebind(buffers, originals, names[0])
             and _ours_to_rebind(buffers, originals, names[1])):
         return NOT_HANDLED
@@ -96,9 +95,8 @@ def record(func, args, kwargs):
     hit, found = _core.signature_hit(_FUNCTIONAL, args)
     if not hit:        # (a new signature: analysed, then the core's from now on)
         found = generic.record(_FUNCTIONAL, args, {}, "F.batch_norm", prepared=found)
-    out, _, _, new_mean, new_var = found
-    _rebind(module, buffers, originals, names, (new_mean, new_var), mean)
-    return out
+    _core.rebind_statistics(known, buffers, mean, var, found)
+    return found[0]
 
 
 def install():
@@ -152,25 +150,7 @@ def _ours_to_rebind(buffers, originals, name):
     """An eager buffer, or one this module rebound and not yet restored (a
     step recorded before the last one's graph ran); not a LazyTensor the
     user put there.  `originals`: the module's entry in _originals."""
-    return type(buffers[name]) is not LazyTensor or originals is not None and name in originals
-
-
-def _rebind(module, buffers, originals, names, news, mean):
-    """The module's buffers `names` hold the pending `news` until their
-    graph has run (`mean`: the running mean the call was given, under
-    whose id _owner filed the module)."""
-    if originals is None:
-        originals = _originals.setdefault(module, {})
-    for name, new in zip(names, news):
-        if name not in originals:
-            originals[name] = buffers[name]
-        buffers[name] = new
-    known = _owners.get(id(mean))
-    if known is not None:
-        # (a second call of the module before the graph runs passes the
-        # pending mean: known too, until the write-back forgets it)
-        _owners[id(news[0])] = known
-    _core.after_run(news[0], functools.partial(_restore, weakref.ref(module), names, news))
+    return type(buffers[name]) is not LazyTensor or name in originals
 
 
 def _restore(module_ref, names, news):

@@ -322,24 +322,33 @@ cdef object record_by_signature(object func, object name, tuple pos, dict kw, bi
         key = signature_key(func, pos, kw, tensors, ruled, None)
     except Exception:
         return _hooks.record_call(func, name, pos, kw, False, ruled, ())
+    out = record_by_key(key, tensors, fast)
+    if out is not None:
+        return out
+    return _hooks.record_call(func, name, pos, kw, False, ruled, (key, tensors, fast))
+
+
+cdef object record_by_key(object key, list tensors, object fast):
+    """The call recorded from the signature published under `key` (its
+    `tensors` as signature_key sorted them), or None on a miss.  A hit also
+    files the call's flat key `fast`, which missed it (a signature
+    published from another call)."""
     found = _generic_hits.get(key)
     cdef GenericHit hit
-    cdef Py_ssize_t n = len(tensors), k
+    cdef Py_ssize_t n = len(tensors)
+    if found is None or n > MAX_IN:
+        return None
+    hit = <GenericHit>found
     out = None
-    if found is not None and n <= MAX_IN:
-        hit = <GenericHit>found
-        if hit.returns_input >= 0:
-            if hit.returns_input < n:
-                out = tensors[hit.returns_input]
-                counters[C_GENERIC] += 1
-        else:
-            out = record_published(hit, tensors)
-        if out is not None:
-            if fast is not None:
-                # the flat key missed this signature (published from another call)
-                add_fast_hit(<FastKey>fast, hit)
-            return out
-    return _hooks.record_call(func, name, pos, kw, False, ruled, (key, tensors, fast))
+    if hit.returns_input >= 0:
+        if hit.returns_input < n:
+            out = tensors[hit.returns_input]
+            counters[C_GENERIC] += 1
+    else:
+        out = record_published(hit, tensors)
+    if out is not None and fast is not None:
+        add_fast_hit(<FastKey>fast, hit)
+    return out
 
 
 def signature_hit(object func, tuple args):
@@ -361,13 +370,9 @@ def signature_hit(object func, tuple args):
         key = signature_key(func, args, {}, tensors, False, None)
     except Exception:
         return False, None
-    found = _generic_hits.get(key)
-    if found is not None and n <= MAX_IN and (<GenericHit>found).returns_input < 0:
-        out = record_published(<GenericHit>found, tensors)
-        if out is not None:
-            if fast is not None:
-                add_fast_hit(<FastKey>fast, <GenericHit>found)
-            return True, out
+    out = record_by_key(key, tensors, fast)
+    if out is not None:
+        return True, out
     return False, (key, tensors, fast)
 
 

@@ -85,15 +85,32 @@ cdef object training_batch_norm(PyObject **args):
     found = fast_generic_hit(_functional_bn, vector, 8, None, False)
     if type(found) is not tuple or len(<tuple>found) != 5:
         return None               # (a signature not yet published: analysed there)
-    out, new_mean, new_var = (<tuple>found)[0], (<tuple>found)[3], (<tuple>found)[4]
+    rebind(<tuple>known, <dict>buffers, mean, var, <tuple>found)
+    return (<tuple>found)[0]
+
+
+def rebind_statistics(tuple known, dict buffers, mean, var, tuple found):
+    """running_stats.py's rebind (the first call of a module, or one the
+    core left to it): as rebind."""
+    rebind(known, buffers, mean, var, found)
+
+
+cdef int rebind(tuple known, dict buffers, object mean, object var, tuple found) except -1:
+    """The module's buffers hold the pending statistics of `found` (the
+    functional batch norm's five results) until its graph has run; their
+    original tensors are kept (the first rebinding's, where a step recorded
+    before the last one's graph ran) for the write-back scheduled here."""
+    names, originals = <tuple>known[1], <dict>known[2]
+    mean_name, var_name = names[0], names[1]
+    new_mean, new_var = found[3], found[4]
     if mean_name not in originals:
         originals[mean_name] = mean
     if var_name not in originals:
         originals[var_name] = var
-    (<dict>buffers)[mean_name] = new_mean
-    (<dict>buffers)[var_name] = new_var
+    buffers[mean_name] = new_mean
+    buffers[var_name] = new_var
     # a second call of the module before the graph runs passes the pending
     # mean: known too, until the write-back forgets it
     _stats_owners[id(new_mean)] = known
-    after_run(new_mean, _partial(_stats_restore, (<tuple>known)[0], names, (new_mean, new_var)))
-    return out
+    after_run(new_mean, _partial(_stats_restore, known[0], names, (new_mean, new_var)))
+    return 0

@@ -1041,6 +1041,11 @@ cdef object cat_call(object entry, int op, PyObject **args, Py_ssize_t nargs, ob
     return record(op, ops, <int>n, &out, d | <int>n << ATTR_DIM_BITS, flags, None)
 
 
+cdef extern from "Python.h":
+    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf,
+                               PyObject *kwnames)
+
+
 cdef object nested_cat(object entry, int op, object seq, PyObject *dim_arg, PyObject **args,
                        Py_ssize_t nargs, object kwnames, int form):
     """torch.cat of more than MAX_IN tensors (a dense block's growing list)
@@ -1087,16 +1092,12 @@ cdef object nested_cat(object entry, int op, object seq, PyObject *dim_arg, PyOb
     parts = []
     for start in range(0, n, MAX_IN):
         group = list(seq[start:start + MAX_IN])
+        argv[0] = <PyObject*>group
         if not any([type(t) is LazyTensor for t in group]):
             # eager's cat, as the entry gives a list it finds no LazyTensor in
-            if dim_arg == NULL:
-                parts.append((<object>fl_entry_orig(entry))(group))
-            elif names is not None:
-                parts.append((<object>fl_entry_orig(entry))(group, dim=<object>dim_arg))
-            else:
-                parts.append((<object>fl_entry_orig(entry))(group, <object>dim_arg))
+            parts.append(PyObject_Vectorcall(<object>fl_entry_orig(entry), argv, nargv,
+                                             <PyObject*>names if names is not None else NULL))
             continue
-        argv[0] = <PyObject*>group
         parts.append(cat_call(entry, op, argv, nargv, names, form))
     argv[0] = <PyObject*>parts
     return cat_call(entry, op, argv, nargv, names, form)
