@@ -15,7 +15,7 @@ import os
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
                       cpu_pool, detached_writes, failures, fx_threads, generic, graph_cache,
                       host_checks, inference_saves, lazy_device, metrics, mutation, optable,
-                      python_bodies, recompiles, route, running_stats, sites, step_executor,
+                      python_bodies, random_ops, recompiles, route, running_stats, sites, step_executor,
                       tensor_methods, tiering, views, watch)
 from fastlazy.backends import inductor
 
@@ -53,6 +53,7 @@ def boot() -> None:
     _core.set_tensor_reader(step_executor.tensor_reader())
     cpu_pool.configure()
     running_stats.install()
+    _core.set_dropout_draws(random_ops.draws_plainly)
     metrics.count_flush_sites()
     optable.register(_core.register_op)
     host_checks.define()

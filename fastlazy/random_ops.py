@@ -17,7 +17,9 @@ the commonest ones depend on the input's metadata alone, not its values:
   the tensor of ones and its product: a transformer's training step makes
   a dozen such draws.  Checked once per device type and dtype against the
   call itself (same noise, same generator state after), so a torch whose
-  dropout draws otherwise keeps the call on ones.
+  dropout draws otherwise keeps the call on ones.  The core draws and
+  records F.dropout's plain noise itself (csrc/dropout_draws.pxi) for an
+  input that is not a view; this module takes every other call.
 - `rand_like`, `randn_like`, `randint_like` fill a tensor of the input's
   metadata: the call on an empty tensor of that metadata is the result.
 
@@ -106,13 +108,13 @@ def _noise(func, bound, x):
         return None
     p, training = bound.get(plain[0], plain[1]), bound.get(plain[2], plain[3])
     if type(p) is not float or not 0.0 < p < 1.0 or training is not True \
-            or not _draws_plainly(x.device.type, x.dtype):
+            or not draws_plainly(x.device.type, x.dtype):
         return None
     return _like(x).bernoulli_(1 - p).div_(1 - p)
 
 
 @functools.lru_cache(maxsize=None)
-def _draws_plainly(device_type, dtype):
+def draws_plainly(device_type, dtype):
     """Does eager's dropout on this device type and dtype draw its noise as
     empty_like(x).bernoulli_(1 - p).div_(1 - p)?  Tried once, on a small
     tensor from a generator state restored afterwards: the same noise and

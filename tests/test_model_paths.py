@@ -60,7 +60,7 @@ def test_dropout_noise_of_a_view_is_eagers(layout, dtype, plain, monkeypatch):
     empty_like does, so each number lands where eager's would."""
     from fastlazy import random_ops
     if not plain:
-        monkeypatch.setattr(random_ops, "_draws_plainly", lambda device, dtype: False)
+        monkeypatch.setattr(random_ops, "draws_plainly", lambda device, dtype: False)
     drawn = []
     real_noise = random_ops._noise
     monkeypatch.setattr(random_ops, "_noise",
@@ -80,13 +80,13 @@ def test_dropout_noise_of_a_view_is_eagers(layout, dtype, plain, monkeypatch):
 
 def test_plain_dropout_draws_are_checked_per_device_and_dtype(monkeypatch):
     from fastlazy import random_ops
-    assert random_ops._draws_plainly.__wrapped__("cpu", torch.float32)
-    assert not random_ops._draws_plainly.__wrapped__("cuda", torch.float32)
+    assert random_ops.draws_plainly.__wrapped__("cpu", torch.float32)
+    assert not random_ops.draws_plainly.__wrapped__("cuda", torch.float32)
     # a torch whose CPU dropout drew otherwise keeps the call on ones
     real = torch.dropout
     monkeypatch.setattr(torch, "dropout",
                         lambda x, p, train: real(x, p, train) * (1 - p))
-    assert not random_ops._draws_plainly.__wrapped__("cpu", torch.float32)
+    assert not random_ops.draws_plainly.__wrapped__("cpu", torch.float32)
     # feature dropout's noise has another shape: never drawn plainly
     assert random_ops._noise(F.dropout2d, {"input": None, "p": 0.5}, None) is None
 
@@ -111,6 +111,73 @@ def test_dropout_inplace_writes_the_lazy_tensor_only():
     lazy = fastlazy.lazy(x) * 1
     assert F.dropout(lazy, 0.5, True, inplace=True) is lazy
     assert torch.equal(lazy.to_eager(), expected)
+
+
+def _no_python_dropout(monkeypatch):
+    """random_ops (the Python path) refuses every call: what passes was
+    drawn and recorded by the core."""
+    from fastlazy import random_ops
+
+    def refuse(*args):
+        raise AssertionError("F.dropout went up into Python")
+    monkeypatch.setattr(random_ops, "record", refuse)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_dropout_in_training_is_drawn_by_the_core(inplace, dtype, monkeypatch):
+    """F.dropout of a tensor that is not a view, as a transformer's training
+    step calls it: eager's noise and generator state, no Python frame."""
+    _no_python_dropout(monkeypatch)
+    x = torch.randn(3, 5, 7).to(dtype)
+    torch.manual_seed(4)
+    expected = F.dropout(x * 2, 0.1, True, inplace)
+    after = torch.rand(3)
+    torch.manual_seed(4)
+    lazy = fastlazy.lazy(x) * 2
+    got = F.dropout(lazy, 0.1, True, inplace)
+    assert torch.equal(torch.rand(3), after)
+    assert (got is lazy) == inplace
+    _no_split()
+    assert torch.equal(got.to_eager(), expected)
+
+
+def test_dropout_of_a_channels_last_value_is_eagers(monkeypatch):
+    """A computed value keeps its own layout: the noise is drawn in it, as
+    eager's empty_like would, so each number lands where eager's does."""
+    _no_python_dropout(monkeypatch)
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    torch.manual_seed(9)
+    expected = F.dropout(x, 0.5)
+    torch.manual_seed(9)
+    assert torch.equal(F.dropout(fastlazy.lazy(x), 0.5).to_eager(), expected)
+
+
+def test_dropout_in_place_on_a_leaf_raises_eagers_error_after_the_draw():
+    w = torch.randn(4, requires_grad=True)
+    torch.manual_seed(2)
+    with pytest.raises(RuntimeError) as eager_error:
+        F.dropout(w, 0.3, True, inplace=True)
+    after = torch.rand(3)
+    torch.manual_seed(2)
+    with pytest.raises(RuntimeError) as lazy_error:
+        F.dropout(fastlazy.lazy(w), 0.3, True, inplace=True)
+    assert torch.equal(torch.rand(3), after)
+    assert "leaf Variable" in str(eager_error.value) and "leaf Variable" in str(lazy_error.value)
+
+
+@pytest.mark.parametrize("p", [0, 1, torch.tensor(0.5)], ids=["int-0", "int-1", "tensor"])
+def test_dropout_probabilities_the_core_leaves_to_python_keep_eagers_result(p):
+    x = torch.randn(4, 4)
+    torch.manual_seed(6)
+    try:
+        expected = F.dropout(x * 1, p, True)
+    except Exception as error:           # (eager's own judgement of p)
+        with pytest.raises(type(error)):
+            F.dropout(fastlazy.lazy(x) * 1, p, True)
+        return
+    torch.manual_seed(6)
+    assert torch.equal(F.dropout(fastlazy.lazy(x) * 1, p, True).to_eager(), expected)
 
 
 def test_dropout_bad_probability_raises_eagers_error():

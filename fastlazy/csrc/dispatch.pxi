@@ -56,8 +56,12 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     if op_rule[op] == R_DROPOUT:
         if dropout_is_identity(p):
             return <object>p[0]
-        # training: the noise is drawn at the call (fastlazy.random_ops), so
-        # the generator advances as in eager; a bad p: eager raises
+        # training: the noise is drawn at the call (dropout_draws.pxi, else
+        # fastlazy.random_ops), so the generator advances as in eager; a bad
+        # p: eager raises
+        recorded = training_dropout(p)
+        if recorded is not None:
+            return recorded
         return call_generic(entry, args, nargs, kwnames, form, True)
     if op_inplace_param[op] >= 0 and p[op_inplace_param[op]] != NULL:
         # torch.nn.functional's `inplace=True` is the in-place form

@@ -1,0 +1,61 @@
+# F.dropout in training, recorded here: the noise is drawn at the call by
+# the calls eager's dropout makes, and the product recorded.
+#
+# fastlazy.random_ops explains why the draw happens at the call and how a
+# device's dropout is found to draw its noise as
+#     empty_like(x).bernoulli_(1 - p).div_(1 - p)
+# (CPU's does; a fused kernel such as CUDA's does not).  For a call whose
+# input that check accepts, this file does what random_ops._dropout does
+# for it, without its Python frames: a transformer's training step makes a
+# dozen such calls, and each spent ~9 us in Python around a draw eager
+# makes too.  Anything else -- a view (whose noise must follow its strides),
+# a device or dtype that draws otherwise, a probability that is not a float
+# strictly between 0 and 1 -- goes on to random_ops, as before.
+
+cdef object _draws_plainly = None    # random_ops.draws_plainly, set at boot
+cdef dict _plain_draws = {}          # (device code, dtype code) -> its answer
+cdef object _torch_empty = None
+cdef object _torch_empty_like = None
+
+
+def set_dropout_draws(draws_plainly):
+    """Hand random_ops.draws_plainly(device_type, dtype) to the core (once,
+    at boot): whether eager's dropout there draws its noise plainly."""
+    global _draws_plainly, _torch_empty, _torch_empty_like
+    import torch
+    _torch_empty, _torch_empty_like = torch.empty, torch.empty_like
+    _draws_plainly = draws_plainly
+
+
+cdef object training_dropout(PyObject **p):
+    """F.dropout(x, p, training, inplace) in training with a float p in
+    (0, 1): x times the noise drawn now, recorded; None where
+    fastlazy.random_ops must take the call."""
+    if _draws_plainly is None or type(<object>p[0]) is not LazyTensor or p[1] == NULL:
+        return None
+    prob = <object>p[1]
+    if type(prob) is not float or not 0.0 < <double>prob < 1.0:
+        return None
+    if p[2] != NULL and <object>p[2] is not True:
+        return None
+    inplace = False if p[3] == NULL else <object>p[3]
+    if type(inplace) is not bool:
+        return None
+    cdef LazyTensor x = <LazyTensor>p[0]
+    if x.family is not None:
+        return None
+    key = (x.meta.device, x.meta.dtype)
+    plain = _plain_draws.get(key)
+    if plain is None:
+        plain = _plain_draws[key] = bool(_draws_plainly(x.device.type, x.dtype))
+    if not plain:
+        return None
+    keep = 1.0 - <double>prob
+    # random_ops._like: a value's own layout; a pending tensor's is taken
+    # as contiguous
+    if x.value is not None:
+        noise = _torch_empty_like(x.value)
+    else:
+        noise = _torch_empty(x.shape, dtype=x.dtype, device=x.device)
+    noise.bernoulli_(keep).div_(keep)
+    return x.mul_(noise) if inplace else x * noise
