@@ -6,6 +6,8 @@ import sys
 
 import torch
 
+from fastlazy import _core
+
 # directories with their separator: a user's fastlazy_demo.py beside the
 # package is not inside it
 SKIP = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
@@ -21,13 +23,9 @@ def where_called(depth: int = 1):
     """(code object, instruction offset) of the first frame outside
     fastlazy and torch above the caller `depth` frames up; (None, 0) if
     there is none; site_name makes it 'file:line'.  (The core finds each
-    flush's site the same way, in C: csrc/flush_sites.pxi.)"""
-    frame = sys._getframe(depth)
-    while frame is not None and frame.f_code.co_filename.startswith(SKIP):
-        frame = frame.f_back
-    if frame is None:
-        return None, 0
-    return frame.f_code, frame.f_lasti
+    flush's site with the same walk: csrc/flush_sites.pxi, which skips
+    SKIP once metrics has handed it over at boot.)"""
+    return _core.first_user_site(sys._getframe(depth))
 
 
 def site_name(code, offset) -> str:

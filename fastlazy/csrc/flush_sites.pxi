@@ -29,15 +29,26 @@ def set_flush_sites(dict counts, dict codes, tuple skip):
     _site_counts, _site_codes, _site_skip = counts, codes, skip
 
 
+cdef tuple user_site(object frame):
+    """(code, instruction offset) of the first frame from `frame` outward
+    whose file is not under one of the skipped directories; (None, 0) if
+    there is none."""
+    while frame is not None:
+        code = frame.f_code
+        if not code.co_filename.startswith(_site_skip):
+            return code, frame.f_lasti
+        frame = frame.f_back
+    return None, 0
+
+
+def first_user_site(frame):
+    """user_site for Python (fastlazy.sites.where_called)."""
+    return user_site(frame)
+
+
 cdef int note_flush_site(str reason) except -1:
     cdef PyFrameObject *top = PyEval_GetFrame()
-    frame = None if top == NULL else <object><PyObject *>top
-    code, offset = None, 0
-    while frame is not None:
-        if not frame.f_code.co_filename.startswith(_site_skip):
-            code, offset = frame.f_code, frame.f_lasti
-            break
-        frame = frame.f_back
+    code, offset = user_site(None if top == NULL else <object><PyObject *>top)
     # the code before its count: metrics.flushes_by_site reads them so
     if id(code) not in _site_codes:
         _site_codes[id(code)] = code
