@@ -631,7 +631,7 @@ def markdown() -> str:
                   Rule.R_MATMUL: "matrix product", Rule.R_LINEAR: "linear",
                   Rule.R_ADDMM: "matrix product plus input",
                   Rule.R_RTRUEDIV: "reflected true division", Rule.R_LAYER_NORM: "layer norm",
-                  Rule.R_DROPOUT: "identity in eval; eager in training",
+                  Rule.R_DROPOUT: "identity in eval; in training noise drawn at the call, product recorded",
                   Rule.R_BATCH_NORM: "batch norm (inference)",
                   Rule.R_CONV2D: "2-d convolution of a batch",
                   Rule.R_MAX_POOL2D: "2-d max pooling", Rule.R_EMBEDDING: "embedding lookup",
