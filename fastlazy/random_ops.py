@@ -19,9 +19,15 @@ the commonest ones depend on the input's metadata alone, not its values:
   call itself (same noise, same generator state after), so a torch whose
   dropout draws otherwise keeps the call on ones.  The core draws and
   records F.dropout's plain noise itself (csrc/dropout_draws.pxi) for an
-  input that is not a view; this module takes every other call.
+  input that is neither a view nor an elementwise op's pending result; this
+  module takes every other call.
 - `rand_like`, `randn_like`, `randint_like` fill a tensor of the input's
   metadata: the call on an empty tensor of that metadata is the result.
+
+A draw fills its tensor in memory order, so the tensor it fills is laid
+out as eager's empty_like(x) would be (_like): a value's layout, a view's
+strides, or the layout eager gives a pending result (TensorIterator's rule
+for elementwise ops, followed back through the recorded nodes).
 
 So seeded programs stay bit-equal to eager while the graph is not split.
 Calls these rules do not cover go on to the generic path, which lifts the
@@ -37,8 +43,8 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from fastlazy import _core, views
-from fastlazy._core import LazyTensor
+from fastlazy import _core, optable, views
+from fastlazy._core import LazyTensor, Rule
 
 NOT_HANDLED = object()
 
@@ -138,19 +144,143 @@ def draws_plainly(device_type, dtype):
 def _like(x):
     """An uninitialized tensor as empty_like(x) would make it in eager: x's
     metadata, and x's strides where x is a non-overlapping, dense view (a
-    random fill then puts each number where eager's would go); contiguous
-    otherwise (a pending LazyTensor that is not a view is taken as
-    contiguous: the result of an op on a channels-last or transposed
-    tensor gets other numbers than eager's).  A LazyTensor holding a value
-    has that value's layout."""
+    random fill then puts each number where eager's would go).  A
+    LazyTensor holding a value has that value's layout; a pending result
+    has the layout eager gives it as far as its recorded producers tell
+    (_eager_strides), and where they do not, it is computed first: a split
+    of the graph, rather than other numbers than eager's for the same seed."""
     shape = tuple(x.shape)
-    if x.family is None and x.is_materialized:
-        # a value's own layout (a channels-last tensor is held as it is)
-        return torch.empty_like(x.to_eager())
+    if x.family is None:
+        strides = None if x.is_materialized else _eager_strides(x)
+        if strides is None:
+            # a value's own layout (a channels-last tensor is held as it is)
+            return torch.empty_like(x.to_eager())
+        return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)
     where = views.geometry(x)
     if where is not None and views.dense(shape, where[1]):
         return torch.empty_strided(shape, where[1], dtype=x.dtype, device=x.device)
     return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+
+# ops whose eager result is laid out as their operands are (TensorIterator's)
+_ELEMENTWISE = frozenset(rule for rule in Rule if _core.is_elementwise_rule(rule))
+# views that keep a contiguous input's layout contiguous, and views that
+# may reorder or skip elements
+_CONTIGUOUS_VIEWS = frozenset((Rule.R_VIEW, Rule.R_UNSQUEEZE, Rule.R_SQUEEZE, Rule.R_FLATTEN,
+                               Rule.R_UNFLATTEN))
+_OTHER_VIEWS = frozenset((Rule.R_TRANSPOSE, Rule.R_PERMUTE, Rule.R_SELECT, Rule.R_SLICE,
+                          Rule.R_SPLIT, Rule.R_EXPAND))
+# how far back through elementwise ops and views a layout is followed
+_LAYOUT_DEPTH = 8
+
+
+def _eager_strides(x):
+    """The strides eager gives the pending, non-view LazyTensor x, or None
+    where its recorded producers do not tell.  An op that is neither
+    elementwise nor a view is taken to give a contiguous result (matmul,
+    layer_norm, embedding: the common producers of dropout's input); an
+    elementwise op's result is laid out from its operands' layouts as
+    TensorIterator lays it out; a live view's strides are known, a view
+    that no tensor holds any more is followed only where it keeps a
+    contiguous input contiguous."""
+    pending = _core.pending_in(x)
+    if pending is None:
+        return _contiguous_strides(tuple(x.shape))
+    seg, index = pending
+    return _node_strides(seg, index, _LAYOUT_DEPTH)
+
+
+def _node_strides(seg, index, depth):
+    node = seg.node(index)
+    owner = seg.owner(index)
+    where = None if owner is None else views.geometry(owner)
+    if where is not None:
+        return tuple(where[1])                      # a live view
+    rule = optable.OPS[node.op].rule if 0 <= node.op < len(optable.OPS) else None
+    if rule not in _ELEMENTWISE and rule not in _CONTIGUOUS_VIEWS:
+        # an op with a layout of its own, or a view that may reorder
+        return None if rule in _OTHER_VIEWS else _contiguous_strides(node.shape)
+    if depth == 0:
+        return None
+    operands = []
+    for kind, k in node.inputs:
+        if kind == "node":
+            strides = _node_strides(seg, k, depth - 1)
+            if strides is None:
+                return None
+            operands.append((seg.node(k).shape, strides))
+        else:
+            value = seg.slot(k)[1]
+            if isinstance(value, torch.Tensor):
+                operands.append((tuple(value.shape), value.stride()))
+    if rule in _CONTIGUOUS_VIEWS:
+        shape, strides = operands[0]
+        return _contiguous_strides(node.shape) if _contiguous(shape, strides) else None
+    return _iterator_strides(node.shape, operands)
+
+
+def _iterator_strides(shape, operands):
+    """The strides TensorIterator gives the result of `shape` of an
+    elementwise op of operands [(shape, strides)] (aten's
+    TensorIteratorBase::reorder_dimensions: dimensions sorted by the
+    operands' strides, the first operand with an opinion deciding, a
+    broadcast dimension giving none; the result dense in that order)."""
+    ndim = len(shape)
+    if ndim <= 1:
+        return _contiguous_strides(shape)
+    broadcast = []
+    for operand_shape, operand_strides in operands:
+        offset = ndim - len(operand_shape)
+        strides = [0] * ndim
+        for i, (size, stride) in enumerate(zip(operand_shape, operand_strides)):
+            strides[offset + i] = 0 if size == 1 and shape[offset + i] != 1 else stride
+        broadcast.append(strides)
+
+    def should_swap(dim0, dim1):
+        for strides in broadcast:
+            stride0, stride1 = strides[dim0], strides[dim1]
+            if stride0 == 0 or stride1 == 0:
+                continue
+            if stride0 != stride1:
+                return -1 if stride0 < stride1 else 1
+            if shape[dim0] > shape[dim1]:
+                return 1
+        return 0
+
+    perm = list(range(ndim - 1, -1, -1))           # perm[0]: the fastest dimension
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    strides, step = [0] * ndim, 1
+    for dim in perm:
+        strides[dim] = step
+        step *= shape[dim]
+    return tuple(strides)
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [0] * len(shape), 1
+    for dim in range(len(shape) - 1, -1, -1):
+        strides[dim] = step
+        step *= shape[dim]
+    return tuple(strides)
+
+
+def _contiguous(shape, strides) -> bool:
+    """Are these strides contiguous for this shape, as is_contiguous()
+    judges (a dimension of size 1 may have any stride)?"""
+    step = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != step:
+            return False
+        step *= size
+    return True
 
 
 def _dropout(func, args, kwargs):

@@ -129,15 +129,27 @@ def test_dropout_in_training_is_drawn_by_the_core(inplace, dtype, monkeypatch):
     """F.dropout of a tensor that is not a view, as a transformer's training
     step calls it: eager's noise and generator state, no Python frame."""
     _no_python_dropout(monkeypatch)
-    x = torch.randn(3, 5, 7).to(dtype)
+    x, w = torch.randn(3, 5, 7).to(dtype), torch.randn(7, 4).to(dtype)
     torch.manual_seed(4)
-    expected = F.dropout(x * 2, 0.1, True, inplace)
+    expected = F.dropout(x @ w, 0.1, True, inplace)
     after = torch.rand(3)
     torch.manual_seed(4)
-    lazy = fastlazy.lazy(x) * 2
+    lazy = fastlazy.lazy(x) @ w
     got = F.dropout(lazy, 0.1, True, inplace)
     assert torch.equal(torch.rand(3), after)
     assert (got is lazy) == inplace
+    _no_split()
+    assert torch.equal(got.to_eager(), expected)
+
+
+def test_dropout_of_a_contiguous_view_is_drawn_by_the_core(monkeypatch):
+    """GPT-2's projections reshape a matmul's result before dropout."""
+    _no_python_dropout(monkeypatch)
+    x, w = torch.randn(6, 8), torch.randn(8, 4)
+    torch.manual_seed(12)
+    expected = F.dropout((x @ w).view(2, 3, 4), 0.2, True)
+    torch.manual_seed(12)
+    got = F.dropout((fastlazy.lazy(x) @ w).view(2, 3, 4), 0.2, True)
     _no_split()
     assert torch.equal(got.to_eager(), expected)
 
@@ -178,6 +190,85 @@ def test_dropout_probabilities_the_core_leaves_to_python_keep_eagers_result(p):
         return
     torch.manual_seed(6)
     assert torch.equal(F.dropout(fastlazy.lazy(x) * 1, p, True).to_eager(), expected)
+
+
+_KEPT = []
+_PERMUTED = torch.randn(2, 5, 6)
+LAID_OUT = {
+    # an audio encoder's front: conv, permute, position added (Whisper's)
+    "permuted-plus-contiguous": (lambda x, pos: x.permute(0, 2, 1) + pos, False),
+    "through-two-elementwise-ops": (lambda x, pos: (x.permute(0, 2, 1) * 2 + pos).relu(), False),
+    # a view a tensor still holds: its strides are known, nothing computed
+    "transposed-kept-alive": (lambda x, pos: _KEPT.append(x.transpose(1, 2)) or _KEPT[-1] - pos,
+                              True),
+    # an eager operand's layout decides (it comes first)
+    "permuted-eager-operand": (lambda x, pos: _PERMUTED.transpose(1, 2) + x, True),
+    "broadcast-position": (lambda x, pos: x + pos.t(), True),
+    "contiguous-operands": (lambda x, pos: x * 3 + 1, True),
+}
+
+
+@pytest.mark.parametrize("name", LAID_OUT)
+@pytest.mark.parametrize("p_kind", ["float", "int"])
+def test_dropout_of_an_elementwise_result_draws_in_eagers_layout(name, p_kind):
+    """An elementwise op of a permuted tensor keeps its layout in eager, and
+    eager's noise is drawn in it: the same seed gives eager's numbers (the
+    graph is computed up to the input where the layout is not known to be
+    contiguous, and only there)."""
+    make, stays_pending = LAID_OUT[name]
+    x, pos = torch.randn(2, 6, 5), torch.randn(5, 6)
+    p = 0.5 if p_kind == "float" else 1
+    torch.manual_seed(8)
+    expected = F.dropout(make(x, pos), p, True)
+    after = torch.rand(3)
+    torch.manual_seed(8)
+    lazy_x = fastlazy.lazy(x) * 1
+    got = F.dropout(make(lazy_x, pos), p, True)
+    assert torch.equal(torch.rand(3), after)
+    if stays_pending:
+        _no_split()
+    assert torch.equal(got.to_eager(), expected)
+
+
+def test_elementwise_result_strides_are_tensor_iterators():
+    """random_ops' copy of TensorIterator's layout rule against eager's
+    results, over permuted, broadcast and channels-last operands."""
+    from fastlazy import random_ops
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for _ in range(300):
+        ndim = int(torch.randint(2, 5, (), generator=gen))
+        shape = [int(v) for v in torch.randint(1, 4, (ndim,), generator=gen)]
+        operands = []
+        for _ in range(int(torch.randint(1, 4, (), generator=gen))):
+            order = torch.randperm(ndim, generator=gen).tolist()
+            t = torch.empty([shape[d] for d in order]).permute(*torch.argsort(torch.tensor(order)).tolist())
+            if torch.rand((), generator=gen) < 0.3:       # broadcast along one dim
+                d = int(torch.randint(0, ndim, (), generator=gen))
+                t = t.narrow(d, 0, 1)
+            operands.append(t)
+        out = operands[0]
+        for t in operands[1:]:
+            out = out + t
+        if len(operands) > 2:       # a chain's layout is the last add's
+            continue
+        got = random_ops._iterator_strides(tuple(out.shape),
+                                           [(tuple(t.shape), t.stride()) for t in operands])
+        order = lambda strides: [d for d in sorted(range(ndim), key=lambda d: strides[d])
+                                 if out.shape[d] != 1]
+        assert order(got) == order(out.stride()), (shape, [t.stride() for t in operands])
+        checked += 1
+    assert checked > 100
+
+
+@pytest.mark.parametrize("func", [torch.rand_like, torch.randn_like])
+def test_random_like_of_an_elementwise_result_is_eagers(func):
+    x, pos = torch.randn(2, 6, 5), torch.randn(5, 6)
+    torch.manual_seed(3)
+    expected = func(x.permute(0, 2, 1) + pos)
+    torch.manual_seed(3)
+    got = func(fastlazy.lazy(x).permute(0, 2, 1) + pos)
+    assert torch.equal(got.to_eager(), expected)
 
 
 def test_dropout_bad_probability_raises_eagers_error():

@@ -8,9 +8,10 @@
 # input that check accepts, this file does what random_ops._dropout does
 # for it, without its Python frames: a transformer's training step makes a
 # dozen such calls, and each spent ~9 us in Python around a draw eager
-# makes too.  Anything else -- a view (whose noise must follow its strides),
-# a device or dtype that draws otherwise, a probability that is not a float
-# strictly between 0 and 1 -- goes on to random_ops, as before.
+# makes too.  Anything else -- a view not laid out contiguously (whose noise
+# must follow its strides), an elementwise op's pending result (laid out as
+# its operands are), a device or dtype that draws otherwise, a probability
+# that is not a float strictly between 0 and 1 -- goes on to random_ops.
 
 cdef object _draws_plainly = None    # random_ops.draws_plainly, set at boot
 cdef dict _plain_draws = {}          # (device code, dtype code) -> its answer
@@ -25,6 +26,37 @@ def set_dropout_draws(draws_plainly):
     import torch
     _torch_empty, _torch_empty_like = torch.empty, torch.empty_like
     _draws_plainly = draws_plainly
+
+
+cdef bint elementwise_rule(int rule) noexcept:
+    """Does eager lay out the result of an op of this rule as its operands
+    are laid out (TensorIterator's ops)?"""
+    return rule in (R_UNARY, R_UNARY_FLOAT, R_ABS, R_BINARY, R_TRUEDIV, R_DIV, R_COMPARE,
+                    R_POW, R_CLAMP, R_RTRUEDIV)
+
+
+def is_elementwise_rule(int rule):
+    """elementwise_rule for Python (fastlazy.random_ops)."""
+    return elementwise_rule(rule)
+
+
+cdef bint elementwise_node(int op) noexcept:
+    return 0 <= op < n_ops and elementwise_rule(op_rule[op])
+
+
+cdef bint contiguous_view(LazyTensor x) noexcept:
+    """Is x a view laid out contiguously (a view(), or a reshape of a
+    contiguous result: GPT-2's projections)?  Its noise is then a
+    contiguous tensor's, as for a result that is not a view."""
+    if type(x.family) is not Member:
+        return False
+    cdef Member view = <Member>x.family
+    cdef int64_t step = 1
+    for i in range(view.ndim - 1, -1, -1):
+        if view.size_[i] != 1 and view.stride_[i] != step:
+            return False
+        step *= view.size_[i]
+    return True
 
 
 cdef object training_dropout(PyObject **p):
@@ -42,7 +74,12 @@ cdef object training_dropout(PyObject **p):
     if type(inplace) is not bool:
         return None
     cdef LazyTensor x = <LazyTensor>p[0]
-    if x.family is not None:
+    if x.family is not None and not contiguous_view(x):
+        # (a base with live views, or a view laid out otherwise)
+        return None
+    if x.value is None and x.seg is not None and elementwise_node(x.seg.nodes[x.idx].op):
+        # an elementwise result takes its inputs' layout in eager, which may
+        # not be contiguous: random_ops finds it out
         return None
     key = (x.meta.device, x.meta.dtype)
     plain = _plain_draws.get(key)

@@ -369,6 +369,19 @@ cdef class Segment:
         rec.uses = nd.uses
         return rec
 
+    def node(self, Py_ssize_t i):
+        """The NodeRecord of node i."""
+        if not 0 <= i < self.n:
+            raise IndexError(f"node {i} of a segment of {self.n}")
+        return self.record_of(<int32_t>i)
+
+    def owner(self, Py_ssize_t i):
+        """The LazyTensor holding node i's value, or None."""
+        if not 0 <= i < self.n:
+            raise IndexError(f"node {i} of a segment of {self.n}")
+        owner = self.nodes[i].owner
+        return None if owner == NULL else <object>owner
+
     def slot(self, Py_ssize_t k):
         """(SlotKey, value) of external input slot k."""
         if not 0 <= k < self.nslots:
