@@ -69,17 +69,6 @@ def _step(module, ids):
     return step
 
 
-def _block(step) -> float:
-    """The median step of a block of SECONDS."""
-    times = []
-    end = time.perf_counter() + SECONDS
-    while time.perf_counter() < end:
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _timed(step) -> tuple[float, float]:
     start = time.perf_counter()
     loss = step()
@@ -100,7 +89,7 @@ def measure(name: str, rounds: int) -> str:
     lazy_loss, lazy_first = _timed(lazy)
     if lazy_loss != eager_loss:
         sys.exit(f"{name}: the first step's loss is {lazy_loss!r} against eager's {eager_loss!r}")
-    early = [_block(eager) / _block(lazy) for _ in range(2)]
+    early = [zoo.median_block(eager, SECONDS) / zoo.median_block(lazy, SECONDS) for _ in range(2)]
     early_tiers = fastlazy.graph_cache.tier_summary()
     start = time.perf_counter()
     while "compiling" in fastlazy.graph_cache.tier_summary() \
@@ -110,9 +99,9 @@ def measure(name: str, rounds: int) -> str:
     pairs = []
     for k in range(rounds):
         if k % 2:
-            f, e = _block(lazy), _block(eager)
+            f, e = zoo.median_block(lazy, SECONDS), zoo.median_block(eager, SECONDS)
         else:
-            e, f = _block(eager), _block(lazy)
+            e, f = zoo.median_block(eager, SECONDS), zoo.median_block(lazy, SECONDS)
         pairs.append((e, f))
     ratios = [e / f for e, f in pairs]
     return (f"| {name} | {eager_first * 1e3:.1f} / {lazy_first * 1e3:.1f} ms "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 os.environ.setdefault("FASTLAZY_HOT_AFTER", str(10 ** 9))
 
@@ -46,17 +45,6 @@ def _step(module, x, target):
     return step
 
 
-def _block(step) -> float:
-    """The median step of a block of SECONDS."""
-    times = []
-    end = time.perf_counter() + SECONDS
-    while time.perf_counter() < end:
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(name: str, rounds: int) -> str:
     import torchvision
 
@@ -78,9 +66,9 @@ def measure(name: str, rounds: int) -> str:
         pairs = []
         for k in range(rounds):
             if k % 2:
-                f, e = _block(lazy), _block(eager)
+                f, e = zoo.median_block(lazy, SECONDS), zoo.median_block(eager, SECONDS)
             else:
-                e, f = _block(eager), _block(lazy)
+                e, f = zoo.median_block(eager, SECONDS), zoo.median_block(lazy, SECONDS)
             pairs.append((e, f))
         tiers = fastlazy.graph_cache.tier_summary()
     ratios = [e / f for e, f in pairs]

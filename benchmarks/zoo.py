@@ -21,7 +21,9 @@ import importlib
 import importlib.machinery
 import importlib.util
 import pathlib
+import statistics
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -267,6 +269,17 @@ def step(model: ZooModel, module: nn.Module, forward: Callable, x, target, mode:
         after_step()
         return loss.item()
     return train
+
+
+def median_block(step: Callable, seconds: float) -> float:
+    """The median time of step() called without pause for `seconds`."""
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def state(module: nn.Module, read: Callable = lambda t: t) -> list[torch.Tensor]:
