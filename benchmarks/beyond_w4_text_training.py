@@ -96,13 +96,7 @@ def measure(name: str, rounds: int) -> str:
             and time.perf_counter() - start < SETTLE_LIMIT:
         lazy()
     settled_in = time.perf_counter() - start
-    pairs = []
-    for k in range(rounds):
-        if k % 2:
-            f, e = zoo.median_block(lazy, SECONDS), zoo.median_block(eager, SECONDS)
-        else:
-            e, f = zoo.median_block(eager, SECONDS), zoo.median_block(lazy, SECONDS)
-        pairs.append((e, f))
+    pairs = zoo.alternating_rounds(eager, lazy, rounds, SECONDS)
     ratios = [e / f for e, f in pairs]
     return (f"| {name} | {eager_first * 1e3:.1f} / {lazy_first * 1e3:.1f} ms "
             f"| {statistics.median(early):.2f}x ({early_tiers}) | {settled_in:.0f} s "

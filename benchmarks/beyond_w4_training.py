@@ -63,13 +63,7 @@ def measure(name: str, rounds: int) -> str:
         for _ in range(WARMUP_STEPS):
             eager()
             lazy()
-        pairs = []
-        for k in range(rounds):
-            if k % 2:
-                f, e = zoo.median_block(lazy, SECONDS), zoo.median_block(eager, SECONDS)
-            else:
-                e, f = zoo.median_block(eager, SECONDS), zoo.median_block(lazy, SECONDS)
-            pairs.append((e, f))
+        pairs = zoo.alternating_rounds(eager, lazy, rounds, SECONDS)
         tiers = fastlazy.graph_cache.tier_summary()
     ratios = [e / f for e, f in pairs]
     return (f"| {name} | {statistics.median([e for e, _ in pairs]) * 1e3:.1f} ms "

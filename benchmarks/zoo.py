@@ -282,6 +282,20 @@ def median_block(step: Callable, seconds: float) -> float:
     return statistics.median(times)
 
 
+def alternating_rounds(eager: Callable, lazy: Callable, rounds: int,
+                       seconds: float) -> list[tuple[float, float]]:
+    """(eager's, fastlazy's) median_block per round, which contender's
+    block comes first alternating from round to round."""
+    pairs = []
+    for k in range(rounds):
+        if k % 2:
+            f, e = median_block(lazy, seconds), median_block(eager, seconds)
+        else:
+            e, f = median_block(eager, seconds), median_block(lazy, seconds)
+        pairs.append((e, f))
+    return pairs
+
+
 def state(module: nn.Module, read: Callable = lambda t: t) -> list[torch.Tensor]:
     """After a training step: every gradient, parameter and buffer of the
     module, through `read` (to an eager tensor), cloned."""
