@@ -183,10 +183,7 @@ def _eager_strides(x):
     TensorIterator lays it out; a live view's strides are known, a view
     that no tensor holds any more is followed only where it keeps a
     contiguous input contiguous."""
-    pending = _core.pending_in(x)
-    if pending is None:
-        return _contiguous_strides(tuple(x.shape))
-    seg, index = pending
+    seg, index = _core.pending_in(x)
     return _node_strides(seg, index, _LAYOUT_DEPTH)
 
 
@@ -199,7 +196,7 @@ def _node_strides(seg, index, depth):
     rule = optable.OPS[node.op].rule if 0 <= node.op < len(optable.OPS) else None
     if rule not in _ELEMENTWISE and rule not in _CONTIGUOUS_VIEWS:
         # an op with a layout of its own, or a view that may reorder
-        return None if rule in _OTHER_VIEWS else _contiguous_strides(node.shape)
+        return None if rule in _OTHER_VIEWS else views.contiguous_strides(node.shape)
     if depth == 0:
         return None
     operands = []
@@ -215,7 +212,7 @@ def _node_strides(seg, index, depth):
                 operands.append((tuple(value.shape), value.stride()))
     if rule in _CONTIGUOUS_VIEWS:
         shape, strides = operands[0]
-        return _contiguous_strides(node.shape) if _contiguous(shape, strides) else None
+        return views.contiguous_strides(node.shape) if views.contiguous(shape, strides) else None
     return _iterator_strides(node.shape, operands)
 
 
@@ -227,7 +224,7 @@ def _iterator_strides(shape, operands):
     broadcast dimension giving none; the result dense in that order)."""
     ndim = len(shape)
     if ndim <= 1:
-        return _contiguous_strides(shape)
+        return views.contiguous_strides(shape)
     broadcast = []
     for operand_shape, operand_strides in operands:
         offset = ndim - len(operand_shape)
@@ -262,25 +259,6 @@ def _iterator_strides(shape, operands):
         strides[dim] = step
         step *= shape[dim]
     return tuple(strides)
-
-
-def _contiguous_strides(shape) -> tuple:
-    strides, step = [0] * len(shape), 1
-    for dim in range(len(shape) - 1, -1, -1):
-        strides[dim] = step
-        step *= shape[dim]
-    return tuple(strides)
-
-
-def _contiguous(shape, strides) -> bool:
-    """Are these strides contiguous for this shape, as is_contiguous()
-    judges (a dimension of size 1 may have any stride)?"""
-    step = 1
-    for size, stride in zip(reversed(shape), reversed(strides)):
-        if size != 1 and stride != step:
-            return False
-        step *= size
-    return True
 
 
 def _dropout(func, args, kwargs):

@@ -55,10 +55,16 @@ def traced_contiguous(t) -> bool:
     contiguous first (capture.checked): a `.contiguous()` the trace left
     out, or a `view`, then sees what the trace saw."""
     where = geometry(t)
-    if where is None or 0 in t.shape:
+    return where is None or contiguous(tuple(t.shape), where[1])
+
+
+def contiguous(size, stride) -> bool:
+    """c10's is_contiguous of this geometry: dims of size 1 may have any
+    stride, and an empty tensor is contiguous."""
+    if 0 in size:
         return True
     expected = 1
-    for n, st in zip(reversed(t.shape), reversed(where[1])):
+    for n, st in zip(reversed(size), reversed(stride)):
         if n != 1:
             if st != expected:
                 return False

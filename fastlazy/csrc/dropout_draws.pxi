@@ -15,16 +15,12 @@
 
 cdef object _draws_plainly = None    # random_ops.draws_plainly, set at boot
 cdef dict _plain_draws = {}          # (device code, dtype code) -> its answer
-cdef object _torch_empty = None
-cdef object _torch_empty_like = None
 
 
 def set_dropout_draws(draws_plainly):
     """Hand random_ops.draws_plainly(device_type, dtype) to the core (once,
     at boot): whether eager's dropout there draws its noise plainly."""
-    global _draws_plainly, _torch_empty, _torch_empty_like
-    import torch
-    _torch_empty, _torch_empty_like = torch.empty, torch.empty_like
+    global _draws_plainly
     _draws_plainly = draws_plainly
 
 
@@ -51,12 +47,7 @@ cdef bint contiguous_view(LazyTensor x) noexcept:
     if type(x.family) is not Member:
         return False
     cdef Member view = <Member>x.family
-    cdef int64_t step = 1
-    for i in range(view.ndim - 1, -1, -1):
-        if view.size_[i] != 1 and view.stride_[i] != step:
-            return False
-        step *= view.size_[i]
-    return True
+    return is_contiguous(view.ndim, view.size_, view.stride_)
 
 
 cdef object training_dropout(PyObject **p):
@@ -88,11 +79,11 @@ cdef object training_dropout(PyObject **p):
     if not plain:
         return None
     keep = 1.0 - <double>prob
-    # random_ops._like: a value's own layout; a pending tensor's is taken
-    # as contiguous
+    # random_ops._like: a value's own layout; a pending result that is not
+    # elementwise (or a contiguous view of one) is taken as contiguous
     if x.value is not None:
-        noise = _torch_empty_like(x.value)
+        noise = torch.empty_like(x.value)
     else:
-        noise = _torch_empty(x.shape, dtype=x.dtype, device=x.device)
+        noise = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     noise.bernoulli_(keep).div_(keep)
     return x.mul_(noise) if inplace else x * noise
