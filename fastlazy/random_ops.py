@@ -157,63 +157,119 @@ def _like(x):
             return torch.empty_like(x.to_eager())
         return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)
     where = views.geometry(x)
-    if where is not None and views.dense(shape, where[1]):
-        return torch.empty_strided(shape, where[1], dtype=x.dtype, device=x.device)
-    return torch.empty(shape, dtype=x.dtype, device=x.device)
+    if where is None:
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+    # a view that skips or repeats elements: eager's empty_like lays the
+    # result out densely in the view's order of strides (infer_dense_strides)
+    strides = where[1] if views.dense(shape, where[1]) else _iterator_strides(shape, [(shape, where[1])])
+    return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)
 
 
 # ops whose eager result is laid out as their operands are (TensorIterator's)
 _ELEMENTWISE = frozenset(rule for rule in Rule if _core.is_elementwise_rule(rule))
-# views that keep a contiguous input's layout contiguous, and views that
-# may reorder or skip elements
+# ops whose eager result is contiguous whatever their operands' layouts
+# (matmuls, layer_norm, softmax, reductions, embedding, copies); the core's
+# dropout draws for these alone
+_CONTIGUOUS_RESULTS = frozenset(rule for rule in Rule if _core.is_contiguous_result_rule(rule))
+# ops whose eager result takes their input's memory format (a channels-last
+# input gives a channels-last result); cat takes its inputs' common format
+_FORMAT_FOLLOWING = frozenset((Rule.R_CONV2D, Rule.R_MAX_POOL2D, Rule.R_ADAPTIVE_AVG_POOL2D,
+                               Rule.R_BATCH_NORM, Rule.R_CAT))
+# views that keep a contiguous input's layout contiguous
 _CONTIGUOUS_VIEWS = frozenset((Rule.R_VIEW, Rule.R_UNSQUEEZE, Rule.R_SQUEEZE, Rule.R_FLATTEN,
                                Rule.R_UNFLATTEN))
-_OTHER_VIEWS = frozenset((Rule.R_TRANSPOSE, Rule.R_PERMUTE, Rule.R_SELECT, Rule.R_SLICE,
-                          Rule.R_SPLIT, Rule.R_EXPAND))
-# how far back through elementwise ops and views a layout is followed
-_LAYOUT_DEPTH = 8
+# generic ops that TensorIterator computes (laid out as their operands are)
+_GENERIC_ELEMENTWISE = frozenset(f"generic_{name}" for name in
+                                 ("where", "lerp", "addcmul", "addcdiv", "masked_fill"))
+# ops whose result is contiguous where their operands are (attention: its
+# CPU kernel lays its output out as the query is laid out)
+_CONTIGUOUS_FROM_CONTIGUOUS = frozenset((Rule.R_SDPA, Rule.R_NATIVE_MHA))
+# how many recorded nodes a layout may be followed through (a CNN's
+# channels-last input decides the layout of every convolution after it)
+_LAYOUT_NODES = 512
 
 
 def _eager_strides(x):
     """The strides eager gives the pending, non-view LazyTensor x, or None
-    where its recorded producers do not tell.  An op that is neither
-    elementwise nor a view is taken to give a contiguous result (matmul,
-    layer_norm, embedding: the common producers of dropout's input); an
-    elementwise op's result is laid out from its operands' layouts as
-    TensorIterator lays it out; a live view's strides are known, a view
-    that no tensor holds any more is followed only where it keeps a
-    contiguous input contiguous."""
+    where its recorded producers do not tell (random_ops then computes x
+    first).  A live view's strides are known; an elementwise op's result
+    is laid out from its operands' layouts as TensorIterator lays it out;
+    matmuls, normalizations over the last dims, softmax, reductions and
+    embedding give contiguous results; convolution, pooling, batch norm
+    and cat give their input's memory format (contiguous or channels
+    last; only 4-D and 5-D tensors have another); attention gives a
+    contiguous result of contiguous operands; a view that no tensor holds
+    any more is followed only where it keeps a contiguous input
+    contiguous.  Any other op -- a generic call, which may be a view --
+    does not tell."""
     seg, index = _core.pending_in(x)
-    return _node_strides(seg, index, _LAYOUT_DEPTH)
+    return _Layouts(seg).strides(index)
 
 
-def _node_strides(seg, index, depth):
-    node = seg.node(index)
-    owner = seg.owner(index)
-    where = None if owner is None else views.geometry(owner)
-    if where is not None:
-        return tuple(where[1])                      # a live view
-    rule = optable.OPS[node.op].rule if 0 <= node.op < len(optable.OPS) else None
-    if rule not in _ELEMENTWISE and rule not in _CONTIGUOUS_VIEWS:
-        # an op with a layout of its own, or a view that may reorder
-        return None if rule in _OTHER_VIEWS else views.contiguous_strides(node.shape)
-    if depth == 0:
+class _Layouts:
+    """The eager layouts of one segment's nodes, each worked out once."""
+
+    def __init__(self, seg):
+        self.seg = seg
+        self.known = {}
+        self.budget = _LAYOUT_NODES
+
+    def strides(self, index):
+        if index not in self.known:
+            self.budget -= 1
+            self.known[index] = None if self.budget < 0 else self._work_out(index)
+        return self.known[index]
+
+    def _work_out(self, index):
+        seg = self.seg
+        node = seg.node(index)
+        owner = seg.owner(index)
+        where = None if owner is None else views.geometry(owner)
+        if where is not None:
+            return tuple(where[1])                      # a live view
+        row = optable.OPS[node.op] if 0 <= node.op < len(optable.OPS) else None
+        rule = None if row is None else row.rule
+        if rule in _CONTIGUOUS_RESULTS or (rule in _FORMAT_FOLLOWING and len(node.shape) < 4):
+            return views.contiguous_strides(node.shape)
+        elementwise = rule in _ELEMENTWISE or (row is not None and row.name in _GENERIC_ELEMENTWISE)
+        if not (elementwise or rule in _CONTIGUOUS_VIEWS or rule in _FORMAT_FOLLOWING
+                or rule in _CONTIGUOUS_FROM_CONTIGUOUS):
+            return None
+        operands = []
+        for kind, k in node.inputs:
+            if kind == "node":
+                strides = self.strides(k)
+                if strides is None:
+                    return None
+                operands.append((seg.node(k).shape, strides))
+            else:
+                value = seg.slot(k)[1]
+                if isinstance(value, torch.Tensor):
+                    operands.append((tuple(value.shape), value.stride()))
+        if elementwise:
+            return _iterator_strides(node.shape, operands)
+        if all(views.contiguous(shape, strides) for shape, strides in operands):
+            return views.contiguous_strides(node.shape)
+        if rule in _FORMAT_FOLLOWING and len(node.shape) == 4 and operands:
+            # the input channels last: the result too (cat: every input)
+            judged = operands if rule == Rule.R_CAT else operands[:1]
+            if all(_channels_last(shape, strides) for shape, strides in judged):
+                return _channels_last_strides(node.shape)
         return None
-    operands = []
-    for kind, k in node.inputs:
-        if kind == "node":
-            strides = _node_strides(seg, k, depth - 1)
-            if strides is None:
-                return None
-            operands.append((seg.node(k).shape, strides))
-        else:
-            value = seg.slot(k)[1]
-            if isinstance(value, torch.Tensor):
-                operands.append((tuple(value.shape), value.stride()))
-    if rule in _CONTIGUOUS_VIEWS:
-        shape, strides = operands[0]
-        return views.contiguous_strides(node.shape) if views.contiguous(shape, strides) else None
-    return _iterator_strides(node.shape, operands)
+
+
+def _channels_last_strides(shape):
+    """The strides of a channels-last (NHWC) tensor of the 4-D `shape`."""
+    n, c, h, w = (max(d, 1) for d in shape)
+    return (h * w * c, 1, w * c, c)
+
+
+def _channels_last(shape, strides) -> bool:
+    """Is a 4-D tensor of this geometry laid out channels last?"""
+    if len(shape) != 4:
+        return False
+    expected = _channels_last_strides(shape)
+    return all(size == 1 or stride == want for size, stride, want in zip(shape, strides, expected))
 
 
 def _iterator_strides(shape, operands):

@@ -366,6 +366,28 @@ def test_autocast_gives_eagers_dtypes(device):
     assert native.dtype == torch.float32
 
 
+def test_a_graph_read_inside_autocast_runs_without_it(device):
+    """A matmul recorded before an autocast block and read inside it is
+    eager's float32 matmul; a call recorded inside holds autocast's casts
+    (SDPA with a bfloat16 query and a float32 mask that requires grad: the
+    mask cast, and the math kernel eager picks for it), which running
+    under autocast again would change."""
+    x, w = torch.randn(8, 8, device=device), torch.randn(8, 8, device=device)
+    lazy = fastlazy.lazy(x) @ w
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = lazy.to_eager()
+    assert got.dtype == torch.float32 and torch.equal(got, x @ w)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 10, 16, generator=g).bfloat16().to(device) for _ in range(3))
+    mask = torch.randn(1, 4, 10, 10, generator=g).to(device).requires_grad_()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        got = F.scaled_dot_product_attention(*map(fastlazy.lazy, (q, k, v)), attn_mask=mask,
+                                             scale=1.0).to_eager()
+        assert torch.is_autocast_enabled(device)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 def test_eager_arguments_keep_their_strides(device):
     e = torch.arange(24.0, device=device).reshape(4, 6)[:, ::2]   # spans more than it holds
     x = fastlazy.lazy(torch.ones(4, 3, device=device))

@@ -53,7 +53,8 @@ def test_dropout_is_recorded_bit_equal(func, shape, kwargs, dtype):
 
 @pytest.mark.parametrize("plain", [True, False], ids=["plain-draw", "call-on-ones"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("layout", ["transposed", "strided-slice", "expanded"])
+@pytest.mark.parametrize("layout", ["transposed", "strided-slice", "expanded",
+                                    "transposed-strided-slice", "permuted-strided-slice"])
 def test_dropout_noise_of_a_view_is_eagers(layout, dtype, plain, monkeypatch):
     """Both ways of drawing the noise (the plain calls eager's CPU dropout
     makes, and the call on a tensor of ones) lay it out as eager's
@@ -66,8 +67,12 @@ def test_dropout_noise_of_a_view_is_eagers(layout, dtype, plain, monkeypatch):
     monkeypatch.setattr(random_ops, "_noise",
                         lambda *a: drawn.append(real_noise(*a)) or drawn[-1])
     base = torch.randn(6, 8).to(dtype)
+    # (a view that skips elements in another order than its base's: eager
+    # lays its empty_like out densely in the order of the view's strides)
     view = {"transposed": lambda t: t.t(), "strided-slice": lambda t: t[:, ::2],
-            "expanded": lambda t: t[:1].expand(6, 8)}[layout]
+            "expanded": lambda t: t[:1].expand(6, 8),
+            "transposed-strided-slice": lambda t: t.t()[::2],
+            "permuted-strided-slice": lambda t: t.view(2, 3, 8).permute(2, 0, 1)[::2]}[layout]
     torch.manual_seed(11)
     expected = F.dropout(view(base * 2), 0.4, True)
     after = torch.rand(3)
@@ -259,6 +264,50 @@ def test_elementwise_result_strides_are_tensor_iterators():
         assert order(got) == order(out.stride()), (shape, [t.stride() for t in operands])
         checked += 1
     assert checked > 100
+
+
+_CL = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+_W = torch.randn(4, 3, 3, 3)
+# (the draw's input from a lazy x of shape (6, 5) and a lazy channels-last
+# image; whether it stays pending: its layout is known without a run)
+PRODUCED = {
+    "conv-of-channels-last": (lambda x, im: F.conv2d(im, _W), True),
+    "conv-of-channels-last-plus-one": (lambda x, im: F.conv2d(im, _W) + 1, True),
+    "relu-of-channels-last-conv": (lambda x, im: F.relu(F.conv2d(im, _W)), True),
+    "max-pool-of-channels-last": (lambda x, im: F.max_pool2d(im, 2), True),
+    "batch-norm-of-channels-last": (
+        lambda x, im: F.batch_norm(im, torch.zeros(3), torch.ones(3)), True),
+    "cat-of-channels-last": (lambda x, im: torch.cat([im * 1, im * 2], 1), True),
+    "conv-of-contiguous": (lambda x, im: F.conv2d(im.contiguous(), _W), True),
+    "softmax-of-transposed": (lambda x, im: F.softmax(x.transpose(0, 1), -1), True),
+    "matmul-of-transposed": (lambda x, im: x.t() @ x, True),
+    # t() takes the generic path, which does not tell a view's layout:
+    # computed first
+    "transposed-by-t-plus-one": (lambda x, im: x.t() + 1, False),
+    "mT-times-two": (lambda x, im: x.mT * 2, False),
+}
+
+
+@pytest.mark.parametrize("name", PRODUCED)
+@pytest.mark.parametrize("func", ["dropout", "rand_like"])
+def test_random_draws_of_other_producers_are_eagers(name, func):
+    """A convolution, pooling or batch norm of a channels-last input gives
+    a channels-last result in eager, so eager's noise is drawn in that
+    order; matmuls and softmax give contiguous results whatever their
+    operands; a generic view that no tensor holds is not followed (the
+    graph is computed up to the draw's input)."""
+    make, stays_pending = PRODUCED[name]
+    draw = (lambda t: F.dropout(t, 0.5, True)) if func == "dropout" else torch.rand_like
+    x = torch.randn(6, 5)
+    torch.manual_seed(5)
+    expected = draw(make(x, _CL))
+    after = torch.rand(3)
+    torch.manual_seed(5)
+    got = draw(make(fastlazy.lazy(x), fastlazy.lazy(_CL)))
+    assert torch.equal(torch.rand(3), after)
+    if stays_pending:
+        _no_split()
+    assert torch.equal(got.to_eager(), expected)
 
 
 @pytest.mark.parametrize("func", [torch.rand_like, torch.randn_like])

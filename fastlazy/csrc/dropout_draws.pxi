@@ -9,8 +9,9 @@
 # for it, without its Python frames: a transformer's training step makes a
 # dozen such calls, and each spent ~9 us in Python around a draw eager
 # makes too.  Anything else -- a view not laid out contiguously (whose noise
-# must follow its strides), an elementwise op's pending result (laid out as
-# its operands are), a device or dtype that draws otherwise, a probability
+# must follow its strides), a pending result eager may not lay out
+# contiguously (an elementwise op's, laid out as its operands are; a
+# convolution's), a device or dtype that draws otherwise, a probability
 # that is not a float strictly between 0 and 1 -- goes on to random_ops.
 
 cdef object _draws_plainly = None    # random_ops.draws_plainly, set at boot
@@ -36,8 +37,22 @@ def is_elementwise_rule(int rule):
     return elementwise_rule(rule)
 
 
-cdef bint elementwise_node(int op) noexcept:
-    return 0 <= op < n_ops and elementwise_rule(op_rule[op])
+cdef bint contiguous_result_rule(int rule) noexcept:
+    """Is eager's result of an op of this rule contiguous whatever its
+    operands' layouts (matmuls, layer_norm, softmax, reductions, embedding,
+    copies)?  Convolution and pooling take their input's memory format,
+    attention its query's layout."""
+    return rule in (R_MM, R_BMM, R_MATMUL, R_ADDMM, R_LINEAR, R_LAYER_NORM, R_SOFTMAX,
+                    R_REDUCE, R_EMBEDDING, R_RESHAPE_COPY, R_CONTIGUOUS)
+
+
+def is_contiguous_result_rule(int rule):
+    """contiguous_result_rule for Python (fastlazy.random_ops)."""
+    return contiguous_result_rule(rule)
+
+
+cdef bint contiguous_result_node(int op) noexcept:
+    return 0 <= op < n_ops and contiguous_result_rule(op_rule[op])
 
 
 cdef bint contiguous_view(LazyTensor x) noexcept:
@@ -68,9 +83,11 @@ cdef object training_dropout(PyObject **p):
     if x.family is not None and not contiguous_view(x):
         # (a base with live views, or a view laid out otherwise)
         return None
-    if x.value is None and x.seg is not None and elementwise_node(x.seg.nodes[x.idx].op):
-        # an elementwise result takes its inputs' layout in eager, which may
-        # not be contiguous: random_ops finds it out
+    if x.family is None and x.value is None and x.seg is not None \
+            and not contiguous_result_node(x.seg.nodes[x.idx].op):
+        # an elementwise result takes its inputs' layout in eager, a
+        # convolution its input's memory format, a generic op may be a
+        # view: random_ops finds the layout out
         return None
     key = (x.meta.device, x.meta.dtype)
     plain = _plain_draws.get(key)
@@ -79,8 +96,8 @@ cdef object training_dropout(PyObject **p):
     if not plain:
         return None
     keep = 1.0 - <double>prob
-    # random_ops._like: a value's own layout; a pending result that is not
-    # elementwise (or a contiguous view of one) is taken as contiguous
+    # random_ops._like: a value's own layout; a contiguous result (or a
+    # contiguous view) is contiguous
     if x.value is not None:
         noise = torch.empty_like(x.value)
     else:

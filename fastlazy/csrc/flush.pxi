@@ -220,8 +220,49 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
 cdef object _set_default_dtype = torch._C._set_default_dtype
 
 
+cdef object _is_autocast_on = torch.is_autocast_enabled
+cdef object _set_autocast_on = torch.set_autocast_enabled
+
+
+cdef tuple autocast_devices():
+    """The device types this torch's autocast knows."""
+    found = []
+    for device in ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "privateuseone", "mtia", "maia"):
+        try:
+            _is_autocast_on(device)
+        except (RuntimeError, ValueError, TypeError):
+            continue
+        found.append(device)
+    return tuple(found)
+
+
+cdef tuple AUTOCAST_DEVICES = autocast_devices()
+
+
 cdef tuple run_in_mode(Segment seg, object key, list outs, tuple slot_order, int inference,
                        Py_ssize_t nowners, bint grad, bint detached):
+    """run_graph under the grad or inference mode its nodes were recorded
+    in, and without autocast: a node recorded under autocast holds the
+    casts autocast made (the generic path records the aten calls below
+    it), and one recorded outside it must not be cast (a matmul recorded
+    before a `with torch.autocast(...)` block and read inside it is
+    eager's float32 matmul)."""
+    if fl_autocast:
+        suspended = [device for device in AUTOCAST_DEVICES if _is_autocast_on(device)]
+        if suspended:
+            for device in suspended:
+                _set_autocast_on(device, False)
+            try:
+                return run_in_grad_mode(seg, key, outs, slot_order, inference, nowners, grad,
+                                        detached)
+            finally:
+                for device in suspended:
+                    _set_autocast_on(device, True)
+    return run_in_grad_mode(seg, key, outs, slot_order, inference, nowners, grad, detached)
+
+
+cdef tuple run_in_grad_mode(Segment seg, object key, list outs, tuple slot_order,
+                            int inference, Py_ssize_t nowners, bint grad, bint detached):
     """run_graph under the grad or inference mode its nodes were recorded
     in."""
     if inference == nowners:
