@@ -30,15 +30,6 @@ from fastlazy import cpu_pool, fallback
 from fastlazy._core import LazyTensor, lazy_or_eager
 
 
-def _has_lazy(values):
-    for v in values:
-        if type(v) is LazyTensor:
-            return True
-        if type(v) in (list, tuple) and _has_lazy(v):
-            return True
-    return False
-
-
 def python_patches():
     """(owner, attr, replacement) for Function.apply."""
     function = torch.autograd.function.Function
@@ -50,7 +41,7 @@ def python_patches():
         return original.__get__(None, cls)(*args, **kwargs)
 
     def lazy_aware_apply(cls, *args, **kwargs):
-        if not (_has_lazy(args) or _has_lazy(kwargs.values())):
+        if not (fallback.has_lazy(args) or fallback.has_lazy(kwargs.values())):
             return apply(cls, *args, **kwargs)
         if not _makes_history(args, kwargs) and not torch._C._are_functorch_transforms_active():
             return _forward(cls, args, kwargs)
@@ -72,7 +63,7 @@ def _backward_on_values(original):
     arguments read first: an eager output's backward given a lazy gradient
     (`y.backward(lazy_g)`) hands the engine a tensor, as eager's does."""
     def backward(*args, **kwargs):
-        if _has_lazy(args) or _has_lazy(kwargs.values()):
+        if fallback.has_lazy(args) or fallback.has_lazy(kwargs.values()):
             args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
             with cpu_pool.scope():
                 return original(*args, **kwargs)
@@ -152,7 +143,7 @@ def _on_values(cpp_function):
             self._function = cpp_function(*args, **kwargs)
 
         def __call__(self, *args):
-            if not _has_lazy(args):
+            if not fallback.has_lazy(args):
                 return self._function(*args)
             return fallback.wrap_result(self._function(*fallback.materialize(args)))
 

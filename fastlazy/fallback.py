@@ -9,6 +9,8 @@ is counted (count()), in-place ones too, which mutation.py runs.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fastlazy import _core, metrics
@@ -17,14 +19,33 @@ from fastlazy._core import LazyTensor
 
 def materialize(x):
     """x with every LazyTensor replaced by its value (inside lists, tuples
-    and dicts too)."""
+    and dicts too, and in the arguments a functools.partial holds:
+    HuggingFace's gradient checkpointing hands torch's checkpoint a
+    partial of the layer holding the attention mask)."""
     if type(x) is LazyTensor:
         return x.to_eager()
     if type(x) in (list, tuple):
         return type(x)(materialize(v) for v in x)
     if type(x) is dict:
         return {k: materialize(v) for k, v in x.items()}
+    if type(x) is functools.partial and (has_lazy(x.args) or has_lazy(x.keywords.values())):
+        return functools.partial(x.func, *materialize(x.args), **materialize(x.keywords))
     return x
+
+
+def has_lazy(values) -> bool:
+    """Is any of `values` a LazyTensor, or holds one where materialize
+    looks?"""
+    for v in values:
+        if type(v) is LazyTensor:
+            return True
+        if type(v) in (list, tuple) and has_lazy(v):
+            return True
+        if type(v) is dict and has_lazy(v.values()):
+            return True
+        if type(v) is functools.partial and (has_lazy(v.args) or has_lazy(v.keywords.values())):
+            return True
+    return False
 
 
 def wrap_result(out, keep=()):

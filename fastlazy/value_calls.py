@@ -33,7 +33,6 @@ import importlib
 import torch
 
 from fastlazy import fallback
-from fastlazy._core import LazyTensor
 
 # (module, attribute) where torch's Python finds each binding
 _BINDINGS = (
@@ -47,21 +46,10 @@ _BINDINGS = (
 )
 
 
-def _has_lazy(values) -> bool:
-    for v in values:
-        if type(v) is LazyTensor:
-            return True
-        if type(v) in (list, tuple) and _has_lazy(v):
-            return True
-        if type(v) is dict and _has_lazy(v.values()):
-            return True
-    return False
-
-
 def _on_values(function):
     @functools.wraps(function)
     def call(*args, **kwargs):
-        if not (_has_lazy(args) or _has_lazy(kwargs.values())):
+        if not (fallback.has_lazy(args) or fallback.has_lazy(kwargs.values())):
             return function(*args, **kwargs)
         return function(*fallback.materialize(args), **fallback.materialize(kwargs))
     return call
@@ -70,7 +58,7 @@ def _on_values(function):
 def _script_function_call(call):
     @functools.wraps(call)
     def __call__(self, *args, **kwargs):
-        if not (_has_lazy(args) or _has_lazy(kwargs.values())):
+        if not (fallback.has_lazy(args) or fallback.has_lazy(kwargs.values())):
             return call(self, *args, **kwargs)
         fallback.count("ScriptFunction", "a TorchScript function runs on the values")
         return fallback.run(functools.partial(call, self), args, kwargs)

@@ -109,6 +109,24 @@ def fn_function_on_eager_after_lazy(lz):
     return w.grad
 
 
+def fn_checkpoint_of_a_partial_holding_a_lazy_argument(lz):
+    """torch's reentrant checkpoint (a custom Function, run on values) of
+    a functools.partial whose keyword is lazy: HuggingFace's gradient
+    checkpointing passes a layer's attention mask so."""
+    import functools
+    from torch.utils.checkpoint import checkpoint
+    w = torch.rand(4, 4, requires_grad=True)
+    x = torch.rand(3, 4, requires_grad=True)
+
+    def layer(h, mask):
+        return (h @ w + mask).pow(2)
+
+    mask = lz(torch.rand(3, 4)) * 2
+    y = checkpoint(functools.partial(layer, mask=mask), lz(x) * 1, use_reentrant=True)
+    (y.pow(2).mean(-1) * 3).sum().backward()
+    return y, w.grad, x.grad
+
+
 def fn_grad_of_eager_leaf(lz):
     w = torch.ones(3, requires_grad=True)
     x = lz(torch.arange(3.0))
@@ -188,6 +206,7 @@ def fn_function_marks_its_input_dirty(lz):
 
 
 @cases(fn_square, fn_two_outputs, fn_function_on_eager_after_lazy, fn_grad_of_eager_leaf,
+       fn_checkpoint_of_a_partial_holding_a_lazy_argument,
        fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom, fn_function_in_inference,
        fn_function_inputs_need_no_grad, fn_function_new_style_returns_a_new_object,
        fn_function_marks_its_input_dirty)
