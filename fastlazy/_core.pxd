@@ -387,6 +387,9 @@ cdef class Hooks:
     cdef public object graph_failed
     # () -> "file:line" of the user's call
     cdef public object site_of_call
+    # a pending result's eager strides as its recorded producers tell them,
+    # or None (fastlazy.layouts.pending_strides)
+    cdef public object pending_strides
     # a Python function of torch's called with LazyTensors:
     # (func, args, kwargs) -> (True, result) where its body was run and
     # recorded, (False, None) where it is to be recorded whole

@@ -14,7 +14,7 @@ import os
 
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
                       cpu_pool, detached_writes, failures, fx_threads, generic, graph_cache,
-                      host_checks, inference_saves, lazy_device, metrics, mutation, optable,
+                      host_checks, inference_saves, layouts, lazy_device, metrics, mutation, optable,
                       python_bodies, random_ops, recompiles, route, running_stats, sites, step_executor,
                       tensor_methods, tiering, views, watch)
 from fastlazy.backends import inductor
@@ -38,6 +38,7 @@ def hooks() -> _core.Hooks:
         forget_signatures=generic.forget_signatures,
         graph_failed=functools.partial(failures.graph_failed, backends.get("eager")),
         site_of_call=sites.site_of_call,
+        pending_strides=layouts.pending_strides,
         run_body=python_bodies.run_body,
         unsafe=capture.Unsafe,
         atoms=generic.ATOMS,

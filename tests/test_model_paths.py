@@ -236,9 +236,9 @@ def test_dropout_of_an_elementwise_result_draws_in_eagers_layout(name, p_kind):
 
 
 def test_elementwise_result_strides_are_tensor_iterators():
-    """random_ops' copy of TensorIterator's layout rule against eager's
+    """fastlazy.layouts' copy of TensorIterator's layout rule against eager's
     results, over permuted, broadcast and channels-last operands."""
-    from fastlazy import random_ops
+    from fastlazy import layouts
     gen = torch.Generator().manual_seed(0)
     checked = 0
     for _ in range(300):
@@ -257,7 +257,7 @@ def test_elementwise_result_strides_are_tensor_iterators():
             out = out + t
         if len(operands) > 2:       # a chain's layout is the last add's
             continue
-        got = random_ops._iterator_strides(tuple(out.shape),
+        got = layouts.iterator_strides(tuple(out.shape),
                                            [(tuple(t.shape), t.stride()) for t in operands])
         order = lambda strides: [d for d in sorted(range(ndim), key=lambda d: strides[d])
                                  if out.shape[d] != 1]

@@ -590,6 +590,27 @@ def fn_mixed_graph(lz):
     return a + 1, b, a.is_inference(), b.is_inference()
 
 
+def fn_training_loss_read_in_inference_mode(lz):
+    """A loss logged inside inference_mode keeps the history it was
+    recorded with: backward works, as in eager."""
+    w = torch.linspace(-1, 1, 3, requires_grad=True)
+    loss = (lz(w) * 2).sum()
+    with torch.inference_mode():
+        logged = loss.item()
+        kept = (loss.requires_grad, loss.is_inference())
+    loss.backward()
+    return logged, kept, w.grad
+
+
+def fn_graph_of_normal_and_inference_results_read_in_inference_mode(lz):
+    x = lz(torch.ones(3))
+    a = x * 3
+    with torch.inference_mode():
+        b = x * 4
+        kept = (a.sum().item(), a.is_inference(), b.is_inference())
+    return kept, a, b
+
+
 def fn_nested_inference_mode_off(lz):
     x = lz(torch.ones(3))
     with torch.inference_mode():
@@ -677,7 +698,9 @@ def test_saving_an_inference_tensor_raises_at_the_call():
        fn_pending_inference_result, fn_pending_inference_add_, fn_pending_inference_setitem,
        fn_pending_inference_view_write, fn_pending_inference_of_grad_input,
        fn_inplace_inside_inference_mode, fn_normal_tensor_written_in_inference_mode,
-       fn_mixed_graph, fn_nested_inference_mode_off, fn_inference_decorator)
+       fn_mixed_graph, fn_nested_inference_mode_off, fn_inference_decorator,
+       fn_training_loss_read_in_inference_mode,
+       fn_graph_of_normal_and_inference_results_read_in_inference_mode)
 def test_writes(f):
     same_as_eager(f)
 

@@ -270,6 +270,14 @@ cdef tuple run_in_grad_mode(Segment seg, object key, list outs, tuple slot_order
         # tensors, wherever they are read
         with _inference_mode():
             return run_graph(seg, key, outs, slot_order)
+    if fl_inference_hint and _is_inference_mode_enabled():
+        # recorded outside inference mode, read inside it (a training
+        # loss logged in `with torch.inference_mode(): loss.item()`): the
+        # results are normal tensors with their autograd history, as
+        # eager made them where they were recorded
+        with _InferenceMode(False):
+            return run_in_grad_mode(seg, key, outs, slot_order, inference, nowners, grad,
+                                    detached)
     if grad:
         # recorded with grad enabled: the graph must build autograd
         # history even if the value is read inside torch.no_grad()

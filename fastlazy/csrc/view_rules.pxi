@@ -485,13 +485,14 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     if rule == R_CONTIGUOUS:
         if nargs != 1:
             return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
-        if type(src.family) is not Member and m.ndim >= 4 and (
-                src.value is None or not src.value.is_contiguous()):
-            # a root's layout is not in its metadata, and a channels-last
-            # one is held as it is: a pending root of 4 or more dims (maybe
-            # channels-last) is copied, as eager copies a channels-last
-            # tensor (where eager returns the tensor itself, this returns a
-            # copy of the same values, sizes and strides)
+        if type(src.family) is not Member and not root_laid_out_contiguously(src):
+            # a root's layout is not in its metadata: a value is held as
+            # it is (channels last, or a non-contiguous tensor made lazy),
+            # and a pending result is laid out as eager lays it out (an
+            # elementwise op of a transposed tensor is transposed).  Copied
+            # where it is not contiguous, or its producers do not tell (a
+            # generic call): where eager would return the tensor itself,
+            # that is a copy of the same values, sizes and strides.
             found = record_sized_view(reshape_copy_op, src, &out, m.shape, m.ndim,
                                       numel_of(m), NULL, 0)
             if found is None:
@@ -549,6 +550,26 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     if attr < 0:
         return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
     return record_view(op, src, &out, attr, new_stride, offset)
+
+
+cdef bint root_laid_out_contiguously(LazyTensor root) except -1:
+    """Is this root (not a view) contiguous in eager: its value, or its
+    pending result as its recorded producers lay it out
+    (fastlazy.layouts; False where they do not tell)?"""
+    if root.value is not None:
+        return root.value.is_contiguous()
+    if root.seg is None or contiguous_result_node(root.seg.nodes[root.idx].op):
+        return True
+    strides = _hooks.pending_strides(root)
+    return strides is not None and is_contiguous_tuple(root.meta.ndim, root.meta.shape, strides)
+
+
+cdef bint is_contiguous_tuple(int ndim, int64_t *size, tuple strides) except -1:
+    cdef int64_t stride[MAX_NDIM]
+    cdef int i
+    for i in range(ndim):
+        stride[i] = strides[i]
+    return is_contiguous(ndim, size, stride)
 
 
 cdef object unflatten_call(object entry, int op, LazyTensor src, PyObject **args,

@@ -1,0 +1,170 @@
+"""The layout eager gives a result that has not been computed yet.
+
+A LazyTensor's pending result has eager's sizes and dtype, but its strides
+are only known once the graph runs.  Two things need them before: a random
+draw of its shape fills memory in order, so its noise must be laid out as
+eager's empty_like(x) would be (fastlazy.random_ops), and `contiguous()`
+returns the tensor itself where eager's is contiguous and a copy where it
+is not (the core's view rules).  The layout is worked out from the
+recorded producers: TensorIterator's rule for elementwise ops, the
+contiguous results of matmuls and normalizations, the memory format
+convolutions and pooling keep; where the producers do not tell (a generic
+call, which may be a view), None.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastlazy import _core, optable, views
+from fastlazy._core import Rule
+
+# ops whose eager result is laid out as their operands are (TensorIterator's)
+_ELEMENTWISE = frozenset(rule for rule in Rule if _core.is_elementwise_rule(rule))
+# ops whose eager result is contiguous whatever their operands' layouts
+# (matmuls, layer_norm, softmax, reductions, embedding, copies); the core's
+# dropout draws for these alone
+_CONTIGUOUS_RESULTS = frozenset(rule for rule in Rule if _core.is_contiguous_result_rule(rule))
+# ops whose eager result takes their input's memory format (a channels-last
+# input gives a channels-last result); cat takes its inputs' common format
+_FORMAT_FOLLOWING = frozenset((Rule.R_CONV2D, Rule.R_MAX_POOL2D, Rule.R_ADAPTIVE_AVG_POOL2D,
+                               Rule.R_BATCH_NORM, Rule.R_CAT))
+# views that keep a contiguous input's layout contiguous
+_CONTIGUOUS_VIEWS = frozenset((Rule.R_VIEW, Rule.R_UNSQUEEZE, Rule.R_SQUEEZE, Rule.R_FLATTEN,
+                               Rule.R_UNFLATTEN))
+# generic ops that TensorIterator computes (laid out as their operands are)
+_GENERIC_ELEMENTWISE = frozenset(f"generic_{name}" for name in
+                                 ("where", "lerp", "addcmul", "addcdiv", "masked_fill"))
+# ops whose result is contiguous where their operands are (attention: its
+# CPU kernel lays its output out as the query is laid out)
+_CONTIGUOUS_FROM_CONTIGUOUS = frozenset((Rule.R_SDPA, Rule.R_NATIVE_MHA))
+# how many recorded nodes a layout may be followed through (a CNN's
+# channels-last input decides the layout of every convolution after it)
+_LAYOUT_NODES = 512
+
+
+def pending_strides(x):
+    """The strides eager gives the pending, non-view LazyTensor x, or None
+    where its recorded producers do not tell (random_ops then computes x
+    first, fastlazy.view_rules' contiguous() copies it).  A live view's strides are known; an elementwise op's result
+    is laid out from its operands' layouts as TensorIterator lays it out;
+    matmuls, normalizations over the last dims, softmax, reductions and
+    embedding give contiguous results; convolution, pooling, batch norm
+    and cat give their input's memory format (contiguous or channels
+    last; only 4-D and 5-D tensors have another); attention gives a
+    contiguous result of contiguous operands; a view that no tensor holds
+    any more is followed only where it keeps a contiguous input
+    contiguous.  Any other op -- a generic call, which may be a view --
+    does not tell."""
+    seg, index = _core.pending_in(x)
+    return _Layouts(seg).strides(index)
+
+
+class _Layouts:
+    """The eager layouts of one segment's nodes, each worked out once."""
+
+    def __init__(self, seg):
+        self.seg = seg
+        self.known = {}
+        self.budget = _LAYOUT_NODES
+
+    def strides(self, index):
+        if index not in self.known:
+            self.budget -= 1
+            self.known[index] = None if self.budget < 0 else self._work_out(index)
+        return self.known[index]
+
+    def _work_out(self, index):
+        seg = self.seg
+        node = seg.node(index)
+        owner = seg.owner(index)
+        where = None if owner is None else views.geometry(owner)
+        if where is not None:
+            return tuple(where[1])                      # a live view
+        row = optable.OPS[node.op] if 0 <= node.op < len(optable.OPS) else None
+        rule = None if row is None else row.rule
+        if rule in _CONTIGUOUS_RESULTS or (rule in _FORMAT_FOLLOWING and len(node.shape) < 4):
+            return views.contiguous_strides(node.shape)
+        elementwise = rule in _ELEMENTWISE or (row is not None and row.name in _GENERIC_ELEMENTWISE)
+        if not (elementwise or rule in _CONTIGUOUS_VIEWS or rule in _FORMAT_FOLLOWING
+                or rule in _CONTIGUOUS_FROM_CONTIGUOUS):
+            return None
+        operands = []
+        for kind, k in node.inputs:
+            if kind == "node":
+                strides = self.strides(k)
+                if strides is None:
+                    return None
+                operands.append((seg.node(k).shape, strides))
+            else:
+                value = seg.slot(k)[1]
+                if isinstance(value, torch.Tensor):
+                    operands.append((tuple(value.shape), value.stride()))
+        if elementwise:
+            return iterator_strides(node.shape, operands)
+        if all(views.contiguous(shape, strides) for shape, strides in operands):
+            return views.contiguous_strides(node.shape)
+        if rule in _FORMAT_FOLLOWING and len(node.shape) == 4 and operands:
+            # the input channels last: the result too (cat: every input)
+            judged = operands if rule == Rule.R_CAT else operands[:1]
+            if all(_channels_last(shape, strides) for shape, strides in judged):
+                return _channels_last_strides(node.shape)
+        return None
+
+
+def _channels_last_strides(shape):
+    """The strides of a channels-last (NHWC) tensor of the 4-D `shape`."""
+    n, c, h, w = (max(d, 1) for d in shape)
+    return (h * w * c, 1, w * c, c)
+
+
+def _channels_last(shape, strides) -> bool:
+    """Is a 4-D tensor of this geometry laid out channels last?"""
+    if len(shape) != 4:
+        return False
+    expected = _channels_last_strides(shape)
+    return all(size == 1 or stride == want for size, stride, want in zip(shape, strides, expected))
+
+
+def iterator_strides(shape, operands):
+    """The strides TensorIterator gives the result of `shape` of an
+    elementwise op of operands [(shape, strides)] (aten's
+    TensorIteratorBase::reorder_dimensions: dimensions sorted by the
+    operands' strides, the first operand with an opinion deciding, a
+    broadcast dimension giving none; the result dense in that order)."""
+    ndim = len(shape)
+    if ndim <= 1:
+        return views.contiguous_strides(shape)
+    broadcast = []
+    for operand_shape, operand_strides in operands:
+        offset = ndim - len(operand_shape)
+        strides = [0] * ndim
+        for i, (size, stride) in enumerate(zip(operand_shape, operand_strides)):
+            strides[offset + i] = 0 if size == 1 and shape[offset + i] != 1 else stride
+        broadcast.append(strides)
+
+    def should_swap(dim0, dim1):
+        for strides in broadcast:
+            stride0, stride1 = strides[dim0], strides[dim1]
+            if stride0 == 0 or stride1 == 0:
+                continue
+            if stride0 != stride1:
+                return -1 if stride0 < stride1 else 1
+            if shape[dim0] > shape[dim1]:
+                return 1
+        return 0
+
+    perm = list(range(ndim - 1, -1, -1))           # perm[0]: the fastest dimension
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    strides, step = [0] * ndim, 1
+    for dim in perm:
+        strides[dim] = step
+        step *= shape[dim]
+    return tuple(strides)
