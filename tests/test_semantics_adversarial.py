@@ -1672,9 +1672,35 @@ def _contiguous_of_a_contiguous_4d(lz):
     return c, c.stride(), x.permute(0, 2, 3, 1).contiguous().stride()
 
 
+def _contiguous_of_a_transposed_result_is_a_copy(lz):
+    # an elementwise op of a transposed tensor is transposed in eager:
+    # contiguous() copies it, and a write to the copy leaves it alone
+    y = lz(torch.arange(6.0).view(2, 3)).t() * 1
+    z = y.contiguous()
+    z.zero_()
+    return y, z, z is y
+
+
+def _contiguous_of_a_contiguous_result_is_itself(lz):
+    # and of a contiguous one returns it: the write shows in both
+    y = lz(torch.arange(6.0).view(2, 3)) * 1 + lz(torch.ones(3))
+    z = y.contiguous()
+    z.add_(1)
+    return y, z, z is y
+
+
+def _contiguous_of_a_generic_transpose(lz):
+    # t() takes the generic path, which does not tell its layout: a copy
+    y = lz(torch.arange(6.0).view(2, 3)).mT.relu()
+    z = y.contiguous()
+    z.mul_(2)
+    return y, z, z.is_contiguous()
+
+
 @cases(_contiguous_of_channels_last, _contiguous_of_a_pending_channels_last,
-       _contiguous_of_a_contiguous_4d)
-def test_contiguous_of_a_channels_last_tensor(f):
+       _contiguous_of_a_contiguous_4d, _contiguous_of_a_transposed_result_is_a_copy,
+       _contiguous_of_a_contiguous_result_is_itself, _contiguous_of_a_generic_transpose)
+def test_contiguous_copies_where_eager_copies(f):
     same_as_eager(f)
 
 
