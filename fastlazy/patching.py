@@ -222,6 +222,7 @@ def _install_all():
         _install(owner, "script", script, True, _unpatched_while(script))
     _patch_contexts(torch.amp.autocast_mode.autocast, _core.autocast_entered)
     _patch_contexts(torch.autograd.grad_mode.inference_mode, _core.inference_mode_entered)
+    _patch_contexts(torch.autograd.graph.saved_tensors_hooks, _core.saved_hooks_entered)
 
 
 def _watch_writes():
@@ -264,15 +265,18 @@ def _unpatched_while(call):
 
 
 def _count_open_contexts():
-    """Start the core's counts of open torch.autocast and
-    torch.inference_mode contexts (patched below: inside one, every call
-    takes the generic path, whose signatures include the autocast state;
-    a recorded result asks whether its thread is in inference mode) from
-    one where enable() runs inside such a context."""
+    """Start the core's counts of open torch.autocast,
+    torch.inference_mode and saved_tensors_hooks contexts (patched below:
+    inside one, every call takes the generic path, whose signatures include
+    the autocast state; a recorded result asks whether its thread is in
+    inference mode; a call runs eagerly where its thread's hooks would see
+    its saved tensors) from one where enable() runs inside such a context."""
     autocast = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
     _core.autocast_entered(-_core.autocast_depth() + int(autocast))
     _core.inference_mode_entered(-_core.inference_mode_depth()
                                  + int(torch.is_inference_mode_enabled()))
+    _core.saved_hooks_entered(-_core.saved_hooks_depth() + int(
+        torch._C._autograd._top_saved_tensors_default_hooks(False) is not None))
 
 
 def _patch_contexts(cls, entered):
@@ -317,3 +321,4 @@ def disable() -> None:
         _core.end_watches()
         _core.autocast_entered(-_core.autocast_depth())
         _core.inference_mode_entered(-_core.inference_mode_depth())
+        _core.saved_hooks_entered(-_core.saved_hooks_depth())

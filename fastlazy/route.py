@@ -44,6 +44,8 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
             if method:        # through the entry point, which records ints
                 return getattr(sizes[0], func.__name__)(*sizes[1:], **kwargs)
             return getattr(torch, func.__name__)(*sizes, **kwargs)
+    if _core.saves_through_hooks():
+        return run_eagerly(func, name, args, kwargs, inplace, _core.SAVED_HOOKS_OPEN)
     if func is torch.autograd.grad:
         fallback.count(name, "gradients are computed eagerly")
         return autograd_calls.grad(func, args, kwargs)

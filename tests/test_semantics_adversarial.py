@@ -127,6 +127,43 @@ def fn_checkpoint_of_a_partial_holding_a_lazy_argument(lz):
     return y, w.grad, x.grad
 
 
+def fn_non_reentrant_checkpoint_with_eager_saves(lz):
+    """Non-reentrant checkpoint matches the tensors its hooks packed in
+    the forward with those recomputed in the backward, by position: the
+    lazy calls must save theirs in eager's order, around the eager
+    where() that saves its mask (HuggingFace T5's position bias)."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    bias = torch.nn.Parameter(torch.randn(4, 4))
+
+    def block(h):
+        q = lin(h)
+        pb = torch.where(torch.ones(4, 4, dtype=torch.bool).tril(), bias, -1e9)
+        return (q + pb).softmax(-1).sum()
+
+    x = lz(torch.randn(4, 4)) * 1         # pending when the checkpoint starts
+    checkpoint(block, x, use_reentrant=False).backward()
+    return lin.weight.grad, bias.grad
+
+
+def fn_saved_tensors_hooks_see_eagers_saves(lz):
+    """The pack hook sees the tensors eager's calls save, as they are
+    made (save_on_cpu, activation offloading)."""
+    packed = []
+
+    def pack(t):
+        packed.append((tuple(t.shape), t.dtype))
+        return t
+
+    w = torch.linspace(-1, 1, 6, requires_grad=True)
+    x = lz(w) * 2                         # recorded outside: saves nothing in it
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = (x.tanh() * x).sigmoid()
+    y.sum().backward()
+    return packed, w.grad
+
+
 def fn_grad_of_eager_leaf(lz):
     w = torch.ones(3, requires_grad=True)
     x = lz(torch.arange(3.0))
@@ -207,6 +244,7 @@ def fn_function_marks_its_input_dirty(lz):
 
 @cases(fn_square, fn_two_outputs, fn_function_on_eager_after_lazy, fn_grad_of_eager_leaf,
        fn_checkpoint_of_a_partial_holding_a_lazy_argument,
+       fn_non_reentrant_checkpoint_with_eager_saves, fn_saved_tensors_hooks_see_eagers_saves,
        fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom, fn_function_in_inference,
        fn_function_inputs_need_no_grad, fn_function_new_style_returns_a_new_object,
        fn_function_marks_its_input_dirty)

@@ -17,6 +17,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
     cdef LazyTensor self_t = None
 
+    if fl_saved_hooks and saving_through_hooks():
+        return run_eager(entry, args, nargs, kwnames, form, SAVED_HOOKS_OPEN)
     if op < 0 or op_rule[op] == R_GENERIC or fl_autocast:
         # no C rule (a generic row, or a Tensor method without a row), or
         # autocast is on (it changes dtypes per op): the generic path
@@ -178,6 +180,9 @@ cdef tuple split_arguments(PyObject **args, Py_ssize_t nargs, object kwnames):
         for k in range(len(<tuple>kwnames)):
             kw[(<tuple>kwnames)[k]] = <object>args[nargs + k]
     return pos, kw
+
+
+SAVED_HOOKS_OPEN = "saved-tensor hooks are open (torch.utils.checkpoint, save_on_cpu)"
 
 
 cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,

@@ -246,7 +246,19 @@ cdef tuple run_in_mode(Segment seg, object key, list outs, tuple slot_order, int
     casts autocast made (the generic path records the aten calls below
     it), and one recorded outside it must not be cast (a matmul recorded
     before a `with torch.autocast(...)` block and read inside it is
-    eager's float32 matmul)."""
+    eager's float32 matmul), and past saved-tensor hooks (saved_hooks.pxi)."""
+    if fl_saved_hooks and hooks_open():
+        push_plain_saves()
+        try:
+            return run_without_autocast(seg, key, outs, slot_order, inference, nowners, grad,
+                                        detached)
+        finally:
+            pop_plain_saves()
+    return run_without_autocast(seg, key, outs, slot_order, inference, nowners, grad, detached)
+
+
+cdef tuple run_without_autocast(Segment seg, object key, list outs, tuple slot_order,
+                                int inference, Py_ssize_t nowners, bint grad, bint detached):
     if fl_autocast:
         suspended = [device for device in AUTOCAST_DEVICES if _is_autocast_on(device)]
         if suspended:

@@ -1,0 +1,57 @@
+# torch.autograd.graph.saved_tensors_hooks, which non-reentrant
+# torch.utils.checkpoint and save_on_cpu open around the calls whose saved
+# tensors they pack.  A recorded node saves its tensors when its graph runs,
+# after such a context has closed (or before, for a graph recorded outside
+# and read inside it), so the hooks would see other tensors, in another
+# order, than eager's calls give them: checkpoint's recomputation then
+# raises CheckpointError.  While a context is open on the calling thread and
+# grad mode is on, calls with LazyTensors run eagerly (their saves pass
+# through the hooks in eager's order), and a graph computed meanwhile saves
+# its tensors past the hooks, as eager's calls recorded before the context
+# saved them.
+
+cdef int fl_saved_hooks = 0      # contexts open, over all threads (fastlazy.patching)
+cdef object _top_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+cdef object _push_saved_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+cdef object _pop_saved_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+
+
+def saved_hooks_entered(int delta):
+    global fl_saved_hooks
+    fl_saved_hooks += delta
+    if fl_saved_hooks < 0:
+        fl_saved_hooks = 0
+
+
+def saved_hooks_depth():
+    return fl_saved_hooks
+
+
+cdef bint hooks_open() except -1:
+    """Are saved-tensor hooks open on this thread?"""
+    return fl_saved_hooks and _top_saved_hooks(False) is not None
+
+
+cdef bint saving_through_hooks() except -1:
+    """Would a call on this thread now save its tensors through the hooks?"""
+    return fl_saved_hooks and grad_enabled() and _top_saved_hooks(False) is not None
+
+
+def saves_through_hooks():
+    """saving_through_hooks for Python (fastlazy.route)."""
+    return saving_through_hooks()
+
+
+def _unpacked(saved):
+    return saved
+
+
+cdef int push_plain_saves() except -1:
+    """Hooks that keep each saved tensor as it is, over the open ones."""
+    _push_saved_hooks(_unpacked, _unpacked)
+    return 0
+
+
+cdef int pop_plain_saves() except -1:
+    _pop_saved_hooks()
+    return 0
