@@ -59,7 +59,7 @@ def test_help_of_the_package_is_its_public_api_on_one_page():
     import fastlazy
     from fastlazy import graph_cache
     text = pydoc.render_doc(fastlazy, renderer=pydoc.plaintext)
-    assert len(text.splitlines()) < 150
+    assert len(text.splitlines()) < 160          # (a line per module among them)
     assert "annotations" not in fastlazy.__dict__ and "annotations" not in text
     assert "SUBMODULES" not in text             # no private module aliases
     for name in fastlazy.__all__:
