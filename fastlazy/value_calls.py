@@ -10,10 +10,8 @@ looks it up, and with a LazyTensor argument it runs on the values:
 
 - non-reentrant activation checkpointing (`torch.utils.checkpoint`,
   HuggingFace's gradient_checkpointing_enable()) saves the inputs with
-  `_make_saved_tensor`: the value is saved.  The checkpointed forward is
-  recorded lazily and runs when its graph does, outside the checkpoint's
-  saved-tensor hooks: gradients are eager's, and the activations are kept
-  rather than recomputed;
+  `_make_saved_tensor`: the value is saved (the checkpointed forward runs
+  eagerly inside the checkpoint's saved-tensor hooks: csrc/saved_hooks.pxi);
 - `torch.utils.dlpack.to_dlpack` exports the value's memory;
 - `torch.vmap` (and functorch's transforms built on `_add_batch_dim`)
   batches the value: the function runs eagerly, as do its results;
@@ -24,6 +22,13 @@ looks it up, and with a LazyTensor argument it runs on the values:
   runs on the values, and its tensor results come back as LazyTensors, as
   an op run eagerly does (it hands its arguments to its graph without
   asking `__torch_function__`, and read a LazyTensor as an empty tensor).
+
+One binding is answered from the LazyTensors' own metadata instead:
+`torch._C._group_tensors_by_device_and_dtype`, which the foreach
+optimizers, `clip_grad_norm_` and `get_total_norm` call to sort their
+tensor lists, would group LazyTensors by their stand-in's (meta, float32)
+and hand the stand-ins back; with a LazyTensor among them the lists are
+grouped here, by each tensor's device and dtype, the LazyTensors kept.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ import importlib
 import torch
 
 from fastlazy import fallback
+from fastlazy._core import LazyTensor
 
 # (module, attribute) where torch's Python finds each binding
 _BINDINGS = (
@@ -71,6 +77,9 @@ def python_patches():
                 _script_function_call(torch._C.ScriptFunction.__call__)),
                (torch.Tensor, "_make_subclass",
                 staticmethod(_on_values(torch.Tensor._make_subclass)))]
+    group = getattr(torch._C, "_group_tensors_by_device_and_dtype", None)
+    if group is not None:
+        patches.append((torch._C, "_group_tensors_by_device_and_dtype", _grouping(group)))
     for module_name, attr in _BINDINGS:
         try:
             module = importlib.import_module(module_name)
@@ -80,3 +89,27 @@ def python_patches():
         if function is not None:
             patches.append((module, attr, _on_values(function)))
     return patches
+
+
+def _grouping(original):
+    """torch._C._group_tensors_by_device_and_dtype(tensorlistlist,
+    with_indices): {(device, dtype): (each list's tensors at the indices
+    whose first-list tensor has that device and dtype -- an empty list
+    staying empty --, those indices or [])}, as the binding returns it."""
+    def group(tensorlistlist, with_indices=False):
+        if not any(type(t) is LazyTensor for tensors in tensorlistlist for t in tensors):
+            return original(tensorlistlist, with_indices)
+        groups = {}
+        for i, t in enumerate(tensorlistlist[0]):
+            lists, indices = groups.setdefault((t.device, t.dtype),
+                                               ([[] for _ in tensorlistlist], []))
+            for tensors, grouped in zip(tensorlistlist, lists):
+                if tensors:         # (an empty list stays empty: SGD's unused momenta)
+                    grouped.append(tensors[i])
+            if with_indices:
+                indices.append(i)
+        return {key: (lists, indices) for key, (lists, indices) in groups.items()}
+
+    group.__wrapped__ = original
+    group.__name__ = group.__qualname__ = "_group_tensors_by_device_and_dtype"
+    return group

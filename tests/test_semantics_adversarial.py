@@ -164,6 +164,31 @@ def fn_saved_tensors_hooks_see_eagers_saves(lz):
     return packed, w.grad
 
 
+def fn_total_norm_of_a_tensor_list(lz):
+    """get_total_norm sorts its tensors with a C++ binding that does not ask
+    __torch_function__ (torch._C._group_tensors_by_device_and_dtype)."""
+    tensors = [torch.linspace(-1, 1, 3), torch.linspace(0, 2, 8).view(4, 2).double()]
+    return torch.nn.utils.get_total_norm([lz(t) for t in tensors], 2.0)
+
+
+def fn_foreach_optimizers_step_a_lazy_parameter(lz):
+    """The foreach optimizers group their parameters, gradients and states
+    by device and dtype with the same binding (SGD's unused momenta: an
+    empty list).  (Adam's foreach step on a lazy parameter raises: README.)"""
+    out = []
+    for make in (lambda p: torch.optim.SGD(p, lr=0.1, foreach=True),
+                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True)):
+        torch.manual_seed(0)
+        w = lz(torch.randn(3, 3)).requires_grad_()
+        opt = make([w])
+        for _ in range(2):
+            opt.zero_grad()
+            (lz(torch.randn(2, 3)) @ w).pow(2).sum().backward()
+            opt.step()
+        out.append(w.detach())
+    return out
+
+
 def fn_grad_of_eager_leaf(lz):
     w = torch.ones(3, requires_grad=True)
     x = lz(torch.arange(3.0))
@@ -245,6 +270,7 @@ def fn_function_marks_its_input_dirty(lz):
 @cases(fn_square, fn_two_outputs, fn_function_on_eager_after_lazy, fn_grad_of_eager_leaf,
        fn_checkpoint_of_a_partial_holding_a_lazy_argument,
        fn_non_reentrant_checkpoint_with_eager_saves, fn_saved_tensors_hooks_see_eagers_saves,
+       fn_total_norm_of_a_tensor_list, fn_foreach_optimizers_step_a_lazy_parameter,
        fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom, fn_function_in_inference,
        fn_function_inputs_need_no_grad, fn_function_new_style_returns_a_new_object,
        fn_function_marks_its_input_dirty)
