@@ -45,8 +45,9 @@ _LAYOUT_NODES = 512
 def pending_strides(x):
     """The strides eager gives the pending, non-view LazyTensor x, or None
     where its recorded producers do not tell (random_ops then computes x
-    first, fastlazy.view_rules' contiguous() copies it).  A live view's strides are known; an elementwise op's result
-    is laid out from its operands' layouts as TensorIterator lays it out;
+    first; the core's contiguous(), csrc/view_rules.pxi, copies it).  A
+    live view's strides are known; an elementwise op's result is laid out
+    from its operands' layouts as TensorIterator lays it out;
     matmuls, normalizations over the last dims, softmax, reductions and
     embedding give contiguous results; convolution, pooling, batch norm
     and cat give their input's memory format (contiguous or channels

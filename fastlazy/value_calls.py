@@ -108,7 +108,7 @@ def _grouping(original):
                     grouped.append(tensors[i])
             if with_indices:
                 indices.append(i)
-        return {key: (lists, indices) for key, (lists, indices) in groups.items()}
+        return groups
 
     group.__wrapped__ = original
     group.__name__ = group.__qualname__ = "_group_tensors_by_device_and_dtype"

@@ -47,7 +47,7 @@ cdef bint contiguous_result_rule(int rule) noexcept:
 
 
 def is_contiguous_result_rule(int rule):
-    """contiguous_result_rule for Python (fastlazy.random_ops)."""
+    """contiguous_result_rule for Python (fastlazy.layouts)."""
     return contiguous_result_rule(rule)
 
 

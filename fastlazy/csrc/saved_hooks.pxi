@@ -34,7 +34,7 @@ cdef bint hooks_open() except -1:
 
 cdef bint saving_through_hooks() except -1:
     """Would a call on this thread now save its tensors through the hooks?"""
-    return fl_saved_hooks and grad_enabled() and _top_saved_hooks(False) is not None
+    return hooks_open() and grad_enabled()
 
 
 def saves_through_hooks():
