@@ -80,8 +80,7 @@ class GraphView:
                 r.index in outset, r.requires_grad, output,
                 bool(r.flags & NodeFlag.NODE_KEEPS_SHAPE),
                 bool(r.flags & NodeFlag.NODE_WRITTEN)))
-        if self.grad:
-            self.nodes = _calls_apart(self.nodes)
+        self.nodes = _calls_apart(self.nodes, merge_identical=not self.grad)
         self.outputs = list(outputs)
         self.slots = [self._slot(seg, k, p) for p, k in enumerate(slot_order)]
         self.segment_sites = [seg.site(n.index) for n in self.nodes]
@@ -166,7 +165,7 @@ class GraphView:
         return "\n".join(lines)
 
 
-def _calls_apart(nodes):
+def _calls_apart(nodes, merge_identical=False):
     """The nodes with `call` set: the index of the first node its call
     recorded.  Nodes of one program over the same inputs share one run
     (backends.base.run_key) -- a call returning several tensors records
@@ -178,7 +177,13 @@ def _calls_apart(nodes):
     recorded back to back with their outputs in increasing order, some
     maybe pruned as dead: a node continues the call of the last node of
     its program and inputs if its output comes later and no more nodes
-    lie between them than outputs."""
+    lie between them than outputs.
+
+    `merge_identical` (a graph without autograd history): identical calls
+    share one run after all -- common subexpressions computed once --
+    except where two graph outputs would then be one tensor object (two
+    `zeros_like(x)` read together: an eager write to one value, as
+    Adam's foreach step makes, would show in the other)."""
     last = {}
     apart = []
     for n in nodes:
@@ -190,7 +195,33 @@ def _calls_apart(nodes):
             n = dataclasses.replace(n, call=m.call if same else n.index)
             last[key] = n
         apart.append(n)
-    return apart
+    return _merge_identical_calls(apart) if merge_identical else apart
+
+
+def _merge_identical_calls(nodes):
+    """`nodes` with each call of a program over the same inputs as an
+    earlier one given that call's `call` -- one run for both -- unless
+    both have a graph output at the same output position."""
+    held = {}        # call -> output positions its graph outputs hold
+    for n in nodes:
+        if n.call >= 0 and n.is_output:
+            held.setdefault(n.call, set()).add(n.output)
+    into = {}        # call -> the call whose run it shares
+    runs = {}        # (program, inputs) -> [(call, output positions held), ...]
+    for n in nodes:
+        if n.call < 0 or n.call in into:
+            continue
+        mine = held.get(n.call, set())
+        for k, (call, taken) in enumerate(runs.setdefault((n.program, n.inputs), [])):
+            if not (taken & mine):
+                into[n.call] = call
+                runs[(n.program, n.inputs)][k] = (call, taken | mine)
+                break
+        else:
+            into[n.call] = n.call
+            runs[(n.program, n.inputs)].append((n.call, mine))
+    return [dataclasses.replace(n, call=into[n.call]) if n.call >= 0 and into[n.call] != n.call
+            else n for n in nodes]
 
 
 # -- example inputs: what a compile runs its program on ----------------------

@@ -174,10 +174,15 @@ def fn_total_norm_of_a_tensor_list(lz):
 def fn_foreach_optimizers_step_a_lazy_parameter(lz):
     """The foreach optimizers group their parameters, gradients and states
     by device and dtype with the same binding (SGD's unused momenta: an
-    empty list).  (Adam's foreach step on a lazy parameter raises: README.)"""
+    empty list).  Adam's states start as two identical pending zeros_like
+    (they must be two tensors: its foreach ops write them in place, on
+    their values) and its first foreach write meets them pending."""
     out = []
     for make in (lambda p: torch.optim.SGD(p, lr=0.1, foreach=True),
-                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True)):
+                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+                 lambda p: torch.optim.Adam(p, lr=0.1, foreach=True),
+                 lambda p: torch.optim.AdamW(p, lr=0.1, amsgrad=True, foreach=True),
+                 lambda p: torch.optim.NAdam(p, lr=0.1, foreach=True)):
         torch.manual_seed(0)
         w = lz(torch.randn(3, 3)).requires_grad_()
         opt = make([w])
@@ -757,6 +762,18 @@ def test_saving_an_inference_tensor_raises_at_the_call():
         materialized * w
 
 
+def fn_eager_write_to_the_value_of_one_of_two_equal_results(lz):
+    # two identical calls outside autograd may share one run, but not one
+    # result tensor: an eager write to one's value (a foreach optimizer
+    # step on its states) must not show in the other
+    x = lz(torch.rand(3))
+    a, b = torch.zeros_like(x), torch.zeros_like(x)
+    c, d = torch.nan_to_num(x), torch.nan_to_num(x)
+    _plain(a).add_(1)
+    torch._foreach_mul_([_plain(c)], 2.0)
+    return a, b, c, d
+
+
 @cases(fn_data_add, fn_data_setitem, fn_data_of_view, fn_grad_zero, fn_grad_setitem_and_none,
        fn_no_grad_leaf, fn_inference_add_, fn_inference_setitem, fn_inference_inside_mode,
        fn_pending_inference_result, fn_pending_inference_add_, fn_pending_inference_setitem,
@@ -764,7 +781,8 @@ def test_saving_an_inference_tensor_raises_at_the_call():
        fn_inplace_inside_inference_mode, fn_normal_tensor_written_in_inference_mode,
        fn_mixed_graph, fn_nested_inference_mode_off, fn_inference_decorator,
        fn_training_loss_read_in_inference_mode,
-       fn_graph_of_normal_and_inference_results_read_in_inference_mode)
+       fn_graph_of_normal_and_inference_results_read_in_inference_mode,
+       fn_eager_write_to_the_value_of_one_of_two_equal_results)
 def test_writes(f):
     same_as_eager(f)
 

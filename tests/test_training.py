@@ -92,7 +92,9 @@ def test_identical_calls_reach_the_gradient_as_eagers_do(backend):
 
 def test_one_call_returning_two_tensors_is_one_run(monkeypatch):
     """Its nodes share one run (backends.base.run_key), a second identical
-    call has its own, and outside autograd identical calls share one."""
+    call has its own, and outside autograd identical calls share one --
+    unless the results of both are held (graph outputs), which must then be
+    tensors of their own."""
     from fastlazy import graph_cache
     from fastlazy.backends.base import run_key
     views = []
@@ -100,11 +102,20 @@ def test_one_call_returning_two_tensors_is_one_run(monkeypatch):
     monkeypatch.setattr(graph_cache, "_compile",
                         lambda backend, view: views.append(view) or real(backend, view))
     x = torch.randn(3, 5, requires_grad=True)
-    for grad, runs in ((True, 2), (False, 1)):
+
+    def combined(lx):
+        (v1, i1), (v2, i2) = torch.max(lx, 1), torch.max(lx, 1)
+        return (v1 * i1 + v2 * i2).sum()
+
+    for grad, held, runs in ((True, False, 2), (False, False, 1), (False, True, 2)):
         with torch.set_grad_enabled(grad):
             lx = fastlazy.lazy(x)
-            (v1, i1), (v2, i2) = torch.max(lx, 1), torch.max(lx, 1)
-            (v1 * i1 + v2 * i2).sum().to_eager()
+            if held:
+                (v1, i1), (v2, i2) = torch.max(lx, 1), torch.max(lx, 1)
+                fastlazy.mark_step()
+                assert v1.to_eager() is not v2.to_eager()
+            else:
+                combined(lx).to_eager()
         nodes = [n for n in views[-1].nodes if not n.program.fresh]
         assert len(nodes) == 4
         assert len({run_key(n) for n in nodes}) == runs

@@ -416,6 +416,16 @@ cdef int flush_pending(PyObject *written) except -1:
     num_batches_tracked.add_(1), leaves the graph whole).  A watched
     storage's watchers hear of the write first (watch_writes)."""
     global fl_pending
+    cdef LazyTensor lazy
+    if type(<object>written) is LazyTensor:
+        # an item of a list an eager call writes (torch._foreach_lerp_ over
+        # an optimizer's lazy states runs on their values): a pending one has
+        # no memory yet -- reading its value computes the segment first --
+        # and a computed one's value is what gets written
+        lazy = <LazyTensor>written
+        if lazy.value is None:
+            return 0
+        written = <PyObject*>lazy.value
     if fl_watching:
         _note_watched_write(<object>written)
     if not fl_pending:
