@@ -79,6 +79,9 @@ def _set_data(self, value):
     _core.rebind_value(self, new)
 
 
+_TO = torch._C.TensorBase.to
+
+
 def lazy_to(self, args, kwargs):
     """LazyTensor.to: "lazy" is itself; a move to another device gives an
     eager tensor there (as torch._lazy's .to("cpu") does); anything else --
@@ -92,7 +95,14 @@ def lazy_to(self, args, kwargs):
             return self
     target = _target_device(args, kwargs)
     if target is None or _same_device(target, self.device):
-        return route.call(torch._C.TensorBase.to, "Tensor.to", (self,) + args, kwargs, False)
+        prepared = None
+        if not kwargs and not _core.saves_through_hooks():
+            # (a cast or a move to where the value lives, per call in model
+            # code: a signature seen before is recorded by the core alone)
+            hit, prepared = _core.signature_hit(_TO, (self,) + args)
+            if hit:
+                return prepared
+        return route.call(_TO, "Tensor.to", (self,) + args, kwargs, False, prepared=prepared)
     fallback.count("to", "device move (gives an eager tensor)")
     return self.to_eager().to(*args, **kwargs)
 
@@ -119,16 +129,33 @@ def _target_device(args, kwargs):
 
 
 def _same_device(target, device):
+    key = (target, device)
+    try:
+        return _same_devices[key]
+    except (KeyError, TypeError):      # (TypeError: an unhashable argument)
+        pass
     try:
         target = torch.device(target)
     except (TypeError, RuntimeError, ValueError):
         return False                                 # eager raises its own error
     if target.type != device.type:
-        return False
-    if target.index is None:
-        # "cuda" means the current device; "cpu" has one
-        return device.type == "cpu" or device.index == torch.cuda.current_device()
-    return target.index == (device.index or 0)
+        same = False
+    elif target.index is None:
+        # "cuda" means the current device, which may change: not kept
+        if device.type != "cpu":
+            return device.index == torch.cuda.current_device()
+        same = True                                  # ("cpu" has one)
+    else:
+        same = target.index == (device.index or 0)
+    if len(_same_devices) < 64:
+        _same_devices[key] = same
+    return same
+
+
+# (target named in .to(), a LazyTensor's device) -> same device?  Model code
+# moves its masks to their own device at every call (HuggingFace's
+# `mask.to(x.device)`), and torch.device() of a string costs a microsecond.
+_same_devices: dict = {}
 
 
 def install_lazy_tensor_methods():

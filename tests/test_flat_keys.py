@@ -211,6 +211,34 @@ def test_getitem_is_a_hit_in_c(monkeypatch):
 
 
 @pytest.mark.parametrize("call", [
+    lambda m, i: m & (i > 2), lambda m, i: ~m, lambda m, i: i // 3, lambda m, i: i % 3,
+    lambda m, i: m ^ m, lambda m, i: i << 1,
+    lambda m, i: i.to(torch.float32), lambda m, i: m.to("cpu"),
+], ids=["and", "invert", "floordiv", "mod", "xor", "lshift", "to-dtype",
+        "to-own-device"])
+def test_operators_without_a_row_and_to_are_hits_in_c(call, monkeypatch):
+    # HuggingFace's generate calls these on its masks and token ids per
+    # token: a signature seen before is recorded without Python
+    mask = torch.tensor([True, False, True, True])
+    ids = torch.tensor([0, 4, 7, 9])
+    m, i = fastlazy.lazy(mask), fastlazy.lazy(ids)
+    call(m, i)
+    call(m, i)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went up into Python")
+
+    monkeypatch.setattr(generic, "record", refuse)
+    y = call(m, i)
+    monkeypatch.undo()
+    want = call(mask, ids)
+    got = y.to_eager() if type(y) is fastlazy.LazyTensor else y
+    assert torch.equal(got, want) and got.dtype == want.dtype
+    if want is ids or want is mask:
+        assert y is i or y is m        # (a no-op .to returns the tensor itself)
+
+
+@pytest.mark.parametrize("call", [
     lambda a, b, e: torch.cat([a, b], dim=1),
     lambda a, b, e: torch.cat((e, a), -1),           # an eager tensor in the list
     lambda a, b, e: torch.stack([a, b]),

@@ -37,9 +37,21 @@ cdef inline object call_dunder(int d, object a, object b, Py_ssize_t nargs=2):
 cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
                             bint inplace):
     """torch.Tensor's operator `name` with self a LazyTensor: recorded by the
-    generic path, or run eagerly."""
-    return _hooks.record_call(getattr(TensorType, name), qualname, (self,) + args, {},
-                              inplace, False)
+    generic path, or run eagerly.  A signature recorded before (`mask & m`,
+    `~mask`, `ids // n`, `ids % n`: HuggingFace's generate calls these per
+    token) is recorded from its flat key, as an entry's call is
+    (dispatch.pxi call_generic), without Python."""
+    cdef PyObject *argv[2]
+    func = getattr(TensorType, name)
+    if inplace or fl_autocast or len(args) > 1 or (fl_saved_hooks and saving_through_hooks()):
+        return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
+    argv[0] = <PyObject*>self
+    if args:
+        argv[1] = <PyObject*>args[0]
+    fast = fast_generic_hit(func, argv, 1 + len(args), None, False)
+    if fast is not None and type(fast) is not FastKey:
+        return fast
+    return record_by_signature(func, qualname, (self,) + args, {}, False, fast)
 
 
 cdef object getitem(LazyTensor self, object idx):
