@@ -73,7 +73,8 @@ class Signature:
     whether they are `detach`ed, the `constants` lifted from the program, the
     random `draws` made at each call (Draw), and the program's `lowering`
     (interned by generic.py); `nested`: a cat-like call recorded as a tree
-    of such calls; `sequence`: tuple or list where `spec` is that sequence
+    of such calls; `sequence`: tuple, list or a torch.return_types
+    structseq (torch.topk's) where `spec` is that sequence
     of leaves (results rebuilt without pytree), else None."""
     __slots__ = ("reason", "written", "lowering", "kinds", "recorded", "spec", "detach",
                  "nested", "constants", "draws", "sequence")
@@ -309,7 +310,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))
     if single and sig.kinds[0][0] != "input":
         sig.spec = None
-    elif spec.type in (tuple, list) and spec.num_children == len(leaves) \
+    elif (spec.type in (tuple, list) or is_structseq(spec.type)) \
+            and spec.num_children == len(leaves) \
             and pytree.tree_structure(spec.type([0] * len(leaves))) == spec:
         sig.sequence = spec.type
     # A template's own signature passed its trial run (it is kept only
@@ -606,6 +608,12 @@ def _forget_values(graph):
     nodes' metadata): only its code is used from now on."""
     for node in graph.nodes:
         node.meta.pop("val", None)
+
+
+def is_structseq(kind) -> bool:
+    """Is `kind` a struct sequence type (torch.return_types.topk, max...):
+    a tuple subclass made from a sequence of its fields?"""
+    return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "n_fields")
 
 
 def _same_values(func, args, kwargs, tensors, gm):

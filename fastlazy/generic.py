@@ -192,7 +192,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             # a tuple or list of several results: so does it
             _core.publish_generic_results(prepared, sig.lowering.index, sig.recorded,
                                           sig.detach, tuple(sig.constants or ()), places,
-                                          len(sig.kinds), sig.sequence is list)
+                                          len(sig.kinds),
+                                          None if sig.sequence is tuple else sig.sequence)
     flat = []
     for kind in sig.kinds:
         if kind[0] == "input":
@@ -251,8 +252,9 @@ def _publish(prepared, sig, kind, form=None):
 def _places(sig):
     """Per recorded result, (its position, the tensor it is a view of or
     -1, its place, its view flags), if the signature returns a plain tuple
-    or list of several recorded results and Nones; else None."""
-    if sig.sequence not in (tuple, list) or len(sig.recorded) < 2:
+    or list (or torch.return_types structseq) of several recorded results
+    and Nones; else None."""
+    if sig.sequence is None or len(sig.recorded) < 2:
         return None
     places = []
     for k, kind in enumerate(sig.kinds):

@@ -559,6 +559,8 @@ GENERIC_OPS = {
     "max": (True, True, False), "min": (True, True, False),
     "all": (True, True, False), "any": (True, True, False),
     "cumsum": (True, True, False),
+    # selection (HuggingFace's generate: per token)
+    "topk": (True, True, False), "isin": (True, False, False),
     # linear algebra
     "baddbmm": (True, True, False),
     # torch.nn.functional, where nn modules call it

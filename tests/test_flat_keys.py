@@ -284,13 +284,17 @@ def test_a_torch_python_function_returning_a_tuple_with_none_is_a_hit_in_c(monke
 
 
 # -- calls that return several results --------------------------------------
-# A published signature whose call returns a tuple or list of several
-# recorded results (views, or new tensors: aten's functional batch norm)
+# A published signature whose call returns a tuple, list or structseq of
+# several recorded results (views, or new tensors: aten's functional batch norm)
 # is recorded by the core too: one node per result over the same inputs.
 SEVERAL = {
     "tensor_split": lambda x, e: torch.tensor_split(x, 3, 1),
     "chunk_of_a_transpose": lambda x, e: x.t().chunk(2, 1),
     "unbind": lambda x, e: x.unbind(1),
+    # torch.return_types structseqs (beam search's topk per token)
+    "topk": lambda x, e: torch.topk(x, 3, dim=1),
+    "max_over_a_dim": lambda x, e: x.max(dim=-1),
+    "sort": lambda x, e: torch.sort(x, 1, descending=True),
     "eager_operands": lambda x, e: torch.ops.aten._native_batch_norm_legit_functional.default(
         x.reshape(2, 6, 1), e, e, e * 0, e * 0 + 1, True, 0.1, 1e-5),
 }

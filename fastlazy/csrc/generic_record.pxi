@@ -108,7 +108,8 @@ cdef class GenericHit:
     # a call that returns several results (aten's functional batch norm,
     # chunk): the hits of the others, each at its own tuple_at; None else
     cdef tuple parts
-    cdef bint as_list           # ... returned as a list, not a tuple
+    cdef object sequence        # ... returned as this type (a list, torch.topk's
+                                #     structseq), not a tuple, where not None
     # under a flat key (FastKey): the key itself, to tell hash collisions apart
     cdef FastKey key
     cdef GenericHit next        # another signature of the same hash
@@ -142,9 +143,10 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
 
 
 def publish_generic_results(tuple prepared, int lowering, list outs, bint detach,
-                            tuple constants, list places, int length, bint as_list):
-    """publish_generic for a call that returns a tuple (or, as_list, a
-    list) of `length` results, each of `outs` recorded as a node:
+                            tuple constants, list places, int length, object sequence):
+    """publish_generic for a call that returns a tuple (or a `sequence`:
+    list, or a structseq such as torch.return_types.topk) of `length`
+    results, each of `outs` recorded as a node:
     places[k] is (its position, view_of, where, view_flags); the others
     are None."""
     cdef Py_ssize_t k, n = len(outs)
@@ -162,7 +164,7 @@ def publish_generic_results(tuple prepared, int lowering, list outs, bint detach
     head.constants = constants
     head.tuple_len = length
     head.parts = tuple(hits[1:])
-    head.as_list = as_list
+    head.sequence = sequence
     file_hit(prepared, head)
 
 
@@ -226,7 +228,7 @@ cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
         h.view_of, h.view_flags, h.view_ndim = hit.view_of, hit.view_flags, hit.view_ndim
         h.returns_input = hit.returns_input
         h.tuple_len, h.tuple_at = hit.tuple_len, hit.tuple_at
-        h.parts, h.as_list = hit.parts, hit.as_list
+        h.parts, h.sequence = hit.parts, hit.sequence
         memcpy(h.view_size, hit.view_size, sizeof(hit.view_size))
         memcpy(h.view_stride, hit.view_stride, sizeof(hit.view_stride))
         h.view_offset = hit.view_offset
@@ -282,7 +284,9 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
         for k in range(len(hit.parts)):
             part = <GenericHit>hit.parts[k]
             results[part.tuple_at] = record_result(part, hit.flags, ops, n + nc)
-        return results if hit.as_list else tuple(results)
+        if hit.sequence is None:
+            return tuple(results)
+        return results if hit.sequence is list else hit.sequence(results)
     if hit.tuple_len:
         result = PyTuple_New(hit.tuple_len)
         for k in range(hit.tuple_len):
