@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy import _core, optable, views
+from fastlazy import _core, generic, optable, views
 from fastlazy._core import Rule
 
 # ops whose eager result is laid out as their operands are (TensorIterator's)
@@ -83,6 +83,11 @@ class _Layouts:
             return tuple(where[1])                      # a live view
         row = optable.OPS[node.op] if 0 <= node.op < len(optable.OPS) else None
         rule = None if row is None else row.rule
+        if node.op == _core.GENERIC_OP and _preserves_layout(node.attr):
+            # empty_like(x), zeros_like(x), x.clone()...: dense in x's order
+            kind, k = node.inputs[0]
+            operand = self._operand(kind, k)
+            return None if operand is None else iterator_strides(node.shape, [operand])
         if rule in _CONTIGUOUS_RESULTS or (rule in _FORMAT_FOLLOWING and len(node.shape) < 4):
             return views.contiguous_strides(node.shape)
         elementwise = rule in _ELEMENTWISE or (row is not None and row.name in _GENERIC_ELEMENTWISE)
@@ -91,15 +96,12 @@ class _Layouts:
             return None
         operands = []
         for kind, k in node.inputs:
-            if kind == "node":
-                strides = self.strides(k)
-                if strides is None:
+            operand = self._operand(kind, k)
+            if operand is None:
+                if kind == "node":
                     return None
-                operands.append((seg.node(k).shape, strides))
-            else:
-                value = seg.slot(k)[1]
-                if isinstance(value, torch.Tensor):
-                    operands.append((tuple(value.shape), value.stride()))
+                continue                                # a scalar slot
+            operands.append(operand)
         if elementwise:
             return iterator_strides(node.shape, operands)
         if all(views.contiguous(shape, strides) for shape, strides in operands):
@@ -110,6 +112,50 @@ class _Layouts:
             if all(_channels_last(shape, strides) for shape, strides in judged):
                 return _channels_last_strides(node.shape)
         return None
+
+
+    def _operand(self, kind, k):
+        """(shape, strides) of a node's input: a node's as worked out, a
+        tensor slot's own; None where not known (or not a tensor)."""
+        if kind == "node":
+            strides = self.strides(k)
+            return None if strides is None else (self.seg.node(k).shape, strides)
+        value = self.seg.slot(k)[1]
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape), value.stride()
+        return None
+
+
+# aten calls whose result eager lays out as its first argument is laid out
+# (memory_format preserve: the same strides where that is dense, else dense
+# in its order)
+_LIKE = frozenset(getattr(torch.ops.aten, name).default for name in
+                  ("empty_like", "zeros_like", "ones_like", "full_like", "clone",
+                   "rand_like", "randn_like"))
+_LAYOUT_FREE = frozenset((torch.ops.aten.contiguous.default, torch.ops.aten.detach.default))
+
+
+def _preserves_layout(attr) -> bool:
+    """Is the generic node of this attr one *_like call (or a clone) of its
+    first input, in that input's memory format?  (Its program may make the
+    input contiguous first -- the generic path computes on contiguous
+    copies of pending operands -- but eager's result takes the input's
+    layout.)"""
+    lowering = generic.lowering(attr & ((1 << _core.ATTR_GENERIC_OUT_SHIFT) - 1))
+    calls = [n for n in lowering.gm.graph.nodes
+             if n.op == "call_function" and n.target not in _LAYOUT_FREE]
+    return (len(calls) == 1 and calls[0].target in _LIKE
+            and calls[0].kwargs.get("memory_format", torch.preserve_format)
+            is torch.preserve_format
+            and lowering.placeholders[:1] == _sources(calls[0].args[0]))
+
+
+def _sources(arg):
+    """The placeholders `arg` is made from through layout-free calls."""
+    while isinstance(arg, torch.fx.Node) and arg.op == "call_function" \
+            and arg.target in _LAYOUT_FREE:
+        arg = arg.args[0]
+    return [arg] if isinstance(arg, torch.fx.Node) and arg.op == "placeholder" else []
 
 
 def _channels_last_strides(shape):

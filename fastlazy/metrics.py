@@ -37,7 +37,7 @@ _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_fai
                 "tier_promotions", "tier_fast_runs_while_compiling",
                 "tier_frozen_compiles_failed", "tier_frozen_misses",
                 "tier_cpp_wrapper_failures", "tier_compiles_in_child",
-                "tier_child_compile_fallbacks", "tier_wrong_dtypes",
+                "tier_child_compile_fallbacks", "tier_wrong_dtypes", "tier_wrong_results",
                 "packed_conv_trials", "packed_conv_graphs", "packed_conv_repacks",
                 "packed_conv_failures")
 

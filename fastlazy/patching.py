@@ -223,6 +223,7 @@ def _install_all():
     _patch_contexts(torch.amp.autocast_mode.autocast, _core.autocast_entered)
     _patch_contexts(torch.autograd.grad_mode.inference_mode, _core.inference_mode_entered)
     _patch_contexts(torch.autograd.graph.saved_tensors_hooks, _core.saved_hooks_entered)
+    _count_dual_levels()
 
 
 def _watch_writes():
@@ -266,17 +267,41 @@ def _unpatched_while(call):
 
 def _count_open_contexts():
     """Start the core's counts of open torch.autocast,
-    torch.inference_mode and saved_tensors_hooks contexts (patched below:
-    inside one, every call takes the generic path, whose signatures include
-    the autocast state; a recorded result asks whether its thread is in
-    inference mode; a call runs eagerly where its thread's hooks would see
-    its saved tensors) from one where enable() runs inside such a context."""
+    torch.inference_mode and saved_tensors_hooks contexts and forward-AD
+    levels (patched below: inside one, every call takes the generic path,
+    whose signatures include the autocast state; a recorded result asks
+    whether its thread is in inference mode; a call runs eagerly where its
+    thread's hooks would see its saved tensors, or a level its tangents)
+    from one where enable() runs inside such a context."""
     autocast = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
     _core.autocast_entered(-_core.autocast_depth() + int(autocast))
     _core.inference_mode_entered(-_core.inference_mode_depth()
                                  + int(torch.is_inference_mode_enabled()))
     _core.saved_hooks_entered(-_core.saved_hooks_depth() + int(
         torch._C._autograd._top_saved_tensors_default_hooks(False) is not None))
+    _core.dual_levels_entered(-_core.dual_levels_depth()
+                              + torch.autograd.forward_ad._current_level + 1)
+
+
+def _count_dual_levels():
+    """The core's count of open forward-AD levels follows
+    torch.autograd.forward_ad's enter/exit_dual_level (which its dual_level
+    context calls by module-global name)."""
+    fwad = torch.autograd.forward_ad
+    enter, exit_ = fwad.enter_dual_level, fwad.exit_dual_level
+
+    def enter_dual_level():
+        level = enter()
+        _core.dual_levels_entered(1)
+        return level
+
+    def exit_dual_level(*, level=None):
+        exit_(level=level)
+        _core.dual_levels_entered(-1)
+
+    for attr, patched in (("enter_dual_level", enter_dual_level),
+                          ("exit_dual_level", exit_dual_level)):
+        _install(fwad, attr, vars(fwad)[attr], True, patched)
 
 
 def _patch_contexts(cls, entered):
@@ -322,3 +347,4 @@ def disable() -> None:
         _core.autocast_entered(-_core.autocast_depth())
         _core.inference_mode_entered(-_core.inference_mode_depth())
         _core.saved_hooks_entered(-_core.saved_hooks_depth())
+        _core.dual_levels_entered(-_core.dual_levels_depth())

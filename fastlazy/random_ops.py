@@ -23,6 +23,9 @@ the commonest ones depend on the input's metadata alone, not its values:
   module takes every other call.
 - `rand_like`, `randn_like`, `randint_like` fill a tensor of the input's
   metadata: the call on an empty tensor of that metadata is the result.
+- In-place fills (`x.uniform_()`, `normal_`, `bernoulli_` with a number,
+  `exponential_`, `random_`...: `nn.init`'s) draw into such a tensor, and
+  x's write of it is recorded (`x.copy_`).
 
 A draw fills its tensor in memory order, so the tensor it fills is laid
 out as eager's empty_like(x) would be (_like): a value's layout, a view's
@@ -141,18 +144,21 @@ def draws_plainly(device_type, dtype):
         torch.random.set_rng_state(state)
 
 
-def _like(x):
+def _like(x, compute=True):
     """An uninitialized tensor as empty_like(x) would make it in eager: x's
     metadata, and x's strides where x is a non-overlapping, dense view (a
     random fill then puts each number where eager's would go).  A
     LazyTensor holding a value has that value's layout; a pending result
     has the layout eager gives it as far as its recorded producers tell
-    (fastlazy.layouts), and where they do not, it is computed first: a split
-    of the graph, rather than other numbers than eager's for the same seed."""
+    (fastlazy.layouts), and where they do not, it is computed first (a split
+    of the graph, rather than other numbers than eager's for the same seed)
+    -- or, not `compute`, None is returned."""
     shape = tuple(x.shape)
     if x.family is None:
         strides = None if x.is_materialized else layouts.pending_strides(x)
         if strides is None:
+            if not (compute or x.is_materialized):
+                return None
             # a value's own layout (a channels-last tensor is held as it is)
             return torch.empty_like(x.to_eager())
         return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)
@@ -199,7 +205,28 @@ def _fill_like(func, args, kwargs):
     return _core.lazy_or_eager(func(_like(args[0]), *args[1:], **kwargs))
 
 
+def _fill_in_place(func, args, kwargs):
+    """x.uniform_(...), x.normal_(...)...: the numbers drawn here into a
+    tensor laid out as x is (_like), so each lands where eager's fill of x
+    in memory order puts it, and x's write of them recorded (x.copy_)."""
+    if not args or type(args[0]) is not LazyTensor:
+        return NOT_HANDLED
+    if any(type(v) is LazyTensor for v in (*args[1:], *kwargs.values())):
+        return NOT_HANDLED       # (bernoulli_ of a tensor of probabilities)
+    x = args[0]
+    like = _like(x, compute=False)
+    if like is None:
+        # a pending result whose layout its producers do not tell: the
+        # generic path lifts the fill, drawn in the order of its result
+        return NOT_HANDLED
+    drawn = func(like, *args[1:], **kwargs)     # eager's checks raise here
+    return x.copy_(drawn)
+
+
 _RULES = {}
+for _name in ("uniform_", "normal_", "bernoulli_", "exponential_", "geometric_",
+              "log_normal_", "cauchy_", "random_"):
+    _RULES[getattr(torch.Tensor, _name)] = _fill_in_place
 for _f in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d):
     _RULES[_f] = _dropout
 for _name in ("dropout", "feature_dropout"):

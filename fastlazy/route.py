@@ -44,8 +44,9 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
             if method:        # through the entry point, which records ints
                 return getattr(sizes[0], func.__name__)(*sizes[1:], **kwargs)
             return getattr(torch, func.__name__)(*sizes, **kwargs)
-    if _core.saves_through_hooks():
-        return run_eagerly(func, name, args, kwargs, inplace, _core.SAVED_HOOKS_OPEN)
+    reason = _core.eager_only_reason()
+    if reason is not None:
+        return run_eagerly(func, name, args, kwargs, inplace, reason)
     if func is torch.autograd.grad:
         fallback.count(name, "gradients are computed eagerly")
         return autograd_calls.grad(func, args, kwargs)
@@ -60,12 +61,25 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
             # later requires_grad_() (and keep theirs after requires_grad_(False))
             _core.flush_reading(target.to_eager())
         out = run_eagerly(func, name, args, kwargs, False, "sets a flag on the value")
-        if held:
+        if type(target) is LazyTensor:
             # its metadata follows (ops recorded on it from now on build
-            # autograd history: a compiled graph is a training program)
+            # autograd history: a compiled graph is a training program),
+            # a pending one's too, computed by the eager call (x.detach(),
+            # a clone, a view: torch.autograd.functional's inputs)
             _core.rebind_value(target, target.to_eager())
         # (x.requires_grad_() returns x itself, as eager's does)
         return target if type(target) is LazyTensor else out
+    if kwargs.get("requires_grad") is True and not inplace:
+        # a factory asked for a leaf that requires grad (torch.autograd.
+        # functional's zeros_like(out, requires_grad=True)): its aten program
+        # has no such flag, so the call is recorded without it and the result
+        # made that leaf -- never published with the flag, so every such
+        # call comes here
+        out = call(func, name, args, {k: v for k, v in kwargs.items() if k != "requires_grad"},
+                   inplace, ruled)
+        if type(out) is LazyTensor:
+            out.requires_grad_()
+        return out
     out = random_ops.record(func, args, kwargs)
     if out is not random_ops.NOT_HANDLED:
         return out

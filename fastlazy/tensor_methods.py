@@ -96,7 +96,7 @@ def lazy_to(self, args, kwargs):
     target = _target_device(args, kwargs)
     if target is None or _same_device(target, self.device):
         prepared = None
-        if not kwargs and not _core.saves_through_hooks():
+        if not kwargs and _core.eager_only_reason() is None:
             # (a cast or a move to where the value lives, per call in model
             # code: a signature seen before is recorded by the core alone)
             hit, prepared = _core.signature_hit(_TO, (self,) + args)

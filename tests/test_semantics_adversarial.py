@@ -272,13 +272,52 @@ def fn_function_marks_its_input_dirty(lz):
     return y is x, y, x
 
 
+def fn_requires_grad_on_pending_and_detached_tensors(lz):
+    # requires_grad_() of anything but a fresh lz(t): its results were
+    # recorded as not requiring grad (the value did; the metadata did not)
+    out = []
+    for make in (lambda: lz(torch.arange(3.0)).detach(), lambda: lz(torch.arange(3.0)) * 1,
+                 lambda: lz(torch.arange(4.0))[1:], lambda: torch.zeros_like(lz(torch.ones(3)))):
+        x = make().requires_grad_()
+        y = x * 2
+        flags = (y.requires_grad, y.grad_fn is not None, x.is_leaf)
+        (y * y).sum().backward()
+        out.append((flags, x.grad))
+    return out
+
+
+def fn_autograd_functional_on_lazy_inputs(lz):
+    # they detach their inputs and requires_grad_() them, and build
+    # grad_outputs with zeros_like(out, requires_grad=True)
+    import torch.autograd.functional as AF
+    f = lambda z: (z ** 2).sin()
+    g = lambda z: (z ** 3).sum()
+    x, v = lz(torch.tensor([1.0, 2.0, 3.0])), lz(torch.tensor([1.0, 0.5, 2.0]))
+    return (AF.jacobian(f, x), AF.jacobian(f, x, vectorize=True), AF.hessian(g, x),
+            AF.vjp(f, x, v), AF.jvp(f, x, v), AF.hvp(g, x, v), AF.vhp(g, x, v),
+            torch.zeros_like(x, requires_grad=True).is_leaf)
+
+
+def fn_forward_ad_of_lazy_tensors(lz):
+    # a tangent follows only the calls made inside its dual level
+    import torch.autograd.forward_ad as fwAD
+    x, t = lz(torch.tensor([0.5, 1.0])), lz(torch.tensor([1.0, 2.0]))
+    with fwAD.dual_level():
+        d = fwAD.make_dual(x, t)
+        first = fwAD.unpack_dual((d.sin() * x).exp()).tangent
+        e = fwAD.make_dual(torch.ones(2), torch.ones(2))
+        second = fwAD.unpack_dual(e * x).tangent
+    return first, second, (x * 2)
+
+
 @cases(fn_square, fn_two_outputs, fn_function_on_eager_after_lazy, fn_grad_of_eager_leaf,
        fn_checkpoint_of_a_partial_holding_a_lazy_argument,
        fn_non_reentrant_checkpoint_with_eager_saves, fn_saved_tensors_hooks_see_eagers_saves,
        fn_total_norm_of_a_tensor_list, fn_foreach_optimizers_step_a_lazy_parameter,
        fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom, fn_function_in_inference,
        fn_function_inputs_need_no_grad, fn_function_new_style_returns_a_new_object,
-       fn_function_marks_its_input_dirty)
+       fn_function_marks_its_input_dirty, fn_requires_grad_on_pending_and_detached_tensors,
+       fn_autograd_functional_on_lazy_inputs, fn_forward_ad_of_lazy_tensors)
 def test_autograd_calls(f):
     same_as_eager(f)
 
@@ -1833,4 +1872,30 @@ def _dropout_of_channels_last(lz):
 @cases(_dropout_of_channels_last)
 def test_random_draws_like_a_channels_last_value(f):
     # run() seeds each side alike: the numbers must land where eager's do
+    same_as_eager(f)
+
+
+def _in_place_fills_of_non_contiguous_tensors(lz):
+    # each fill draws in x's memory order: a transposed root, a held value
+    # with a transposed layout, a channels-last value, a pending result
+    x = lz(torch.zeros(2, 3)).t()
+    fills = [lambda e: e.uniform_(), lambda e: e.normal_(1.0, 2.0), lambda e: e.bernoulli_(0.3),
+             lambda e: e.exponential_(), lambda e: e.random_(0, 10),
+             lambda e: torch.nn.init.uniform_(e, -1, 1)]
+    out = []
+    for fill in fills:
+        for make in (torch.empty_like, lambda t: t * 1, lambda t: t.clone()):
+            e = make(x)
+            out.append(fill(e))
+    c = lz(torch.zeros(1, 2, 2, 3).contiguous(memory_format=torch.channels_last))
+    out.append(c.clone().uniform_())
+    return out
+
+
+def _in_place_fill_eager_refuses(lz):
+    return lz(torch.zeros(4)).uniform_(2, 1)         # eager's error: from > to
+
+
+@cases(_in_place_fills_of_non_contiguous_tensors, _in_place_fill_eager_refuses)
+def test_in_place_random_fills_draw_in_the_tensors_memory_order(f):
     same_as_eager(f)

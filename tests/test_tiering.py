@@ -1082,6 +1082,54 @@ def test_a_compiled_program_with_other_result_dtypes_is_left_out(auto, scripted,
     assert fastlazy.metrics.counters()["tier_wrong_dtypes"] == 1
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_compiled_program_computing_other_values_is_left_out(auto, scripted, monkeypatch, grad):
+    """A lowering that computes other values than the graph (torch.compile's
+    own multilabel_margin_loss, an int8 cast that saturates) is found by
+    its first probe run, checked against the fast tier's on the same inputs:
+    it is dropped, and every result, that run's too, is the fast tier's."""
+    stand_in = scripted()
+    real_compile = stand_in.compile
+
+    def off_by_a_little(view, replay=None, on_replay=None):
+        program = real_compile(view, replay, on_replay)
+        inner = program.call
+
+        class Call:
+            def warm(self, examples):
+                inner.warm(examples)
+
+            def __call__(self, *inputs):
+                return [o * 1.05 for o in inner(*inputs)]
+        program.call = Call()
+        return program
+    monkeypatch.setattr(stand_in, "compile", off_by_a_little)
+    x = torch.linspace(-1, 2, 8)       # (a sum far from 0: its forward differs too)
+    eager_x = x.clone().requires_grad_(grad)
+    want = (eager_x * 3).tanh()
+    if grad:
+        want.sum().backward()
+    want = want.detach()
+
+    def step():
+        lx = fastlazy.lazy(x.clone()).requires_grad_(grad)
+        y = (lx * 3).tanh()
+        got = y.to_eager().detach()
+        if grad:
+            y.sum().backward()
+            assert torch.equal(lx.grad, eager_x.grad)
+        return got
+    for _ in range(3):
+        assert torch.equal(step(), want)
+    assert tiering.wait(30)
+    for _ in range(tiering.probe_calls() + 3):
+        assert torch.equal(step(), want)
+    for entry in graph_cache.tiers():      # (the training step's sum has a graph too)
+        assert entry["tier"] == "fast (compiled results differ)", entry
+        assert "results differ" in entry["error"]
+    assert fastlazy.metrics.counters()["tier_wrong_results"] == len(graph_cache.tiers())
+
+
 def test_requires_grad_on_a_lazy_tensor_makes_its_graphs_training_graphs(auto):
     x = fastlazy.lazy(torch.tensor([1.0, 2.0]))
     x.requires_grad_()

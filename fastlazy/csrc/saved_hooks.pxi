@@ -37,9 +37,40 @@ cdef bint saving_through_hooks() except -1:
     return hooks_open() and grad_enabled()
 
 
-def saves_through_hooks():
-    """saving_through_hooks for Python (fastlazy.route)."""
-    return saving_through_hooks()
+# Forward-mode AD (torch.autograd.forward_ad): a dual tensor's tangent
+# follows the eager calls made inside its dual level; a recorded node runs
+# later, without it.  While a level is open (they are process-wide, as
+# torch's), calls with LazyTensors run eagerly on their values.
+cdef int fl_dual_levels = 0      # forward-AD levels open (fastlazy.patching)
+
+
+def dual_levels_entered(int delta):
+    global fl_dual_levels
+    fl_dual_levels += delta
+    if fl_dual_levels < 0:
+        fl_dual_levels = 0
+
+
+def dual_levels_depth():
+    return fl_dual_levels
+
+
+cdef object eager_only():
+    """Why a call with LazyTensors on this thread must run eagerly now (the
+    fallback reason), or None: saved-tensor hooks would see its saves, or a
+    forward-AD level would lose its tangents.  Callers test
+    `fl_saved_hooks or fl_dual_levels` first, so that no call is made when
+    neither is open."""
+    if fl_saved_hooks and saving_through_hooks():
+        return SAVED_HOOKS_OPEN
+    if fl_dual_levels:
+        return FORWARD_AD_OPEN
+    return None
+
+
+def eager_only_reason():
+    """eager_only for Python (fastlazy.route, tensor_methods)."""
+    return eager_only() if fl_saved_hooks or fl_dual_levels else None
 
 
 def _unpacked(saved):
