@@ -17,10 +17,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
     cdef LazyTensor self_t = None
 
-    if fl_saved_hooks or fl_dual_levels:
-        reason = eager_only()
-        if reason is not None:
-            return run_eager(entry, args, nargs, kwnames, form, reason)
+    if fl_eager_gate and eager_only_now():
+        return run_eager_only(entry, args, nargs, kwnames, form)
     if op < 0 or op_rule[op] == R_GENERIC or fl_autocast:
         # no C rule (a generic row, or a Tensor method without a row), or
         # autocast is on (it changes dtypes per op): the generic path
@@ -186,6 +184,14 @@ cdef tuple split_arguments(PyObject **args, Py_ssize_t nargs, object kwnames):
 
 SAVED_HOOKS_OPEN = "saved-tensor hooks are open (torch.utils.checkpoint, save_on_cpu)"
 FORWARD_AD_OPEN = "a forward-AD dual level is open (torch.autograd.forward_ad)"
+
+
+cdef object run_eager_only(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,
+                           int form):
+    """run_eager where the thread's state asks it (saved_hooks.pxi
+    eager_only): apart from lazy_call, whose every call pays for each local
+    it holds."""
+    return run_eager(entry, args, nargs, kwnames, form, eager_only())
 
 
 cdef object run_eager(object entry, PyObject **args, Py_ssize_t nargs, object kwnames,

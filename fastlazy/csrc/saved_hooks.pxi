@@ -11,16 +11,20 @@
 # saved them.
 
 cdef int fl_saved_hooks = 0      # contexts open, over all threads (fastlazy.patching)
+# fl_saved_hooks + fl_dual_levels (below): the one number the recording
+# path tests before asking eager_only_now()
+cdef int fl_eager_gate = 0
 cdef object _top_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 cdef object _push_saved_hooks = torch._C._autograd._push_saved_tensors_default_hooks
 cdef object _pop_saved_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
 
 
 def saved_hooks_entered(int delta):
-    global fl_saved_hooks
+    global fl_saved_hooks, fl_eager_gate
     fl_saved_hooks += delta
     if fl_saved_hooks < 0:
         fl_saved_hooks = 0
+    fl_eager_gate = fl_saved_hooks + fl_dual_levels
 
 
 def saved_hooks_depth():
@@ -45,22 +49,28 @@ cdef int fl_dual_levels = 0      # forward-AD levels open (fastlazy.patching)
 
 
 def dual_levels_entered(int delta):
-    global fl_dual_levels
+    global fl_dual_levels, fl_eager_gate
     fl_dual_levels += delta
     if fl_dual_levels < 0:
         fl_dual_levels = 0
+    fl_eager_gate = fl_saved_hooks + fl_dual_levels
 
 
 def dual_levels_depth():
     return fl_dual_levels
 
 
+cdef bint eager_only_now() except -1:
+    """Must a call with LazyTensors on this thread run eagerly now?  Where
+    saved-tensor hooks would see its saves, or a forward-AD level would
+    lose its tangents.  Callers test fl_eager_gate first: no call is made
+    where neither is open (the recording path's cost)."""
+    return fl_dual_levels or saving_through_hooks()
+
+
 cdef object eager_only():
     """Why a call with LazyTensors on this thread must run eagerly now (the
-    fallback reason), or None: saved-tensor hooks would see its saves, or a
-    forward-AD level would lose its tangents.  Callers test
-    `fl_saved_hooks or fl_dual_levels` first, so that no call is made when
-    neither is open."""
+    fallback reason), or None."""
     if fl_saved_hooks and saving_through_hooks():
         return SAVED_HOOKS_OPEN
     if fl_dual_levels:
@@ -70,7 +80,7 @@ cdef object eager_only():
 
 def eager_only_reason():
     """eager_only for Python (fastlazy.route, tensor_methods)."""
-    return eager_only() if fl_saved_hooks or fl_dual_levels else None
+    return eager_only() if fl_eager_gate else None
 
 
 def _unpacked(saved):
