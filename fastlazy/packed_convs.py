@@ -122,6 +122,11 @@ def trial(view, positions, inputs, plain, typical):
     if view.grad or not enabled() or not all(
             t.device.type == "cpu" for t in inputs if isinstance(t, torch.Tensor)):
         return None
+    convs = [(i, node, conv) for i, node in enumerate(view.nodes)
+             for conv in (_conv_of(node),)
+             if conv is not None and node.dtype == torch.float32 and node.inputs[1][0] == "slot"]
+    if not convs:
+        return None        # (checked first: a graph's second run pays for what follows)
     given = dict(zip(positions, inputs))
     at = {p: k for k, p in enumerate(positions)}
     slots = {s.index: s for s in view.slots}
@@ -129,15 +134,12 @@ def trial(view, positions, inputs, plain, typical):
               for s in view.slots if s.kind == "tensor" and s.position in given}
     shapes.update((("node", n.index), tuple(n.shape)) for n in view.nodes)
     nodes = list(view.nodes)
-    new_slots = [dataclasses.replace(s, value=given.get(s.position, s.value)) for s in view.slots]
+    new_slots = None         # made at the first convolution worth packing
     index = max((s.index for s in view.slots), default=-1) + 1
     position = max((s.position for s in view.slots), default=-1) + 1
     weights, packed = [], []
     seen = {}                # a parameter read by several convolutions is packed once
-    for i, node in enumerate(nodes):
-        conv = _conv_of(node)
-        if conv is None or node.dtype != torch.float32 or node.inputs[1][0] != "slot":
-            continue
+    for i, node, conv in convs:
         stride, padding, dilation, groups, has_bias = conv
         w_position = slots[node.inputs[1][1]].position
         w = given.get(w_position)
@@ -147,6 +149,9 @@ def trial(view, positions, inputs, plain, typical):
                 or watch.exported(w) or not _worth_packing(x_shape, w, groups)):
             continue
         key = (id(w), tuple(padding), tuple(stride), tuple(dilation), x_shape)
+        if new_slots is None:
+            new_slots = [dataclasses.replace(s, value=given.get(s.position, s.value))
+                         for s in view.slots]
         if key not in seen:
             weight = _Weight(at[w_position], weakref.ref(w), 0, 0,
                              (padding, stride, dilation, groups, list(x_shape)))
