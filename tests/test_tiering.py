@@ -1048,15 +1048,12 @@ def test_a_compile_under_way_at_a_fork_leaves_the_childs_graph_on_the_fast_tier(
     assert done.stdout.strip().endswith("ok")
 
 
-def test_a_compiled_program_with_other_result_dtypes_is_left_out(auto, scripted, monkeypatch):
-    """Inductor computes any/all of a uint8 tensor as bool where eager
-    gives uint8: a candidate whose results' dtypes differ from the fast
-    tier's is dropped at its first probe run, and that run's result comes
-    from the fast tier."""
-    stand_in = scripted()
+def _results_changed(stand_in, monkeypatch, change):
+    """The stand-in's compiled programs give change(result) for each result
+    (a lowering that computes something else than the graph)."""
     real_compile = stand_in.compile
 
-    def as_bool(view, replay=None, on_replay=None):
+    def changed(view, replay=None, on_replay=None):
         program = real_compile(view, replay, on_replay)
         inner = program.call
 
@@ -1065,10 +1062,18 @@ def test_a_compiled_program_with_other_result_dtypes_is_left_out(auto, scripted,
                 inner.warm(examples)
 
             def __call__(self, *inputs):
-                return [o.bool() for o in inner(*inputs)]
+                return [change(o) for o in inner(*inputs)]
         program.call = Call()
         return program
-    monkeypatch.setattr(stand_in, "compile", as_bool)
+    monkeypatch.setattr(stand_in, "compile", changed)
+
+
+def test_a_compiled_program_with_other_result_dtypes_is_left_out(auto, scripted, monkeypatch):
+    """Inductor computes any/all of a uint8 tensor as bool where eager
+    gives uint8: a candidate whose results' dtypes differ from the fast
+    tier's is dropped at its first probe run, and that run's result comes
+    from the fast tier."""
+    _results_changed(scripted(), monkeypatch, lambda o: o.bool())
     m = torch.tensor([[0, 2], [0, 4]], dtype=torch.uint8)
     want = m.any(0)
     for _ in range(3):
@@ -1088,22 +1093,7 @@ def test_a_compiled_program_computing_other_values_is_left_out(auto, scripted, m
     own multilabel_margin_loss, an int8 cast that saturates) is found by
     its first probe run, checked against the fast tier's on the same inputs:
     it is dropped, and every result, that run's too, is the fast tier's."""
-    stand_in = scripted()
-    real_compile = stand_in.compile
-
-    def off_by_a_little(view, replay=None, on_replay=None):
-        program = real_compile(view, replay, on_replay)
-        inner = program.call
-
-        class Call:
-            def warm(self, examples):
-                inner.warm(examples)
-
-            def __call__(self, *inputs):
-                return [o * 1.05 for o in inner(*inputs)]
-        program.call = Call()
-        return program
-    monkeypatch.setattr(stand_in, "compile", off_by_a_little)
+    _results_changed(scripted(), monkeypatch, lambda o: o * 1.05)
     x = torch.linspace(-1, 2, 8)       # (a sum far from 0: its forward differs too)
     eager_x = x.clone().requires_grad_(grad)
     want = (eager_x * 3).tanh()
