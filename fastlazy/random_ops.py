@@ -214,6 +214,8 @@ def _fill_in_place(func, args, kwargs):
     if any(type(v) is LazyTensor for v in (*args[1:], *kwargs.values())):
         return NOT_HANDLED       # (bernoulli_ of a tensor of probabilities)
     x = args[0]
+    if x.requires_grad and torch.is_grad_enabled():
+        return NOT_HANDLED       # (eager refuses a leaf before it draws anything)
     like = _like(x, compute=False)
     if like is None:
         # a pending result whose layout its producers do not tell: the

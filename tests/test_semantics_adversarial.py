@@ -1896,6 +1896,21 @@ def _in_place_fill_eager_refuses(lz):
     return lz(torch.zeros(4)).uniform_(2, 1)         # eager's error: from > to
 
 
-@cases(_in_place_fills_of_non_contiguous_tensors, _in_place_fill_eager_refuses)
+def _in_place_fill_of_a_leaf_that_requires_grad(lz):
+    # refused before anything is drawn: the next draw is eager's
+    x = lz(torch.zeros(3)).requires_grad_()
+    try:
+        x.uniform_()
+        refused = False
+    except RuntimeError:
+        refused = True
+    after = torch.rand(3)
+    with torch.no_grad():                            # nn.init's way
+        x.normal_()
+    return refused, after, x.detach()
+
+
+@cases(_in_place_fills_of_non_contiguous_tensors, _in_place_fill_eager_refuses,
+       _in_place_fill_of_a_leaf_that_requires_grad)
 def test_in_place_random_fills_draw_in_the_tensors_memory_order(f):
     same_as_eager(f)
