@@ -113,7 +113,6 @@ class _Layouts:
                 return _channels_last_strides(node.shape)
         return None
 
-
     def _operand(self, kind, k):
         """(shape, strides) of a node's input: a node's as worked out, a
         tensor slot's own; None where not known (or not a tensor)."""

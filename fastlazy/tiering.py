@@ -15,7 +15,10 @@ A graph's life:
    run.  Calls meanwhile run the fast tier: none waits.
 3. probation -- once the compile is done, the next calls run each
    candidate in turn, timed, `PROBE_RUNS` times (after `PROBE_WARMUP`): the
-   compiled program and the fast tier again.  For an inference graph that
+   compiled program and the fast tier again; a compiled program's first
+   run is checked against the fast tier's on the same inputs, and one that
+   computes other values (beyond rounding: _results_differ) is left out.
+   For an inference graph that
    reads parameters (nn.Parameter), the graph is then compiled a second
    time with them frozen (inductor's freezing: weights prepacked for
    oneDNN, constants folded), while the tier chosen runs; a frozen program
