@@ -18,9 +18,8 @@ A graph's life:
    compiled program and the fast tier again; a compiled program's first
    run is checked against the fast tier's on the same inputs, and one that
    computes other values (beyond rounding: _results_differ) is left out.
-   For an inference graph that
-   reads parameters (nn.Parameter), the graph is then compiled a second
-   time with them frozen (inductor's freezing: weights prepacked for
+   For an inference graph that reads parameters (nn.Parameter), the graph
+   is then compiled a second time with them frozen (inductor's freezing: weights prepacked for
    oneDNN, constants folded), while the tier chosen runs; a frozen program
    is valid only while the same parameters, unwritten, come in -- checked
    on every call -- and it goes on probation with the other two once it
