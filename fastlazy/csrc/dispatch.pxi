@@ -17,7 +17,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
     cdef LazyTensor self_t = None
 
-    if fl_eager_gate and eager_only_now():
+    if (fl_saved_hooks or fl_dual_levels) and eager_only_now():
         return run_eager_only(entry, args, nargs, kwnames, form)
     if op < 0 or op_rule[op] == R_GENERIC or fl_autocast:
         # no C rule (a generic row, or a Tensor method without a row), or

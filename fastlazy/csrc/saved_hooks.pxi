@@ -11,20 +11,16 @@
 # saved them.
 
 cdef int fl_saved_hooks = 0      # contexts open, over all threads (fastlazy.patching)
-# fl_saved_hooks + fl_dual_levels (below): the one number the recording
-# path tests before asking eager_only_now()
-cdef int fl_eager_gate = 0
 cdef object _top_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 cdef object _push_saved_hooks = torch._C._autograd._push_saved_tensors_default_hooks
 cdef object _pop_saved_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
 
 
 def saved_hooks_entered(int delta):
-    global fl_saved_hooks, fl_eager_gate
+    global fl_saved_hooks
     fl_saved_hooks += delta
     if fl_saved_hooks < 0:
         fl_saved_hooks = 0
-    fl_eager_gate = fl_saved_hooks + fl_dual_levels
 
 
 def saved_hooks_depth():
@@ -49,38 +45,39 @@ cdef int fl_dual_levels = 0      # forward-AD levels open (fastlazy.patching)
 
 
 def dual_levels_entered(int delta):
-    global fl_dual_levels, fl_eager_gate
+    global fl_dual_levels
     fl_dual_levels += delta
     if fl_dual_levels < 0:
         fl_dual_levels = 0
-    fl_eager_gate = fl_saved_hooks + fl_dual_levels
 
 
 def dual_levels_depth():
     return fl_dual_levels
 
 
-cdef bint eager_only_now() except -1:
-    """Must a call with LazyTensors on this thread run eagerly now?  Where
-    saved-tensor hooks would see its saves, or a forward-AD level would
-    lose its tangents.  Callers test fl_eager_gate first: no call is made
-    where neither is open (the recording path's cost)."""
-    return fl_dual_levels or saving_through_hooks()
-
-
 cdef object eager_only():
     """Why a call with LazyTensors on this thread must run eagerly now (the
-    fallback reason), or None."""
-    if fl_saved_hooks and saving_through_hooks():
+    fallback reason), or None: saved-tensor hooks would see its saves, or a
+    forward-AD level would lose its tangents.  Callers test
+    `fl_saved_hooks or fl_dual_levels` first, so that no call is made where
+    neither is open (the recording path's cost)."""
+    if saving_through_hooks():
         return SAVED_HOOKS_OPEN
     if fl_dual_levels:
         return FORWARD_AD_OPEN
     return None
 
 
+cdef bint eager_only_now() except -1:
+    """eager_only as a flag, decided without an object: lazy_call tests it
+    (an object it would hold, or one of a function inlined into it, costs
+    every recorded op 15-20 ns)."""
+    return saving_through_hooks() or fl_dual_levels
+
+
 def eager_only_reason():
     """eager_only for Python (fastlazy.route, tensor_methods)."""
-    return eager_only() if fl_eager_gate else None
+    return eager_only() if fl_saved_hooks or fl_dual_levels else None
 
 
 def _unpacked(saved):

@@ -43,7 +43,8 @@ cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
     (dispatch.pxi call_generic), without Python."""
     cdef PyObject *argv[2]
     func = getattr(TensorType, name)
-    if inplace or fl_autocast or len(args) > 1 or fl_eager_gate and eager_only_now():
+    if (inplace or fl_autocast or len(args) > 1
+            or (fl_saved_hooks or fl_dual_levels) and eager_only_now()):
         return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
     argv[0] = <PyObject*>self
     if args:
