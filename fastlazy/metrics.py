@@ -38,6 +38,7 @@ _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_fai
                 "tier_frozen_compiles_failed", "tier_frozen_misses",
                 "tier_cpp_wrapper_failures", "tier_compiles_in_child",
                 "tier_child_compile_fallbacks", "tier_wrong_dtypes", "tier_wrong_results",
+                "tier_dynamic_kept", "tier_dynamic_dropped",
                 "packed_conv_trials", "packed_conv_graphs", "packed_conv_repacks",
                 "packed_conv_failures")
 
@@ -124,7 +125,8 @@ def counters() -> dict:
         # to the compile thread (fastlazy.compile_process); graphs whose
         # convolutions' packed weights were tried on the fast tier and
         # kept, weights packed again after a write, and failures
-        # (fastlazy.packed_convs)
+        # (fastlazy.packed_convs); dynamic-shape versions of hot graphs kept
+        # or dropped after their trial against the fast tier
         for name in _TIER_EVENTS:
             d[name] = _events[name]
     d["kernel_layers"] = _steps.kernel_calls()
@@ -136,8 +138,10 @@ def tiers() -> list:
     ("fast", "compiling", "probation", "hot", "fast (compile failed)",
     "fast (compiled was slower)"), runs, background compile time, the two
     tiers' probed times (`timed`: "run", or "period" for a training graph,
-    timed from one of its runs to the next, its backward included), and
-    any compile error."""
+    timed from one of its runs to the next, its backward included), any
+    compile error, and `dynamic_shapes`: which tier serves the shapes a hot
+    graph has no static version for once its dynamic-shape version was
+    tried, and the two times (None before)."""
     return tier_listing()
 
 

@@ -42,8 +42,13 @@ A graph's life:
    `compile_failures`, the reason in `fastlazy.metrics.tiers()`).
 
 A hot graph met with new input shapes runs the fast tier while inductor
-compiles those shapes in the background (after `dynamic_after` shapes, one
-dynamic-shape version serves them all: see backends/inductor.py).
+compiles those shapes in the background; after `dynamic_after` shapes one
+dynamic-shape version is compiled for the rest, and it serves them only if
+it wins a trial against the fast tier on probation's rules (see
+backends/inductor.py: a dynamic version's wrapper and symbolic indexing
+can cost more than fusion saves).  On probation a candidate is compared at
+the shapes it was compiled for: a call with others runs the fast tier,
+queues no compile and is not one of the candidate's timed runs.
 
 Every graph is a TieredProgram in the graph cache.  It keeps no tensor of
 the recording that made it: the view it will compile later holds meta
@@ -147,6 +152,7 @@ class TieredProgram:
         self._frozen_job = None
         self._constants = {}
         self._dtypes = None         # the fast tier's results' (compiled ones must agree)
+        self._dispatchers = []      # the candidates' shape dispatchers (inductor's)
         # an inference graph with convolutions may get its weights packed
         # on the fast tier (fastlazy.packed_convs) at its PLAN_AT-th run
         self._packable = packed_convs.has_convs(view)
@@ -309,7 +315,12 @@ class TieredProgram:
             call = _taking(program, self.fast.slots, self._constants)
             if frozen is not None:
                 call = frozen.guarding(call, self._frozen_changed)
-            self._candidates.append(_Candidate(name, call, frozen is not None))
+            dispatch = _dispatcher(program)
+            if dispatch is not None:
+                dispatch.holding = self._on_probation
+                dispatch.judge = JUDGE
+                self._dispatchers.append(dispatch)
+            self._candidates.append(_Candidate(name, call, frozen is not None, dispatch))
         self._compiled = self._candidates[0].call
         # the fast tier is timed again beside them: its runs while the
         # compile thread was busy were slowed by it
@@ -337,7 +348,13 @@ class TieredProgram:
         self.runs += 1
         candidate = min(pending, key=lambda c: c.runs)
         candidate.runs += 1
+        dispatch = candidate.dispatch
+        replays = dispatch.replays if dispatch is not None else 0
         out = candidate.call(*inputs)
+        if dispatch is not None and dispatch.replays != replays:
+            # no version for these shapes: the fast tier ran, not the candidate
+            candidate.runs -= 1
+            return out
         if self.grad:
             self._period_of = (candidate, start)
         elif not candidate.stale:
@@ -366,6 +383,9 @@ class TieredProgram:
                 metrics.count_event("tier_wrong_results")
                 return self._fast(*inputs) if self.grad else want
         return out
+
+    def _on_probation(self):
+        return self.tier == "probation"
 
     def _decide(self):
         fast = _typical(self._fast_candidate.times[PROBE_WARMUP:])
@@ -446,12 +466,13 @@ class TieredProgram:
 
 class _Candidate:
     """A program on probation: its call, whether it holds parameters
-    frozen, and its timed runs."""
+    frozen, its shape dispatcher (or None), and its timed runs."""
 
-    def __init__(self, name, call, frozen):
+    def __init__(self, name, call, frozen, dispatch=None):
         self.name = name
         self.call = call
         self.frozen = frozen
+        self.dispatch = dispatch
         self.runs = 0
         self.times: list[float] = []      # of its runs, or a training graph's periods
         self.stale = False
@@ -580,6 +601,38 @@ def probe_calls() -> int:
     return (PROBE_WARMUP + PROBE_RUNS) * CANDIDATES + 1
 
 
+def _dispatcher(program):
+    """The inductor backend's shape dispatcher behind a compiled program
+    (it replays the fast tier for shapes it has no version for, and takes
+    a judge of its dynamic-shape version: backends/inductor.py), or None
+    for another program."""
+    call = program.call
+    return call if hasattr(call, "holding") and hasattr(call, "replays") else None
+
+
+class _Judge:
+    """Probation's rules, as the inductor backend applies them to a hot
+    graph's dynamic-shape version before it replaces the fast tier for
+    the shapes no static version serves (inductor._DynamicTrial)."""
+
+    @property
+    def warmup(self):
+        return PROBE_WARMUP
+
+    @property
+    def runs(self):
+        return PROBE_RUNS
+
+    def typical(self, times):
+        return _typical(times)
+
+    def differ(self, got, want):
+        return _results_differ(got, want)
+
+
+JUDGE = _Judge()
+
+
 def _dtypes(outputs):
     return tuple(getattr(o, "dtype", None) for o in outputs)
 
@@ -701,7 +754,9 @@ def describe(program) -> dict:
             "compile_seconds": program.compile_seconds,
             "timed": "period" if program.grad else "run",
             "fast_run_seconds": program.fast_run_seconds,
-            "compiled_run_seconds": program.compiled_run_seconds, "error": program.error}
+            "compiled_run_seconds": program.compiled_run_seconds, "error": program.error,
+            "dynamic_shapes": next((d.dynamic_verdict for d in program._dispatchers
+                                    if d.dynamic_verdict is not None), None)}
 
 
 def forget_compiles_after_fork(programs):

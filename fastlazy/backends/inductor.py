@@ -117,6 +117,16 @@ class _ShapeDispatch:
         # last: a call with its sizes goes straight to it
         self.last = None
         self.guards = {}          # shapes -> ShapeGuard of the inputs
+        self.replays = 0          # calls the replay ran: no version for their shapes
+        # Set by the tiered engine (fastlazy.tiering) on its candidates:
+        # `holding()`, while true, has a call with new shapes replayed
+        # without queueing a compile (probation compares the program at
+        # the shapes it was compiled for); `judge` puts a dynamic-shape
+        # version on trial against the replay before it serves
+        # (_DynamicTrial), which leaves its verdict in `dynamic_verdict`.
+        self.holding = None
+        self.judge = None
+        self.dynamic_verdict = None
 
     @property
     def graph(self):
@@ -157,51 +167,66 @@ class _ShapeDispatch:
 
     def _dispatch(self, inputs):
         """A call whose sizes are not the last static version's: the
-        version for its shapes, compiled or queued if there is none."""
+        static version for its shapes, else the dynamic one, compiled or
+        queued if there is none (the replay runs meanwhile)."""
         if self.failed:
             return self._replayed(inputs)
         if self.grad:
             _keep_saved_tensors()
         args = self._args(inputs)
-        dynamic = self.dynamic
-        if dynamic is not None:
-            if not isinstance(dynamic, concurrent.futures.Future):
-                return dynamic(*args)
-            if not dynamic.done():
-                return self._replayed(inputs)
-            try:
-                self.dynamic = dynamic.result()
-            except Exception:     # noqa: BLE001 - the replay keeps computing the graph
-                return self._failed(inputs)
-            return self.dynamic(*args)
         shapes = tuple(a.shape for a in args)
         fn = self.by_shape.get(shapes)
-        if fn is None:
-            if len(self.by_shape) >= self.backend.dynamic_after and not self.frozen:
-                metrics.count_recompile("inductor: dynamic shapes")
-                if self.replay is not None:
-                    self.dynamic = self.backend.submit(self._compile, _examples(args), True)
-                    return self._replayed(inputs)
-                self.dynamic = self._compile(args, dynamic=True)
-                return self.dynamic(*args)
-            if self.by_shape:
-                metrics.count_recompile("inductor: new input shape")
-            if self.replay is not None:
-                self.by_shape[shapes] = self.backend.submit(self._compile, _examples(args), False)
-                return self._replayed(inputs)
-            fn = self.by_shape[shapes] = self._compile(args, dynamic=False)
-        elif isinstance(fn, concurrent.futures.Future):
-            if not fn.done():
-                return self._replayed(inputs)
+        if isinstance(fn, concurrent.futures.Future) and fn.done():
             try:
                 fn = self.by_shape[shapes] = fn.result()
             except Exception:     # noqa: BLE001 - the replay keeps computing the graph
                 return self._failed(inputs)
-        guard = self.guards.get(shapes)
-        if guard is None:
-            guard = self.guards[shapes] = _core.ShapeGuard(inputs)
+        if fn is not None and not isinstance(fn, concurrent.futures.Future):
+            guard = self.guards.get(shapes)
+            if guard is None:
+                guard = self.guards[shapes] = _core.ShapeGuard(inputs)
+            self.last = (guard, fn)
+            return fn(*args)
+        if self.holding is not None and self.holding():
+            return self._replayed(inputs)
+        if self.dynamic is not None:
+            return self._run_dynamic(inputs, args)
+        if fn is not None:        # its compile is under way
+            return self._replayed(inputs)
+        if len(self.by_shape) >= self.backend.dynamic_after and not self.frozen:
+            metrics.count_recompile("inductor: dynamic shapes")
+            if self.replay is not None:
+                self.dynamic = self.backend.submit(self._compile, _examples(args), True)
+                return self._replayed(inputs)
+            self.dynamic = self._compile(args, dynamic=True)
+            return self.dynamic(*args)
+        if self.by_shape:
+            metrics.count_recompile("inductor: new input shape")
+        if self.replay is not None:
+            self.by_shape[shapes] = self.backend.submit(self._compile, _examples(args), False)
+            return self._replayed(inputs)
+        fn = self.by_shape[shapes] = self._compile(args, dynamic=False)
+        self.guards[shapes] = guard = _core.ShapeGuard(inputs)
         self.last = (guard, fn)
         return fn(*args)
+
+    def _run_dynamic(self, inputs, args):
+        dynamic = self.dynamic
+        if isinstance(dynamic, concurrent.futures.Future):
+            if not dynamic.done():
+                return self._replayed(inputs)
+            try:
+                dynamic = dynamic.result()
+            except Exception:     # noqa: BLE001 - the replay keeps computing the graph
+                return self._failed(inputs)
+            if self.judge is not None:
+                dynamic = _DynamicTrial(dynamic, self.judge)
+            self.dynamic = dynamic
+        if dynamic is _REPLAY:
+            return self.replay(*inputs)
+        if type(dynamic) is _DynamicTrial:
+            return dynamic.run(self, inputs, args)
+        return dynamic(*args)
 
     def _failed(self, inputs):
         """A background compile failed: this and every later call replay."""
@@ -211,6 +236,7 @@ class _ShapeDispatch:
         return self._replayed(inputs)
 
     def _replayed(self, inputs):
+        self.replays += 1
         if self.on_replay is None:
             metrics.count_fallback("inductor: replayed while compiling")
         else:
@@ -295,6 +321,68 @@ class _ShapeDispatch:
                 raise RuntimeError("fastlazy is exiting: compile dropped") from exc
             metrics.count_event("tier_child_compile_fallbacks")
             return None
+
+
+# A dispatcher's `dynamic` once its dynamic-shape version lost its trial:
+# shapes without a static version replay (the fast tier) for good.
+_REPLAY = object()
+
+
+class _DynamicTrial:
+    """A dynamic-shape version, compiled, on trial against the replay (the
+    tiered engine's fast tier) before it serves the shapes no static
+    version does.  A dynamic version is not always faster: its wrapper
+    computes every size and its kernels index symbolically (GPT-2's decode
+    step, a new length at every token: 560-655 us a run dynamic, 340 us
+    static, 335-418 us on the fast tier).  Calls alternate between the two,
+    each timed by its run (a training graph's by the period to the graph's
+    next call, which holds its backward), `judge.warmup + judge.runs` each;
+    the dynamic version's first run is checked against the replay's values
+    on the same inputs.  It is kept where its typical time is no longer."""
+
+    def __init__(self, fn, judge):
+        self.fn = fn
+        self.judge = judge
+        self.calls = 0
+        self.times = ([], [])     # the dynamic version's, the replay's
+        self.period = None        # a training graph's: (side, start of its run)
+
+    def run(self, dispatch, inputs, args):
+        judge = self.judge
+        side = self.calls % 2
+        self.calls += 1
+        start = time.perf_counter()
+        if self.period is not None:
+            self.times[self.period[0]].append(start - self.period[1])
+            self.period = None
+        if side == 1:
+            out = dispatch.replay(*inputs)
+        else:
+            out = self.fn(*args)
+            if self.calls == 1:
+                with torch.no_grad():
+                    want = dispatch.replay(*inputs)
+                why = judge.differ(out, want)
+                if why is not None:
+                    self._settle(dispatch, False, f"its results differ from the fast tier's ({why})")
+                    metrics.count_event("tier_wrong_results")
+                    return dispatch.replay(*inputs) if dispatch.grad else want
+        if dispatch.grad:
+            self.period = (side, start)
+        else:
+            self.times[side].append(time.perf_counter() - start)
+        needed = judge.warmup + judge.runs
+        if len(self.times[0]) >= needed and len(self.times[1]) >= needed:
+            mine, fast = (judge.typical(t[judge.warmup:]) for t in self.times)
+            what = "period" if dispatch.grad else "run"
+            self._settle(dispatch, mine <= fast, f"{mine * 1e6:.0f} us a {what}, the fast "
+                                                 f"tier's {fast * 1e6:.0f} us")
+        return out
+
+    def _settle(self, dispatch, keep, why):
+        dispatch.dynamic = self.fn if keep else _REPLAY
+        dispatch.dynamic_verdict = ("compiled" if keep else "fast tier") + f" ({why})"
+        metrics.count_event("tier_dynamic_kept" if keep else "tier_dynamic_dropped")
 
 
 # the kernel breaks (inductor_graph.kernel_breaks) from which the C++

@@ -1,0 +1,161 @@
+"""The tiered engine and input shapes its compiled program was not compiled
+for: probation compares a candidate only at the shapes it was compiled for
+(a call with others runs the fast tier and queues no compile), and a hot
+graph's dynamic-shape version is tried against the fast tier before it
+serves (backends/inductor.py: _DynamicTrial)."""
+import time
+import types
+
+import pytest
+import torch
+
+import fastlazy
+from fastlazy import backends, graph_cache, tiering
+from fastlazy.backends import inductor
+
+from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
+
+
+@pytest.fixture
+def auto(monkeypatch):
+    """The tiered engine with graphs hot after one run, two timed probe
+    runs, an empty cache and zeroed counters."""
+    before = fastlazy.backend()
+    fastlazy.mark_step()
+    fastlazy.set_backend("auto")
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
+    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
+    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    graph_cache.clear()
+    fastlazy.metrics.reset()
+    yield
+    tiering.wait(60)
+    fastlazy.mark_step()
+    graph_cache.clear()
+    fastlazy.set_backend(before)
+
+
+def graph(a, k):
+    return ((a * 3 + k).relu() * 2 - a).sum(1)
+
+
+def run(a, k=0.5):
+    return graph(fastlazy.lazy(a), k).to_eager()
+
+
+def only_program():
+    (program,) = graph_cache.programs.values()
+    return program
+
+
+def test_probation_runs_other_shapes_on_the_fast_tier_and_compiles_none(auto):
+    a = torch.randn(8, 16)
+    run(a)
+    run(a)
+    assert tiering.wait(300)
+    program = only_program()
+    others = [torch.randn(n, 16) for n in (3, 4, 5, 6, 7)]
+    for x in others:            # each the first call of probation or later
+        torch.testing.assert_close(run(x), graph(x, 0.5))
+        assert program.tier == "probation"
+    (dispatch,) = program._dispatchers
+    assert len(dispatch.by_shape) == 1, "probation queued a compile for another shape"
+    assert dispatch.replays == len(others)
+    assert fastlazy.metrics.counters()["tier_compiles_queued"] == 1
+    # its runs at the compiled shape are what decide it
+    for _ in range(tiering.probe_calls()):
+        torch.testing.assert_close(run(a), graph(a, 0.5))
+    assert program.tier in ("hot", "fast (compiled was slower)"), program.tier
+
+
+class _Dispatch:
+    """What _DynamicTrial reads of a shape dispatcher: its replay (the fast
+    tier, `fast_seconds` a run) and whether it records autograd history."""
+
+    def __init__(self, fast_seconds=0.0):
+        self.grad = False
+        self.dynamic = None
+        self.dynamic_verdict = None
+        self.fast_seconds = fast_seconds
+
+    def replay(self, *inputs):
+        time.sleep(self.fast_seconds)
+        return [inputs[0] * 2]
+
+
+def _trial(dispatch, dynamic, calls):
+    trial = inductor._DynamicTrial(dynamic, tiering.JUDGE)
+    dispatch.dynamic = trial
+    x = torch.arange(4.0)
+    for _ in range(calls):
+        if dispatch.dynamic is not trial:
+            break
+        (out,) = trial.run(dispatch, (x,), (x,))
+        torch.testing.assert_close(out, x * 2)
+    return trial
+
+
+def test_a_dynamic_version_slower_than_the_fast_tier_is_dropped(monkeypatch):
+    fastlazy.metrics.reset()
+    dispatch = _Dispatch()
+
+    def slow(x):
+        time.sleep(0.003)
+        return [x * 2]
+    _trial(dispatch, slow, 4 * (tiering.PROBE_WARMUP + tiering.PROBE_RUNS))
+    assert dispatch.dynamic is inductor._REPLAY
+    assert dispatch.dynamic_verdict.startswith("fast tier ("), dispatch.dynamic_verdict
+    assert fastlazy.metrics.counters()["tier_dynamic_dropped"] == 1
+
+
+def test_a_dynamic_version_faster_than_the_fast_tier_is_kept():
+    fastlazy.metrics.reset()
+    dispatch = _Dispatch(fast_seconds=0.003)
+
+    def quick(x):
+        return [x * 2]
+    _trial(dispatch, quick, 4 * (tiering.PROBE_WARMUP + tiering.PROBE_RUNS))
+    assert dispatch.dynamic is quick
+    assert dispatch.dynamic_verdict.startswith("compiled ("), dispatch.dynamic_verdict
+    assert fastlazy.metrics.counters()["tier_dynamic_kept"] == 1
+
+
+def test_a_dynamic_version_computing_other_values_is_dropped_at_its_first_run():
+    fastlazy.metrics.reset()
+    dispatch = _Dispatch()
+    _trial(dispatch, lambda x: [x * 2.5], 1)     # (its result is not returned)
+    assert dispatch.dynamic is inductor._REPLAY
+    assert "results differ" in dispatch.dynamic_verdict
+    assert fastlazy.metrics.counters()["tier_wrong_results"] == 1
+
+
+def test_a_hot_graph_over_many_shapes_tries_its_dynamic_version(auto, monkeypatch):
+    monkeypatch.setattr(backends.get("inductor"), "dynamic_after", 1)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
+    a = torch.randn(8, 16)
+    run(a)
+    run(a)
+    assert tiering.wait(300)
+    for _ in range(tiering.probe_calls()):
+        run(a)
+    program = only_program()
+    assert program.tier == "hot"
+    sizes = [3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23]
+    for n in sizes[:2]:           # the second queues the dynamic version
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(run(x), graph(x, 0.5))
+    assert tiering.wait(300)
+    for n in sizes[2:]:
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(run(x), graph(x, 0.5))
+    (dispatch,) = program._dispatchers
+    assert dispatch.dynamic_verdict is not None, "the dynamic version was never tried"
+    assert graph_cache.tiers()[0]["dynamic_shapes"] == dispatch.dynamic_verdict
+    counters = fastlazy.metrics.counters()
+    assert counters["tier_dynamic_kept"] + counters["tier_dynamic_dropped"] == 1
+
+
+def _always_promote(self):
+    self.tier = "hot"
+    self.call = self._compiled
