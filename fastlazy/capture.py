@@ -236,12 +236,13 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         gm = (program_templates.first_fit(erased, lambda gm: gm(*fakes), fakes, results)[0]
               if trial is not None else program_templates.lookup(erased, mode, fakes, results))
     templated = gm is not None
-    if templated and not program_templates.fits_values(
-            erased, gm, tensors, lambda: _same_values(func, args, kwargs, tensors, gm),
-            small=_trial_takes(func, tensors)):
-        # its program computed other values than the call (a number it
-        # baked in from its own sizes), or the call is too large to check
-        return _analyse(func, args, kwargs, tensors, ruled, nestable, templates=False)
+    if templated and program_templates.needs_check(erased, gm, tensors):
+        # its program passes numbers, which may be its own sizes': the call
+        # traced judges it (and is the call's program either way)
+        sig, traced = _analyse(func, args, kwargs, tensors, ruled, nestable, templates=False)
+        if traced is not None:
+            program_templates.check_against(erased, gm, tensors, traced)
+        return sig, traced
     if templated:
         constants, draws = [], []
     else:
@@ -321,7 +322,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         _run_small(func, args, kwargs, tensors, results, ruled)
     if trial is not None and not templated:
         _forget_values(gm.graph)
-    if not templated:
+    if not templated and erased is not None:
         program_templates.keep(erased, gm, constants, draws, [t.shape for t in tensors])
     sig.detach = (not torch.is_grad_enabled()
                   and any(t.requires_grad for t in tensors))
@@ -614,39 +615,6 @@ def is_structseq(kind) -> bool:
     """Is `kind` a struct sequence type (torch.return_types.topk, max...):
     a tuple subclass made from a sequence of its fields?"""
     return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "n_fields")
-
-
-def _same_values(func, args, kwargs, tensors, gm):
-    """Do the call and program template `gm` compute the same values from
-    the same trial values (integers and bools all 1, so that a scale shows
-    in them)?  No where either raises or writes its inputs."""
-    trial = _trial_tensors(tensors, fill=1)
-    versions = [t._version for t in trial]
-    a, k = substitute((args, kwargs), iter(trial))
-    try:
-        with torch.no_grad():
-            want = func(*a, **k)
-            if [t._version for t in trial] != versions:
-                return False
-            got = gm(*trial)
-    except Exception:     # noqa: BLE001 - the trace judges this call
-        return False
-    if [t._version for t in trial] != versions:
-        return False
-    want = [v for v in pytree.tree_leaves(want) if v is not None]
-    got = [v for v in pytree.tree_leaves(got) if v is not None]
-    return len(want) == len(got) and all(_identical(w, g) for w, g in zip(want, got))
-
-
-def _identical(a, b) -> bool:
-    """Bit for bit the same value (NaNs where the other has NaNs)."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return type(a) is type(b) and a == b
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.dtype.is_floating_point or a.dtype.is_complex:
-        return bool(((a == b) | (a.isnan() & b.isnan())).all())
-    return torch.equal(a, b)
 
 
 def _run_small(func, args, kwargs, tensors, fakes, ruled):

@@ -33,16 +33,19 @@ skip theirs.  Programs that lift constants or draw
 random numbers are never templates (a constant may depend on the shapes).
 
 Nor does equal metadata prove equal values: a composite function may
-compute a number from its input's sizes and pass it to an aten op (F.kl_div
-with reduction="batchmean" divides by the batch, multilabel_soft_margin_loss
-by the width), and a template traced at one size divides by that size at
-every other.  So a template whose program passes a number to an aten op
-(other than a dim) is checked once more where it is taken at sizes that
-differ from its own in dims where it was not checked before: it and the
-call run on the same trial values, and must give the same values bit for
-bit (`fits_values`).  One that does not is dropped, with every template of
-its erased signature, whose calls are traced at each new size from then on;
-where inputs are too large for a trial run, such a template is not taken.
+compute a number from its input's sizes and pass it to an aten op
+(take_along_dim wraps its indices by the dim's size, fftshift rolls by half
+of it, F.kl_div with reduction="batchmean" divides by the batch), and a
+template traced at one size would use that size's number at every other.
+So a template whose program passes a number, or a list of numbers, to an
+aten op (other than a dim) is checked where it would be taken at sizes that
+differ from its own in dims where it was not checked before: the call is
+traced as if there were no template, and the template is kept for those
+dims only if the trace is its very program, every number the same
+(`same_program`).  One that is not is dropped, with every template of its
+erased signature, whose calls are traced at each new size from then on.
+(A trial run on made-up values, the check before, let both examples
+through: their indices and sizes showed no difference on trial values.)
 """
 from __future__ import annotations
 
@@ -171,21 +174,28 @@ class _Template:
 
 
 # An aten argument of these names picks dims, or (a convolution's groups)
-# must agree with the weight's shape, which the metadata check compares:
-# not a number a template could have baked in unseen.
+# must agree with the weight's shape, or (an adaptive pool's output_size)
+# is the result's shape, which the metadata check compares: not a number a
+# template could have baked in unseen.
 _DIM_ARGUMENTS = frozenset(("dim", "dim0", "dim1", "dims", "start_dim", "end_dim",
-                            "source", "destination", "axis", "axis0", "axis1", "groups"))
+                            "source", "destination", "axis", "axis0", "axis1", "groups",
+                            "output_size"))
 
 
 def _passes_numbers(gm) -> bool:
-    """Does the program give an aten op a Python number anywhere but a dim
-    argument (a number its tracing may have computed from sizes)?"""
+    """Does the program give an aten op a Python number, or a list holding
+    one, anywhere but a dim argument (a number its tracing may have
+    computed from sizes)?  (The sizes a view takes are the symbolic-size
+    pass's nodes, not numbers, but for a -1 it infers.)"""
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         for k, arg in enumerate(node.target._schema.arguments):
+            if arg.name in _DIM_ARGUMENTS:
+                continue
             value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
-            if type(value) in (int, float) and arg.name not in _DIM_ARGUMENTS:
+            if type(value) in (int, float) or (isinstance(value, (list, tuple)) and any(
+                    type(v) in (int, float) and v != -1 for v in value)):
                 return True
     return False
 
@@ -195,26 +205,62 @@ def templates(key) -> tuple:
     return () if key is None else tuple(t.gm for t in _templates.get(key, ()))
 
 
-def fits_values(key, gm, tensors, same_values, small) -> bool:
-    """May template `gm` of `key` compute a call on `tensors`, which it
-    computes results of the right metadata for?  Yes if its program passes
-    no number to an aten op, or its values were checked at sizes differing
-    from its own in the same dims; else `same_values()` judges where the
-    inputs are `small` enough for a trial run (a template that fails is
-    dropped with its key's others, for good), and a large call is traced."""
-    template = next((t for t in _templates.get(key, ()) if t.gm is gm), None)
+def needs_check(key, gm, tensors) -> bool:
+    """Must the call on `tensors` be traced to check template `gm` of `key`
+    (check_against) before the template computes it?  Where its program
+    passes numbers to aten ops and it was not checked at sizes differing
+    from its own in the same dims."""
+    template = _template(key, gm)
     if template is None or not template.numbers:
-        return True
-    changed = frozenset((i, d) for i, (t, shape) in enumerate(zip(tensors, template.shapes))
-                        for d, n in enumerate(shape) if t.shape[d] != n)
-    if changed in template.checked:
-        return True
-    if not small:
         return False
-    if not same_values():
+    changed = _changed(template, tensors)
+    return bool(changed) and changed not in template.checked
+
+
+def check_against(key, gm, tensors, traced) -> bool:
+    """Judge template `gm` of `key` by `traced`, the call on `tensors`
+    traced without it: the same program keeps the template for sizes that
+    differ from its own in these dims; another drops the key's templates
+    for good (a number it took from its sizes).  Whether it was the same."""
+    template = _template(key, gm)
+    if template is None:
+        return False
+    if not same_program(gm, traced):
         refuse(key)
         return False
-    template.checked.add(changed)
+    template.checked.add(_changed(template, tensors))
+    return True
+
+
+def _template(key, gm):
+    return next((t for t in _templates.get(key, ()) if t.gm is gm), None)
+
+
+def _changed(template, tensors):
+    return frozenset((i, d) for i, (t, shape) in enumerate(zip(tensors, template.shapes))
+                     for d, n in enumerate(shape) if t.shape[d] != n)
+
+
+def same_program(a, b) -> bool:
+    """Do two programs make the same calls on the same arguments, node for
+    node (each argument node by its place, every number equal)?"""
+    nodes_a, nodes_b = list(a.graph.nodes), list(b.graph.nodes)
+    if len(nodes_a) != len(nodes_b):
+        return False
+    place_a = {n: k for k, n in enumerate(nodes_a)}
+    place_b = {n: k for k, n in enumerate(nodes_b)}
+
+    def placed(value, place):
+        return pytree.tree_map(
+            lambda v: ("node", place[v]) if isinstance(v, torch.fx.Node)
+            else (type(v), v.hex() if type(v) is float else v), value)
+    for x, y in zip(nodes_a, nodes_b):
+        if x.op != y.op or x.target != y.target:
+            return False
+        if x.op == "placeholder":
+            continue
+        if placed((x.args, x.kwargs), place_a) != placed((y.args, y.kwargs), place_b):
+            return False
     return True
 
 
