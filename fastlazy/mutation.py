@@ -163,8 +163,11 @@ def _leaf_under_no_grad(target):
     """A materialized leaf that requires grad, written with grad mode off
     (an optimizer's update, `with torch.no_grad(): p.add_(1)`): eager
     writes the leaf, which stays a leaf that requires grad, so the write
-    runs eagerly on a copy that is made one (run_inplace)."""
-    return not torch.is_grad_enabled() and target.family is None and _grad_leaf(target)
+    runs eagerly on a copy that is made one (run_inplace).  A leaf with
+    views (the forward's `w.t()`) is one too: its views are refreshed after
+    the write, as after any write to their root."""
+    return not torch.is_grad_enabled() and type(target.family) is not Member \
+        and _grad_leaf(target)
 
 
 def _functional(func):

@@ -1182,8 +1182,19 @@ def _write_through_detach_under_no_grad(p):
         p.detach()[1:].sub_(1.0)
 
 
+def _steps_after_views_in_the_forward(p):
+    """The forward reads views of the leaf (a linear layer's w.t()): the
+    leaf written under no_grad stays one, and the next step trains it."""
+    opt = torch.optim.SGD([p], lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        (p.view(3, 1) * p[1:].sum() + p.unsqueeze(0).t()).square().sum().backward()
+        opt.step()
+
+
 @pytest.mark.parametrize("update", [_step_through_data, _loop_through_data, _step_under_no_grad,
-                                    _write_through_detach_under_no_grad],
+                                    _write_through_detach_under_no_grad,
+                                    _steps_after_views_in_the_forward],
                          ids=lambda f: f.__name__.strip("_"))
 def test_a_hand_written_update_of_a_lazy_parameter_keeps_it_a_leaf_with_its_grad(update):
     """torch_xla-style training (parameters are LazyTensors): an update
