@@ -102,7 +102,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         key, tensors = prepared[0], prepared[1]
     else:
         tensors = []
-        key = _core.signature_key(func, args, kwargs, tensors, ruled, _autocast_key())
+        key = _core.signature_key(func, args, kwargs, tensors, ruled, _core.autocast_key())
     sig = _signatures.get(key)
     if sig is None and len(tensors) > MAX_INPUTS and func in _NESTED:
         # a long sequence (densenet's torch.cat of every earlier layer's
@@ -316,13 +316,6 @@ def _record_nested(func, args, kwargs, name, by_entries=False):
         return join(parts, *rest, **kwargs)
     parts = [record(func, (group,) + rest, kwargs, name) for group in groups]
     return record(_NESTED[func], (parts,) + rest, kwargs, name)
-
-
-def _autocast_key():
-    if not _core.autocast_depth():
-        return None
-    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                 for d in ("cpu", "cuda"))
 
 
 def _analyse(func, args, kwargs, tensors, name, ruled):

@@ -187,7 +187,13 @@ def _dropout(func, args, kwargs):
     noise = _noise(func, bound, x)
     if noise is None:
         call = dict(bound)
-        call[names[0]] = _like(x).fill_(1)
+        # the noise's layout matters only where it is drawn: an eval-mode
+        # or p=0 dropout of a pending result whose layout its producers do
+        # not tell (any result recorded under autocast) must not compute it
+        like = _like(x, compute=False)
+        if like is None and not _may_draw(bound):
+            like = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+        call[names[0]] = (_like(x) if like is None else like).fill_(1)
         if "inplace" in call:
             call["inplace"] = False
         # eager's own checks (p out of range...) raise here, at the call
@@ -195,6 +201,15 @@ def _dropout(func, args, kwargs):
         if noise is call[names[0]]:
             return x                  # not training, or p == 0: the input itself
     return x.mul_(noise) if inplace else x * noise
+
+
+def _may_draw(bound):
+    """Might a dropout call with these bound arguments draw noise?  Not in
+    eval mode (training or train False) nor with a probability of 0, where
+    eager returns its input."""
+    training = bound.get("training", bound.get("train", True))
+    p = bound.get("p", 0.5)
+    return not (training is False or (type(p) in (int, float) and p == 0))
 
 
 def _fill_like(func, args, kwargs):

@@ -329,3 +329,63 @@ def test_a_write_through_one_published_view_reaches_the_base():
         want[:, 2:4] = 1
         assert torch.equal(base.to_eager(), want)
         assert torch.equal(first.to_eager(), torch.zeros(2, 2))
+
+
+# -- under autocast: the key holds the thread's autocast state at the call --
+
+def _linear_under_autocast(x, w, b):
+    with torch.no_grad():
+        return F.linear(x, w, b)
+
+
+def test_a_signature_under_autocast_is_recorded_without_python(monkeypatch):
+    x, w, b = torch.rand(4, 6), torch.rand(3, 6), torch.rand(3)
+    lx = fastlazy.lazy(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):
+            _linear_under_autocast(lx, w, b)
+            lx * 2
+        monkeypatch.setattr(generic, "record", lambda *a, **k: pytest.fail("went up into Python"))
+        got, twice = _linear_under_autocast(lx, w, b), lx * 2
+        want = _linear_under_autocast(x, w, b)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.to_eager(), want)
+    torch.testing.assert_close(twice.to_eager(), x * 2)
+
+
+@pytest.mark.parametrize("change", ["nested context", "setter", "disabled", "other thread"])
+def test_an_autocast_state_change_is_a_new_signature(change):
+    """A hit published under one autocast state is never taken under
+    another, however the state changed: a nested context, torch's setter
+    called directly, autocast turned off inside the context, or another
+    thread (autocast state is per thread)."""
+    import threading
+    x, w, b = torch.rand(4, 6), torch.rand(3, 6), torch.rand(3)
+    lx = fastlazy.lazy(x)
+    got = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            _linear_under_autocast(lx, w, b)
+        if change == "nested context":
+            with torch.autocast("cpu", dtype=torch.float16):
+                got["lazy"], got["eager"] = (_linear_under_autocast(v, w, b) for v in (lx, x))
+        elif change == "setter":
+            torch.set_autocast_dtype("cpu", torch.float16)
+            try:
+                got["lazy"], got["eager"] = (_linear_under_autocast(v, w, b) for v in (lx, x))
+            finally:
+                torch.set_autocast_dtype("cpu", torch.bfloat16)
+        elif change == "disabled":
+            torch.set_autocast_enabled("cpu", False)
+            try:
+                got["lazy"], got["eager"] = (_linear_under_autocast(v, w, b) for v in (lx, x))
+            finally:
+                torch.set_autocast_enabled("cpu", True)
+        else:
+            def elsewhere():
+                got["lazy"], got["eager"] = (_linear_under_autocast(v, w, b) for v in (lx, x))
+            thread = threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+    assert got["lazy"].dtype == got["eager"].dtype != torch.bfloat16
+    torch.testing.assert_close(got["lazy"].to_eager(), got["eager"])

@@ -220,11 +220,11 @@ cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object
     if form != FORM_INPLACE:
         # a signature the generic path has seen and recorded before: its
         # node is appended here (generic_record.pxi), without Python --
-        # found by the call's flat key, read off the argument vector
-        if not fl_autocast:
-            fast = fast_generic_hit(func, args, nargs, kwnames, ruled)
-            if fast is not None and type(fast) is not FastKey:
-                return fast
+        # found by the call's flat key, read off the argument vector (whose
+        # first word holds the autocast state)
+        fast = fast_generic_hit(func, args, nargs, kwnames, ruled)
+        if fast is not None and type(fast) is not FastKey:
+            return fast
         pos, kw = split_arguments(args, nargs, kwnames)
         return record_by_signature(func, entry.qualname, pos, kw, ruled, fast)
     pos, kw = split_arguments(args, nargs, kwnames)

@@ -20,6 +20,44 @@ def autocast_entered(int delta):
         fl_autocast = 0
 
 
+# The autocast state a generic signature holds: ((enabled, dtype) per device
+# type) as this thread's torch reports it at the call.  It is read at every
+# call under autocast (four calls into torch, ~0.2 us) rather than followed
+# from the contexts entered: the state is per thread, and torch's setters
+# may be called directly.  The tuple is kept while the state stays, with a
+# small id per state met (_autocast_ids) for the flat keys' first word.
+cdef object _is_autocast_on_now = torch.is_autocast_enabled
+cdef object _autocast_dtype_now = torch.get_autocast_dtype
+cdef tuple _AUTOCAST_KEY_DEVICES = ("cpu", "cuda")
+cdef object _autocast_key = None
+cdef int64_t _autocast_word = 0
+cdef dict _autocast_ids = {}
+
+
+cdef object autocast_key_now():
+    """This thread's autocast state, as generic signatures hold it."""
+    global _autocast_key, _autocast_word
+    cdef object e0 = _is_autocast_on_now("cpu"), d0 = _autocast_dtype_now("cpu")
+    cdef object e1 = _is_autocast_on_now("cuda"), d1 = _autocast_dtype_now("cuda")
+    cdef tuple key = <tuple>_autocast_key if _autocast_key is not None else None
+    if key is not None and (<tuple>key[0])[0] is e0 and (<tuple>key[0])[1] is d0 \
+            and (<tuple>key[1])[0] is e1 and (<tuple>key[1])[1] is d1:
+        return key
+    key = ((e0, d0), (e1, d1))
+    found = _autocast_ids.get(key)
+    if found is None:
+        found = _autocast_ids[key] = len(_autocast_ids) + 1
+    _autocast_key = key
+    _autocast_word = <int64_t>found
+    return key
+
+
+def autocast_key():
+    """This thread's autocast state as generic signatures hold it (None
+    outside every autocast context)."""
+    return autocast_key_now() if fl_autocast else None
+
+
 def hold_pending():
     """Clear the flag that makes in-place entry points flush (returning it):
     the generic path's fake runs call in-place methods on fake tensors,
@@ -318,12 +356,10 @@ cdef object record_by_signature(object func, object name, tuple pos, dict kw, bi
     built here and `fast`, the call's flat key (or None) -- or with () if
     the arguments have no signature here (the generic path describes them
     itself and decides)."""
-    if fl_autocast:
-        # the key holds the autocast state: Python builds it
-        return _hooks.record_call(func, name, pos, kw, False, ruled, ())
     cdef list tensors = []
     try:
-        key = signature_key(func, pos, kw, tensors, ruled, None)
+        key = signature_key(func, pos, kw, tensors, ruled,
+                            autocast_key_now() if fl_autocast else None)
     except Exception:
         return _hooks.record_call(func, name, pos, kw, False, ruled, ())
     out = record_by_key(key, tensors, fast)
@@ -362,7 +398,7 @@ def signature_hit(object func, tuple args):
     publish its signature (None where the arguments have none here)."""
     cdef PyObject *vector[MAX_PARAMS]
     cdef Py_ssize_t k, n = len(args)
-    if fl_autocast or n > MAX_PARAMS:
+    if n > MAX_PARAMS:
         return False, None
     for k in range(n):
         vector[k] = PyTuple_GET_ITEM(args, k)
@@ -371,7 +407,8 @@ def signature_hit(object func, tuple args):
         return True, fast
     cdef list tensors = []
     try:
-        key = signature_key(func, args, {}, tensors, False, None)
+        key = signature_key(func, args, {}, tensors, False,
+                            autocast_key_now() if fl_autocast else None)
     except Exception:
         return False, None
     out = record_by_key(key, tensors, fast)
@@ -656,7 +693,10 @@ cdef object fast_generic_hit(object func, PyObject **args, Py_ssize_t nargs, obj
     d.nwords = 0
     d.nobjs = 0
     d.ntensors = 0
-    put(&d, ruled | (<int64_t>grad_enabled() << 1) | (<int64_t>nargs << 2))
+    if fl_autocast:
+        autocast_key_now()      # (its id: _autocast_word)
+    put(&d, ruled | (<int64_t>grad_enabled() << 1) | (<int64_t>nargs << 2)
+        | ((_autocast_word if fl_autocast else 0) << 32))
     for i in range(nargs):
         if not fast_describe(&d, <object>args[i]):
             return None

@@ -43,7 +43,7 @@ cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
     (dispatch.pxi call_generic), without Python."""
     cdef PyObject *argv[2]
     func = getattr(TensorType, name)
-    if (inplace or fl_autocast or len(args) > 1
+    if (inplace or len(args) > 1
             or (fl_saved_hooks or fl_dual_levels) and eager_only_now()):
         return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
     argv[0] = <PyObject*>self
@@ -60,17 +60,16 @@ cdef object getitem(LazyTensor self, object idx):
     an entry's call is (dispatch.pxi call_generic); else the generic path."""
     cdef PyObject *argv[2]
     func = getattr(TensorType, "__getitem__")
-    fast = None
     if not fl_autocast:
         # basic indexing: the view rules' steps (view_rules.pxi)
         found = getitem_view(self, idx)
         if found is not None:
             return found
-        argv[0] = <PyObject*>self
-        argv[1] = <PyObject*>idx
-        fast = fast_generic_hit(func, argv, 2, None, False)
-        if fast is not None and type(fast) is not FastKey:
-            return fast
+    argv[0] = <PyObject*>self
+    argv[1] = <PyObject*>idx
+    fast = fast_generic_hit(func, argv, 2, None, False)
+    if fast is not None and type(fast) is not FastKey:
+        return fast
     return record_by_signature(func, "Tensor.__getitem__", (self, idx), {}, False, fast)
 
 
