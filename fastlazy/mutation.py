@@ -251,8 +251,15 @@ def own_values(targets):
 
 
 def _as_leaf(clone, value):
+    """Make `clone`, the written copy of leaf `value`, the leaf: requiring
+    grad, with value's gradient and hooks (the same dicts, so the handles
+    register_hook gave still remove them)."""
     clone.requires_grad_(True)
     clone.grad = value.grad
+    if value._backward_hooks is not None:
+        clone._backward_hooks = value._backward_hooks
+    if value._post_accumulate_grad_hooks is not None:
+        clone._post_accumulate_grad_hooks = value._post_accumulate_grad_hooks
 
 
 def write_overlapping(func, name, args, kwargs):
@@ -366,8 +373,7 @@ def _write_leaf(root, view, where):
     with torch.no_grad():
         written = _scatter_into(value.detach(), view.to_eager().detach(), where.size,
                                 where.stride, where.offset, where.conj)
-    written.requires_grad_(True)
-    written.grad = value.grad
+    _as_leaf(written, value)
     _core.rebind_value(root, written)
 
 

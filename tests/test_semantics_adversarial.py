@@ -1182,6 +1182,22 @@ def _write_through_detach_under_no_grad(p):
         p.detach()[1:].sub_(1.0)
 
 
+def _hooked_steps(p):
+    """A gradient hook and a post-accumulate-grad hook on the leaf: both
+    still run after the leaf was written (SGD's step, a write through
+    .data)."""
+    seen = []
+    p.register_hook(lambda g: g * 10)
+    p.register_post_accumulate_grad_hook(lambda q: seen.append(q.grad.clone()))
+    opt = torch.optim.SGD([p], lr=0.01)
+    for k in range(3):
+        opt.zero_grad()
+        (p * p).sum().backward()
+        opt.step()
+        p.data.mul_(0.5) if k == 1 else None
+    assert len(seen) == 3
+
+
 def _steps_after_views_in_the_forward(p):
     """The forward reads views of the leaf (a linear layer's w.t()): the
     leaf written under no_grad stays one, and the next step trains it."""
@@ -1194,7 +1210,7 @@ def _steps_after_views_in_the_forward(p):
 
 @pytest.mark.parametrize("update", [_step_through_data, _loop_through_data, _step_under_no_grad,
                                     _write_through_detach_under_no_grad,
-                                    _steps_after_views_in_the_forward],
+                                    _steps_after_views_in_the_forward, _hooked_steps],
                          ids=lambda f: f.__name__.strip("_"))
 def test_a_hand_written_update_of_a_lazy_parameter_keeps_it_a_leaf_with_its_grad(update):
     """torch_xla-style training (parameters are LazyTensors): an update
