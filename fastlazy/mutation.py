@@ -295,6 +295,14 @@ def run_out(func, args, kwargs):
     kw = dict(materialize(kwargs), out=copies[0] if type(out) is LazyTensor else type(out)(copies))
     func(*materialize(args), **kw)
     for t, c in zip(targets, copies):
+        if type(t) is LazyTensor and type(t.family) is Member and c.shape != t.shape:
+            # (checked before any target is rebound: every tensor stays as it was)
+            raise RuntimeError(
+                f"fastlazy: out= names a view of a LazyTensor, of shape {tuple(t.shape)}, "
+                f"that the result, of shape {tuple(c.shape)}, would resize; eager resizes "
+                f"the view inside its base's memory, which fastlazy does not follow.  Pass "
+                f"an out= tensor of the result's shape, or no out=.")
+    for t, c in zip(targets, copies):
         if type(t) is LazyTensor:
             _core.rebind_value(t, c)
             if t.family is not None:

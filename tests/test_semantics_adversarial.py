@@ -1941,3 +1941,18 @@ def _in_place_fill_of_a_leaf_that_requires_grad(lz):
        _in_place_fill_of_a_leaf_that_requires_grad)
 def test_in_place_random_fills_draw_in_the_tensors_memory_order(f):
     same_as_eager(f)
+
+
+def test_an_out_view_the_result_would_resize_is_refused_at_the_call():
+    """Eager resizes an out= view of the wrong shape inside its base's
+    memory (with a warning); fastlazy refuses it with a RuntimeError at
+    the call, and every tensor stays as it was."""
+    import warnings
+    b = fastlazy.lazy(torch.arange(20.).reshape(5, 4))
+    v = b[:3]
+    with warnings.catch_warnings(), pytest.raises(RuntimeError, match="out= names a view"):
+        warnings.simplefilter("ignore")
+        torch.add(b[3:], 1, out=v)
+    assert v.shape == (3, 4)
+    torch.testing.assert_close(v.mul_(2).to_eager(), torch.arange(12.).reshape(3, 4) * 2)
+    torch.testing.assert_close(b.to_eager()[3:], torch.arange(12., 20.).reshape(2, 4))
