@@ -33,6 +33,7 @@ import warnings
 
 import torch
 from cpython.object cimport PyObject, PyTypeObject
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint64_t, uintptr_t
 
 cdef extern from "Python.h":

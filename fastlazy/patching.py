@@ -17,6 +17,7 @@ fastlazy.enable():` around each step.
 from __future__ import annotations
 
 import inspect
+import functools
 import itertools
 import pathlib
 import threading
@@ -221,6 +222,7 @@ def _install_all():
         script = vars(owner)["script"]
         _install(owner, "script", script, True, _unpatched_while(script))
     _patch_contexts(torch.amp.autocast_mode.autocast, _core.autocast_entered)
+    _patch_autocast_setters()
     _patch_contexts(torch.autograd.grad_mode.inference_mode, _core.inference_mode_entered)
     _patch_contexts(torch.autograd.graph.saved_tensors_hooks, _core.saved_hooks_entered)
     _count_dual_levels()
@@ -302,6 +304,28 @@ def _count_dual_levels():
     for attr, patched in (("enter_dual_level", enter_dual_level),
                           ("exit_dual_level", exit_dual_level)):
         _install(fwad, attr, vars(fwad)[attr], True, patched)
+
+
+def _patch_autocast_setters():
+    """torch's autocast setters (set_autocast_enabled, set_autocast_dtype and
+    the older per-device ones), each followed by the core's note that this
+    thread's autocast state may have changed: generic signatures hold the
+    state, which the core keeps until then (csrc/generic_record.pxi)."""
+    for attr in sorted(vars(torch)):
+        if attr.startswith("set_autocast_") and attr != "set_autocast_cache_enabled" \
+                and callable(vars(torch)[attr]):
+            setter = vars(torch)[attr]
+            _install(torch, attr, setter, True, _noting_autocast_change(setter))
+
+
+def _noting_autocast_change(setter):
+    @functools.wraps(setter)
+    def set_and_note(*args, **kwargs):
+        try:
+            return setter(*args, **kwargs)
+        finally:
+            _core.autocast_changed()
+    return set_and_note
 
 
 def _patch_contexts(cls, entered):

@@ -259,17 +259,20 @@ cdef tuple run_in_mode(Segment seg, object key, list outs, tuple slot_order, int
 
 cdef tuple run_without_autocast(Segment seg, object key, list outs, tuple slot_order,
                                 int inference, Py_ssize_t nowners, bint grad, bint detached):
+    global _autocast_epoch
     if fl_autocast:
         suspended = [device for device in AUTOCAST_DEVICES if _is_autocast_on(device)]
         if suspended:
             for device in suspended:
                 _set_autocast_on(device, False)
+            _autocast_epoch += 1
             try:
                 return run_in_grad_mode(seg, key, outs, slot_order, inference, nowners, grad,
                                         detached)
             finally:
                 for device in suspended:
                     _set_autocast_on(device, True)
+                _autocast_epoch += 1
     return run_in_grad_mode(seg, key, outs, slot_order, inference, nowners, grad, detached)
 
 

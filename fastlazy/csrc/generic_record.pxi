@@ -14,41 +14,54 @@ cdef int fl_autocast = 0
 
 
 def autocast_entered(int delta):
-    global fl_autocast
+    global fl_autocast, _autocast_epoch
     fl_autocast += delta
     if fl_autocast < 0:
         fl_autocast = 0
+    _autocast_epoch += 1
+
+
+def autocast_changed():
+    """An autocast setter ran (fastlazy.patching wraps torch's): the state
+    read last may be stale."""
+    global _autocast_epoch
+    _autocast_epoch += 1
 
 
 # The autocast state a generic signature holds: ((enabled, dtype) per device
-# type) as this thread's torch reports it at the call.  It is read at every
-# call under autocast (four calls into torch, ~0.2 us) rather than followed
-# from the contexts entered: the state is per thread, and torch's setters
-# may be called directly.  The tuple is kept while the state stays, with a
-# small id per state met (_autocast_ids) for the flat keys' first word.
+# type) as this thread's torch reports it.  Reading it costs four calls into
+# torch (~0.6 us, each parsing its device string), so the state read last is
+# kept with the thread that read it and the epoch it was read in: an epoch
+# ends wherever the state may change -- an autocast context entered or
+# left, one of torch's autocast setters called (fastlazy.patching wraps
+# them), a graph run with autocast suspended (flush.pxi) -- and another
+# thread reads its own.  Each state met gets a small id (_autocast_ids) for
+# the flat keys' first word.
 cdef object _is_autocast_on_now = torch.is_autocast_enabled
 cdef object _autocast_dtype_now = torch.get_autocast_dtype
-cdef tuple _AUTOCAST_KEY_DEVICES = ("cpu", "cuda")
 cdef object _autocast_key = None
 cdef int64_t _autocast_word = 0
 cdef dict _autocast_ids = {}
+cdef uint64_t _autocast_epoch = 1
+cdef uint64_t _autocast_key_epoch = 0
+cdef unsigned long _autocast_key_thread = 0
 
 
 cdef object autocast_key_now():
     """This thread's autocast state, as generic signatures hold it."""
-    global _autocast_key, _autocast_word
-    cdef object e0 = _is_autocast_on_now("cpu"), d0 = _autocast_dtype_now("cpu")
-    cdef object e1 = _is_autocast_on_now("cuda"), d1 = _autocast_dtype_now("cuda")
-    cdef tuple key = <tuple>_autocast_key if _autocast_key is not None else None
-    if key is not None and (<tuple>key[0])[0] is e0 and (<tuple>key[0])[1] is d0 \
-            and (<tuple>key[1])[0] is e1 and (<tuple>key[1])[1] is d1:
-        return key
-    key = ((e0, d0), (e1, d1))
+    global _autocast_key, _autocast_word, _autocast_key_epoch, _autocast_key_thread
+    cdef unsigned long thread = PyThread_get_thread_ident()
+    if _autocast_key_epoch == _autocast_epoch and _autocast_key_thread == thread:
+        return _autocast_key
+    key = ((_is_autocast_on_now("cpu"), _autocast_dtype_now("cpu")),
+           (_is_autocast_on_now("cuda"), _autocast_dtype_now("cuda")))
     found = _autocast_ids.get(key)
     if found is None:
         found = _autocast_ids[key] = len(_autocast_ids) + 1
     _autocast_key = key
     _autocast_word = <int64_t>found
+    _autocast_key_epoch = _autocast_epoch
+    _autocast_key_thread = thread
     return key
 
 
