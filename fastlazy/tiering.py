@@ -42,13 +42,18 @@ A graph's life:
    `compile_failures`, the reason in `fastlazy.metrics.tiers()`).
 
 A hot graph met with new input shapes runs the fast tier while inductor
-compiles those shapes in the background; after `dynamic_after` shapes one
-dynamic-shape version is compiled for the rest, and it serves them only if
-it wins a trial against the fast tier on probation's rules (see
-backends/inductor.py: a dynamic version's wrapper and symbolic indexing
-can cost more than fusion saves).  On probation a candidate is compared at
-the shapes it was compiled for: a call with others runs the fast tier,
-queues no compile and is not one of the candidate's timed runs.
+compiles those shapes in the background: on CPU a static version per shape
+in the compile process, up to inductor.STATIC_SHAPES, and the fast tier for
+the shapes after them; elsewhere, after `dynamic_after` shapes, one
+dynamic-shape version, which serves them only if it wins a trial against
+the fast tier on probation's rules (see backends/inductor.py: a dynamic
+version's wrapper and symbolic indexing can cost more than fusion saves).
+Only a graph whose compiled program gained NEW_SHAPES_MIN_GAIN at its own
+shapes compiles others.  On probation a candidate is compared at the shapes
+it was compiled for: a call with others runs the fast tier, queues no
+compile and is not one of the candidate's timed runs.  The frozen second
+compile (above) is queued only for a graph that met no other shapes and
+whose runs took FROZEN_MIN_SHARE of the program's time.
 
 Every graph is a TieredProgram in the graph cache.  It keeps no tensor of
 the recording that made it: the view it will compile later holds meta
@@ -74,6 +79,24 @@ from fastlazy.graph import Slot, describe_input, example_input
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
 PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
 CANDIDATES = 3            # at most: compiled, compiled with parameters frozen, fast
+# A hot graph met with new input shapes compiles them (static versions in
+# the compile process, then one dynamic-shape version on this process's
+# compile thread: 10-30 s of its GIL beside the user's calls) only where its
+# compiled program gained at least this much over the fast tier at its own
+# shapes; else those shapes run the fast tier.  GPT-2's decode step (a new
+# length at every token) ran 0.3 ms a call either way, and a loop of
+# `generate` calls ran at 0.6-0.7x eager's speed for the minute its new
+# shapes took to compile.
+NEW_SHAPES_MIN_GAIN = 0.10
+# The second compile, with parameters frozen, runs on this process's compile
+# thread (the compile process cannot save its program) for 10-35 s, and the
+# user's calls run slower beside it (a loop of GPT-2 `generate` calls: 34 ->
+# 50 ms each while its prefill graph compiled so), to make the graph's runs
+# faster.  It pays only for a graph that takes a good share of the program's
+# time: queued where the graph's fast-tier runs took at least this share of
+# the time from its first run to its compile (a model's forward graph: most;
+# the prefill of `generate`, run once per 32 tokens: 1.5 %).
+FROZEN_MIN_SHARE = 0.2
 
 
 class Engine:
@@ -131,6 +154,8 @@ class TieredProgram:
         self.tier = "fast"
         self.runs = 0
         self.fast_seconds = 0.0     # the fast tier's runs until its compile is queued
+        self._born = time.perf_counter()
+        self._share = None          # of the time until the compile, the fast tier's runs'
         # (runs, fast_seconds) where the window judged for a compile began
         self._window = (0, 0.0)
         self.compile_seconds = None
@@ -237,6 +262,7 @@ class TieredProgram:
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
         frozen = _frozen_inputs(inputs)
+        self._share = self.fast_seconds / max(time.perf_counter() - self._born, 1e-9)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
         self._future = compile_worker.submit(self._compile, view, described, frozen)
@@ -403,6 +429,11 @@ class TieredProgram:
             self._compiled = best.call
             metrics.count_event("tier_promotions")
             self.compiled_run_seconds = compiled
+            if best.dispatch is not None and compiled * (1 + NEW_SHAPES_MIN_GAIN) > fast:
+                best.dispatch.holding = _always
+                best.dispatch.dynamic_verdict = (
+                    f"fast tier (the compiled program gained under "
+                    f"{NEW_SHAPES_MIN_GAIN:.0%} at its own shapes: none compiled)")
         else:
             self.compiled_run_seconds = ranked[0][0] if ranked else None
             self._stay_fast("fast (compiled was slower)" if ranked or self.error is None
@@ -418,6 +449,13 @@ class TieredProgram:
         inductor = backends.get("inductor")
         if job is None or job[2].written or compile_worker.closing() \
                 or not hasattr(inductor, "compile_frozen"):
+            return
+        if any(d.replays for d in self._dispatchers):
+            # the graph meets other shapes (its probation replayed them),
+            # and a frozen program serves one: not worth the seconds of
+            # this process's GIL its compile takes
+            return
+        if self._share is not None and self._share < FROZEN_MIN_SHARE:
             return
         metrics.count_event("tier_compiles_queued")
         self._settled = self.call
@@ -599,6 +637,10 @@ def forget_gradients_of_gradients() -> None:
 def probe_calls() -> int:
     """Calls after a compile is done by which the graph's tier is chosen."""
     return (PROBE_WARMUP + PROBE_RUNS) * CANDIDATES + 1
+
+
+def _always():
+    return True
 
 
 def _dispatcher(program):

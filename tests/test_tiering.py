@@ -35,6 +35,7 @@ def auto(monkeypatch):
     monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
     monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
     monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
+    monkeypatch.setattr(tiering, "FROZEN_MIN_SHARE", 0.0)
     graph_cache.clear()
     fastlazy.metrics.reset()
     yield
@@ -779,6 +780,27 @@ def test_frozen_program_sends_another_shape_elsewhere(auto, monkeypatch):
         torch.testing.assert_close(out, net(y))
     assert fastlazy.metrics.counters()["tier_frozen_misses"] == misses + 1
     assert only_tier()["tier"] == "hot (compiled, parameters frozen)"
+
+
+def test_a_graph_that_takes_a_small_share_of_the_time_gets_no_frozen_compile(auto, monkeypatch):
+    """The frozen compile costs the user's process seconds of its GIL: a
+    graph whose runs took under FROZEN_MIN_SHARE of the time until its
+    compile (the prefill of `generate`, once per 32 tokens) keeps the tier
+    its first probation chose."""
+    monkeypatch.setattr(tiering, "FROZEN_MIN_SHARE", 0.2)
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 1)
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        net(fastlazy.lazy(x)).to_eager()
+        time.sleep(0.5)         # the program's other work, between the graph's runs
+        net(fastlazy.lazy(x)).to_eager()
+        assert tiering.wait(300)
+        for _ in range(tiering.probe_calls()):
+            net(fastlazy.lazy(x)).to_eager()
+        assert tiering.wait(300)
+    assert fastlazy.metrics.counters()["tier_compiles_queued"] == 1
+    assert only_tier()["tier"] in ("hot", "fast (compiled was slower)")
 
 
 def test_training_graphs_freeze_nothing(auto, monkeypatch):

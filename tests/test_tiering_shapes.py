@@ -130,7 +130,42 @@ def test_a_dynamic_version_computing_other_values_is_dropped_at_its_first_run():
     assert fastlazy.metrics.counters()["tier_wrong_results"] == 1
 
 
+def _hot(a):
+    run(a)
+    run(a)
+    assert tiering.wait(300)
+    for _ in range(tiering.probe_calls()):
+        run(a)
+    program = only_program()
+    assert program.tier == "hot"
+    return program
+
+
+def test_a_hot_cpu_graph_compiles_a_few_static_shapes_and_no_dynamic_one(auto, monkeypatch):
+    """In the compile process, one per shape, up to STATIC_SHAPES; the
+    shapes after them run the fast tier, and no dynamic-shape version is
+    compiled on this process."""
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
+    monkeypatch.setattr(inductor, "STATIC_SHAPES", 3)
+    dynamic = []
+    real = inductor._ShapeDispatch._compile_here
+    monkeypatch.setattr(inductor._ShapeDispatch, "_compile_here",
+                        lambda self, args, dyn: dynamic.append(dyn) or real(self, args, dyn))
+    program = _hot(torch.randn(8, 16))
+    for n in (3, 4, 5, 6, 7):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(run(x), graph(x, 0.5))
+        assert tiering.wait(300)
+        torch.testing.assert_close(run(x), graph(x, 0.5))
+    (dispatch,) = program._dispatchers
+    assert len(dispatch.by_shape) == 3
+    assert True not in dynamic
+    assert "after 3 shapes" in graph_cache.tiers()[0]["dynamic_shapes"]
+
+
 def test_a_hot_graph_over_many_shapes_tries_its_dynamic_version(auto, monkeypatch):
+    """Where a dynamic-shape version is compiled (here: no compile process)."""
+    monkeypatch.setenv("FASTLAZY_COMPILE_PROCESS", "0")
     monkeypatch.setattr(backends.get("inductor"), "dynamic_after", 1)
     monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
     a = torch.randn(8, 16)
@@ -159,3 +194,32 @@ def test_a_hot_graph_over_many_shapes_tries_its_dynamic_version(auto, monkeypatc
 def _always_promote(self):
     self.tier = "hot"
     self.call = self._compiled
+
+
+def _timed_as(monkeypatch, gain):
+    """Probation decides on timed runs of 1 s for the fast tier and
+    1 / (1 + gain) s for the compiled program, whatever they took."""
+    real = tiering.TieredProgram._decide
+
+    def decide(self):
+        for c in self._candidates:
+            c.times[:] = [1.0 if c is self._fast_candidate else 1.0 / (1.0 + gain)] * len(c.times)
+        return real(self)
+    monkeypatch.setattr(tiering.TieredProgram, "_decide", decide)
+
+
+@pytest.mark.parametrize("gain, compiles", [(0.05, False), (1.0, True)])
+def test_new_shapes_compile_only_where_the_compiled_program_gained_enough(auto, monkeypatch,
+                                                                           gain, compiles):
+    """A hot graph whose compiled program ran only a little faster than the
+    fast tier at its own shapes runs other shapes on the fast tier, and
+    compiles none (GPT-2's decode step)."""
+    _timed_as(monkeypatch, gain)
+    program = _hot(torch.randn(8, 16))
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(run(x), graph(x, 0.5))
+    assert tiering.wait(300)
+    torch.testing.assert_close(run(x), graph(x, 0.5))
+    (dispatch,) = program._dispatchers
+    assert (len(dispatch.by_shape) == 2) is compiles
+    assert ("gained under" in (dispatch.dynamic_verdict or "")) is not compiles
