@@ -40,6 +40,28 @@ def lazy_on():
 
 
 @pytest.fixture
+def auto(monkeypatch):
+    """The tiered engine with graphs hot after one run (of any length, and
+    frozen compiles for any graph), an empty cache and zeroed counters; the
+    backend before it put back after."""
+    from fastlazy import graph_cache, tiering
+    before = fastlazy.backend()
+    fastlazy.mark_step()
+    fastlazy.set_backend("auto")
+    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
+    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
+    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
+    monkeypatch.setattr(tiering, "FROZEN_MIN_SHARE", 0.0)
+    graph_cache.clear()
+    fastlazy.metrics.reset()
+    yield
+    tiering.wait(300)
+    fastlazy.mark_step()
+    graph_cache.clear()
+    fastlazy.set_backend(before)
+
+
+@pytest.fixture
 def flush_after():
     """Compute the test's pending graph afterwards, so that no test leaves
     nodes for the next one to flush (a module applies it to every test:

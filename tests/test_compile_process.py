@@ -20,21 +20,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def auto(monkeypatch):
-    """The tiered engine, graphs hot after one run, short probes."""
-    before = fastlazy.backend()
-    fastlazy.mark_step()
-    fastlazy.set_backend("auto")
-    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
-    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
-    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
+def auto(auto, monkeypatch):
+    """conftest's tiered engine, with short probes; every compile done at
+    the end."""
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
-    graph_cache.clear()
-    fastlazy.metrics.reset()
     yield
     assert tiering.wait(300)
-    fastlazy.mark_step()
-    fastlazy.set_backend(before)
 
 
 def graph(a, b, k):

@@ -25,26 +25,6 @@ from fastlazy.backends.base import Program
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
 
 
-@pytest.fixture
-def auto(monkeypatch):
-    """The tiered engine with graphs hot after one run (of any length), an
-    empty cache and zeroed counters."""
-    before = fastlazy.backend()
-    fastlazy.mark_step()
-    fastlazy.set_backend("auto")
-    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
-    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
-    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
-    monkeypatch.setattr(tiering, "FROZEN_MIN_SHARE", 0.0)
-    graph_cache.clear()
-    fastlazy.metrics.reset()
-    yield
-    tiering.wait(60)
-    fastlazy.mark_step()
-    graph_cache.clear()
-    fastlazy.set_backend(before)
-
-
 class Scripted:
     """Stands in for the inductor backend: its programs compute the graph
     with the eager backend, after `compile_seconds` (on the compile thread),

@@ -4,7 +4,6 @@ for: probation compares a candidate only at the shapes it was compiled for
 graph's dynamic-shape version is tried against the fast tier before it
 serves (backends/inductor.py: _DynamicTrial)."""
 import time
-import types
 
 import pytest
 import torch
@@ -17,23 +16,9 @@ from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
 
 
 @pytest.fixture
-def auto(monkeypatch):
-    """The tiered engine with graphs hot after one run, two timed probe
-    runs, an empty cache and zeroed counters."""
-    before = fastlazy.backend()
-    fastlazy.mark_step()
-    fastlazy.set_backend("auto")
-    monkeypatch.setattr(tiering.ENGINE, "hot_after", 1)
-    monkeypatch.setattr(tiering.ENGINE, "hot_seconds", 0.0)
-    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 0.0)
+def auto(auto, monkeypatch):
+    """conftest's tiered engine, with two timed probe runs."""
     monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
-    graph_cache.clear()
-    fastlazy.metrics.reset()
-    yield
-    tiering.wait(60)
-    fastlazy.mark_step()
-    graph_cache.clear()
-    fastlazy.set_backend(before)
 
 
 def graph(a, k):
@@ -168,14 +153,7 @@ def test_a_hot_graph_over_many_shapes_tries_its_dynamic_version(auto, monkeypatc
     monkeypatch.setenv("FASTLAZY_COMPILE_PROCESS", "0")
     monkeypatch.setattr(backends.get("inductor"), "dynamic_after", 1)
     monkeypatch.setattr(tiering.TieredProgram, "_decide", _always_promote)
-    a = torch.randn(8, 16)
-    run(a)
-    run(a)
-    assert tiering.wait(300)
-    for _ in range(tiering.probe_calls()):
-        run(a)
-    program = only_program()
-    assert program.tier == "hot"
+    program = _hot(torch.randn(8, 16))
     sizes = [3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 23]
     for n in sizes[:2]:           # the second queues the dynamic version
         x = torch.randn(n, 16)
