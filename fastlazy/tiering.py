@@ -430,11 +430,13 @@ class TieredProgram:
             self._compiled = best.call
             metrics.count_event("tier_promotions")
             self.compiled_run_seconds = compiled
-            if best.dispatch is not None and compiled * (1 + NEW_SHAPES_MIN_GAIN) > fast:
-                best.dispatch.holding = _always
-                best.dispatch.dynamic_verdict = (
-                    f"fast tier (the compiled program gained under "
-                    f"{NEW_SHAPES_MIN_GAIN:.0%} at its own shapes: none compiled)")
+            for seconds, _, c in ranked:
+                # (the winner, and the fallback a frozen winner's misses go to)
+                if c.dispatch is not None and seconds * (1 + NEW_SHAPES_MIN_GAIN) > fast:
+                    c.dispatch.holding = _always
+                    c.dispatch.dynamic_verdict = (
+                        f"fast tier (the compiled program gained under "
+                        f"{NEW_SHAPES_MIN_GAIN:.0%} at its own shapes: none compiled)")
         else:
             self.compiled_run_seconds = ranked[0][0] if ranked else None
             self._stay_fast("fast (compiled was slower)" if ranked or self.error is None
@@ -648,9 +650,12 @@ def _dispatcher(program):
     """The inductor backend's shape dispatcher behind a compiled program
     (it replays the fast tier for shapes it has no version for, and takes
     a judge of its dynamic-shape version: backends/inductor.py), or None
-    for another program."""
+    for another program, or one with no replay (a frozen program, whose
+    guard sends other shapes elsewhere)."""
     call = program.call
-    return call if hasattr(call, "holding") and hasattr(call, "replays") else None
+    if not (hasattr(call, "holding") and hasattr(call, "replays")):
+        return None
+    return call if call.replay is not None else None
 
 
 class _Judge:
