@@ -79,14 +79,14 @@ from fastlazy.graph import Slot, describe_input, example_input
 PROBE_RUNS = 8            # timed runs of each candidate before the fastest is kept
 PROBE_WARMUP = 2          # runs of each candidate before those (caches, allocator)
 CANDIDATES = 3            # at most: compiled, compiled with parameters frozen, fast
-# A hot graph met with new input shapes compiles them (static versions in
-# the compile process, then one dynamic-shape version on this process's
-# compile thread: 10-30 s of its GIL beside the user's calls) only where its
-# compiled program gained at least this much over the fast tier at its own
-# shapes; else those shapes run the fast tier.  GPT-2's decode step (a new
-# length at every token) ran 0.3 ms a call either way, and a loop of
-# `generate` calls ran at 0.6-0.7x eager's speed for the minute its new
-# shapes took to compile.
+# A hot graph met with new input shapes compiles them (on CPU static
+# versions in the compile process; elsewhere a dynamic-shape version on this
+# process's compile thread, 10-30 s of its GIL beside the user's calls) only
+# where its compiled program gained at least this much over the fast tier
+# at its own shapes; else those shapes run the fast tier.  GPT-2's decode
+# step (a new length at every token) ran 0.3 ms a call either way, and a
+# loop of `generate` calls ran at 0.6-0.7x eager's speed for the minute its
+# new shapes took to compile.
 NEW_SHAPES_MIN_GAIN = 0.10
 # The second compile, with parameters frozen, runs on this process's compile
 # thread (the compile process cannot save its program) for 10-35 s, and the
