@@ -79,11 +79,7 @@ def main(argv=None) -> None:
             window, window_start = [], now
     lines += ["", f"{calls} calls in {args.seconds:.0f} s, against {args.seconds / eager:.0f} "
               f"at eager's median; graphs: {fastlazy.metrics.tier_summary()}"]
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+    zoo.emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -74,11 +74,7 @@ def main(argv=None) -> None:
         lines.append(f"| {name} | {r['structures']} | {r['eager_s']:.2f} s | "
                      f"{r['fastlazy_s']:.2f} s | {r['fastlazy_s'] / r['eager_s']:.1f}x |")
         print(lines[-1], file=sys.stderr, flush=True)
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + "\n")
+    zoo.emit(lines, args.out)
 
 
 if __name__ == "__main__":
