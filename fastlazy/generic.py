@@ -124,6 +124,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             if scalars is not None:
                 sig, prepared = lifted.sig, None
         if sig is None:
+            if loose is not None and lifted_floats.churning(loose[0]):
+                raise Unsafe(lifted_floats.CHURN_REASON)
             scalars = ()
             title = name or getattr(func, "__name__", "?")
             sig = _analyse(func, args, kwargs, tensors, title, ruled)
