@@ -147,6 +147,20 @@ def _trace_entries_as_originals():
         return
     for trace_numpy in (False, True):
         table(trace_numpy)[_core.ENTRY_TYPE] = wrap
+        table(trace_numpy)[_core.LazyTensor] = _skip_frame
+
+
+def _skip_frame(builder, value):
+    """Dynamo's builder met a LazyTensor (an argument of the frame, a
+    module's lazy parameter): the frame runs as Python, uncompiled, and
+    records lazily.  Traced, a LazyTensor would be an object of unknown
+    type whose methods dynamo calls unbound (`x.view(-1)` as
+    `TensorBase.view(-1)`).  Frames it calls are judged again, each alone."""
+    from torch._dynamo.exc import unimplemented
+    unimplemented(gb_type="fastlazy LazyTensor", context=type(value).__name__,
+                  explanation="a LazyTensor is recorded by fastlazy, not traced: the frame "
+                              "runs uncompiled",
+                  hints=[], skip_frame=True)
 
 
 def enable() -> None:

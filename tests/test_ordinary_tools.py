@@ -1,5 +1,6 @@
 """Ordinary tools given a LazyTensor answer as they answer for the eager
 tensor it stands for (issue 17, item 4)."""
+import copy
 import io
 import warnings
 
@@ -200,6 +201,28 @@ def test_a_compiled_function_called_with_lazy_tensors_runs_as_written():
     assert type(got) is LazyTensor
     assert torch.equal(got.to_eager(), f(t, w))
     assert torch.equal(f(t, w), torch.cummax(torch.nn.functional.gelu(t @ w), -1).values.sum(-1) + 1)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_compiled_function_calls_a_lazy_tensors_methods_as_written(backend):
+    # a LazyTensor's methods and attributes (x.view, x.shape): dynamo
+    # leaves each frame that meets one to Python, which records lazily
+    torch._dynamo.reset()
+
+    def f(x):
+        b, c = x.shape
+        return x.view(-1).softmax(-1).reshape(b * c).sin_() * x.size(0)
+
+    compiled = torch.compile(f, backend=backend)
+    t = torch.rand(4, 5)
+    got = compiled(fastlazy.lazy(t))
+    assert type(got) is LazyTensor
+    assert torch.equal(got.to_eager(), f(t))
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(10, 2))
+    compiled_net = torch.compile(copy.deepcopy(net), backend=backend)
+    got = compiled_net(fastlazy.lazy(t.view(2, 2, 5)))
+    assert type(got) is LazyTensor
+    assert torch.equal(got.to_eager(), net(t.view(2, 2, 5)))
 
 
 def test_a_compiled_module_trains_on_lazy_tensors_as_eager():
