@@ -349,6 +349,9 @@ cdef class LazyTensor:
     cdef public object family # views.Family (a base with live views) or
                               # views.Member (a view of one), else None
     cdef dict attributes      # what user code set on it (t.tag = 1), or None
+    cdef bint retains_grad    # retain_grad() was called: each value it holds
+                              # from now on retains its grad (an in-place op
+                              # gives it a new one, as eager's moves the hook)
     cdef object __weakref__
 
 

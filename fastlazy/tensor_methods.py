@@ -168,6 +168,7 @@ def install_lazy_tensor_methods():
     # view (views.py: VIEW_CONJ), answered without computing the value
     _core.set_method("is_conj", _is_conj)
     _core.set_method("is_neg", _is_neg)
+    _core.set_method("retain_grad", _core.retain_grad)
     for query in ("is_complex", "is_floating_point", "numel"):
         _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
 

@@ -539,6 +539,26 @@ def fn_copy_from_a_grad_tensor_of_another_dtype(lz):
     return y, v.grad
 
 
+def fn_retained_grad_written_by_relu_(lz):
+    # eager moves retain_grad's hook to the result of an in-place op
+    x = lz(torch.tensor([1.0, -2.0, 3.0])).requires_grad_()
+    h = x * 2
+    h.retain_grad()
+    torch.nn.functional.relu(h, inplace=True)
+    h.add_(1)
+    (h * h).sum().backward()
+    return h.grad, x.grad, h.retains_grad
+
+
+def fn_retained_grad_of_a_slice_set(lz):
+    x = lz(torch.tensor([1.0, -2.0, 3.0])).requires_grad_()
+    h = x * 3
+    h.retain_grad()
+    h[0] = 0.5
+    (h * x).sum().backward()
+    return h.grad, x.grad
+
+
 @pytest.mark.parametrize("backend", ["torchscript", "native", "eager", "auto"], indirect=True)
 @cases(fn_sigmoid_result_scaled_in_place, fn_exp_result_shifted_in_place,
        fn_mul_operand_written_after_use, fn_tanh_result_written_by_relu_,
@@ -553,7 +573,8 @@ def fn_copy_from_a_grad_tensor_of_another_dtype(lz):
        fn_input_saved_by_mul_then_added_to, fn_input_saved_by_mul_then_zeroed,
        fn_input_saved_by_mul_then_item_set, fn_input_shifted_then_item_set,
        fn_input_read_by_add_then_added_to,
-       fn_input_read_twice_then_scaled)
+       fn_input_read_twice_then_scaled, fn_retained_grad_written_by_relu_,
+       fn_retained_grad_of_a_slice_set)
 def test_in_place_writes_in_autograd_graphs(f, backend):
     same_as_eager(f)
 

@@ -77,8 +77,27 @@ cdef inline void set_value(LazyTensor t, object value) noexcept:
     """t holds `value` from now on: it joins the cycle collector (a value's
     attributes or hooks may refer back to it)."""
     t.value = value
+    if t.retains_grad:
+        retain_grad_of(value)
     if not PyObject_GC_IsTracked(<PyObject*>t):
         PyObject_GC_Track(<PyObject*>t)
+
+
+cdef void retain_grad_of(object value) noexcept:
+    """value.retain_grad() where it has a grad_fn (a leaf keeps its grad
+    anyway; a value computed without grad has none to keep)."""
+    try:
+        if value.grad_fn is not None:
+            value.retain_grad()
+    except Exception:       # (an inference tensor: no history to retain)
+        pass
+
+
+def retain_grad(LazyTensor t):
+    """Tensor.retain_grad() of t: of its value now, and of every value an
+    in-place op gives it from now on."""
+    materialize(t).retain_grad()       # (eager's error for one without grad)
+    t.retains_grad = True
 
 
 cdef void track_all(list handles) noexcept:
