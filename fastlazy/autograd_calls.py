@@ -15,6 +15,8 @@
 - The C++ autograd functions Python constructs and calls on tensors
   (gradcheck's UndefinedGrad, DelayedError) read their argument as a
   tensor: their call runs on the value.
+- Gradient hooks (Tensor.register_hook, nn.Module's backward hooks): a
+  hook's results are read, for autograd checks them as tensors.
 - torch.autograd.backward: its LazyTensor arguments (an eager output's
   lazy gradient) are read first.  A backward of LazyTensors takes its
   large CPU buffers from fastlazy.cpu_pool, as torch.autograd.grad's does.
@@ -55,7 +57,33 @@ def python_patches():
                (torch.autograd, "backward", _backward_on_values(torch.autograd.backward))]
     for name in ("UndefinedGrad", "DelayedError"):
         patches.append((torch._C._functions, name, _on_values(getattr(torch._C._functions, name))))
+    patches.append((torch.Tensor, "register_hook", registering_on_values(torch.Tensor.register_hook)))
+    for name in ("register_full_backward_hook", "register_full_backward_pre_hook",
+                 "register_backward_hook"):
+        patches.append((torch.nn.Module, name,
+                        registering_on_values(getattr(torch.nn.Module, name))))
     return patches
+
+
+def registering_on_values(register):
+    """register(self, hook, ...) of a gradient hook, the hook's results
+    read: autograd checks a hook's result as a tensor, which a LazyTensor
+    it computed (`g * mask` with a lazy mask) is not."""
+    def register_on_values(self, hook, *args, **kwargs):
+        return register(self, _results_read(hook), *args, **kwargs)
+
+    register_on_values.__doc__ = register.__doc__
+    register_on_values.__wrapped__ = register
+    register_on_values.__name__ = register_on_values.__qualname__ = register.__name__
+    return register_on_values
+
+
+def _results_read(hook):
+    def hook_on_values(*args, **kwargs):
+        return fallback.materialize(hook(*args, **kwargs))
+
+    hook_on_values.__wrapped__ = hook
+    return hook_on_values
 
 
 def _backward_on_values(original):

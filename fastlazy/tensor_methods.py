@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from fastlazy import _core, fallback, route, views
+from fastlazy import _core, autograd_calls, fallback, route, views
 from fastlazy._core import LazyTensor
 from fastlazy.patching import FORM_CALL, FORM_INPLACE, entry_points, qualname
 
@@ -169,6 +169,9 @@ def install_lazy_tensor_methods():
     _core.set_method("is_conj", _is_conj)
     _core.set_method("is_neg", _is_neg)
     _core.set_method("retain_grad", _core.retain_grad)
+    register_hook = torch.Tensor.register_hook
+    _core.set_method("register_hook", autograd_calls.registering_on_values(
+        lambda self, hook: register_hook(self.to_eager(), hook)))
     for query in ("is_complex", "is_floating_point", "numel"):
         _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
 

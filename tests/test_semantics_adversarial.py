@@ -310,6 +310,21 @@ def fn_forward_ad_of_lazy_tensors(lz):
     return first, second, (x * 2)
 
 
+def fn_gradient_hooks_return_lazy_values(lz):
+    # hooks computing their gradient from a lazy tensor: on a parameter, on
+    # a lazy intermediate, and a module's full backward hook
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())
+    mask = lz(torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]))
+    scale = lz(torch.tensor([2.0, 0.5]))
+    net[0].weight.register_hook(lambda g: g * mask)
+    net[1].register_full_backward_hook(lambda m, gi, go: (gi[0] * scale,))
+    h = net(lz(torch.randn(4, 3)))
+    h.register_hook(lambda g: g + scale)
+    (h * h).sum().backward()
+    return net[0].weight.grad, net[0].bias.grad
+
+
 @cases(fn_square, fn_two_outputs, fn_function_on_eager_after_lazy, fn_grad_of_eager_leaf,
        fn_checkpoint_of_a_partial_holding_a_lazy_argument,
        fn_non_reentrant_checkpoint_with_eager_saves, fn_saved_tensors_hooks_see_eagers_saves,
@@ -317,7 +332,8 @@ def fn_forward_ad_of_lazy_tensors(lz):
        fn_grad_several_inputs, fn_gradcheck, fn_gradcheck_custom, fn_function_in_inference,
        fn_function_inputs_need_no_grad, fn_function_new_style_returns_a_new_object,
        fn_function_marks_its_input_dirty, fn_requires_grad_on_pending_and_detached_tensors,
-       fn_autograd_functional_on_lazy_inputs, fn_forward_ad_of_lazy_tensors)
+       fn_autograd_functional_on_lazy_inputs, fn_forward_ad_of_lazy_tensors,
+       fn_gradient_hooks_return_lazy_values)
 def test_autograd_calls(f):
     same_as_eager(f)
 
