@@ -186,6 +186,39 @@ def test_as_subclass_of_a_lazy_tensor_is_the_subclass():
     torch.testing.assert_close(torch.Tensor(sub), t * 2)
 
 
+class _Doubling(torch.Tensor):
+    """A tensor type whose __torch_function__ doubles every tensor result."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def plain(a):
+            return a.as_subclass(torch.Tensor) if isinstance(a, _Doubling) else a
+        out = func(*map(plain, args), **{k: plain(v) for k, v in (kwargs or {}).items()})
+        return out * 2 if isinstance(out, torch.Tensor) else out
+
+
+class _Unwrapped(torch.Tensor):
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+@pytest.mark.parametrize("call", [
+    lambda s, x: torch.add(s, x), lambda s, x: torch.add(x, s), lambda s, x: s * x,
+    lambda s, x: x * s, lambda s, x: x.mul(s), lambda s, x: torch.where(x > 1, s, x),
+    lambda s, x: torch.nn.functional.linear(x, s), lambda s, x: x.add(other=s, alpha=2)],
+    ids=["add", "add_lazy_first", "mul", "rmul", "method", "where", "linear", "keyword"])
+@pytest.mark.parametrize("cls", [_Doubling, _Tagged, _Unwrapped])
+def test_a_tensor_subclass_beside_a_lazy_tensor_gets_its_torch_function(call, cls):
+    # eager calls the subclass's __torch_function__ first; a LazyTensor,
+    # like a plain tensor, takes no part in the dispatch
+    t = torch.arange(9.0).view(3, 3)
+    s = (torch.arange(9.0).view(3, 3) / 4).as_subclass(cls)
+    want = call(s, t)
+    got = call(s, fastlazy.lazy(t))
+    value = got.to_eager() if type(got) is LazyTensor else got
+    assert torch.equal(value.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor))
+    assert type(got) is (LazyTensor if type(want) is torch.Tensor else type(want))
+
+
 def test_a_compiled_function_called_with_lazy_tensors_runs_as_written():
     # dynamo does not trace a LazyTensor (nor fastlazy's own files): the
     # compiled function's graph breaks, and its calls record lazily

@@ -8,7 +8,67 @@
 # result -- or the exception -- is eager's.
 
 
+cdef extern from "Python.h":
+    unsigned long PyType_GetFlags(PyTypeObject *tp)
+    PyTypeObject *Py_TYPE(PyObject *o)
+    int PyType_IsSubtype(PyTypeObject *a, PyTypeObject *b)
+    PyTypeObject PyFloat_Type
+    enum:
+        Py_TPFLAGS_LONG_SUBCLASS
+        Py_TPFLAGS_LIST_SUBCLASS
+        Py_TPFLAGS_TUPLE_SUBCLASS
+        Py_TPFLAGS_UNICODE_SUBCLASS
+        Py_TPFLAGS_DICT_SUBCLASS
+
+cdef unsigned long _NOT_TENSORS = (Py_TPFLAGS_LONG_SUBCLASS | Py_TPFLAGS_LIST_SUBCLASS
+                                   | Py_TPFLAGS_TUPLE_SUBCLASS | Py_TPFLAGS_UNICODE_SUBCLASS
+                                   | Py_TPFLAGS_DICT_SUBCLASS)
+cdef object _disabled_torch_function = torch._C._disabled_torch_function_impl
+cdef object _torch_function_enabled = torch._C._is_torch_function_enabled
+cdef object _handle_torch_function = None      # torch.overrides', imported at first use
+
+
+cdef bint overrides_torch_function(PyObject **args, Py_ssize_t total) except -1:
+    """Is an argument an instance of a tensor subclass with its own
+    __torch_function__ (a metadata-carrying tensor type), called with
+    torch functions enabled?  Eager calls that first.  The common arguments
+    are told apart by their type's pointer or flags, with no Python."""
+    cdef PyTypeObject *tp
+    cdef Py_ssize_t i
+    for i in range(total):
+        tp = Py_TYPE(args[i])
+        if (tp == <PyTypeObject*>LazyTensor or tp == <PyTypeObject*>TensorType
+                or tp == <PyTypeObject*>_Parameter or tp == &PyFloat_Type
+                or args[i] == <PyObject*>None or PyType_GetFlags(tp) & _NOT_TENSORS
+                or not PyType_IsSubtype(tp, <PyTypeObject*>TensorType)):
+            continue
+        if (getattr(<object>tp, "__torch_function__", None) is not _disabled_torch_function
+                and _torch_function_enabled()):
+            return True
+    return False
+
+
+cdef object subclass_first(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
+    """The call as eager makes it beside a tensor subclass's
+    __torch_function__: that is called (with the entry point as the
+    function: torch's own dispatch passes the patched attribute too), and
+    the function it calls with LazyTensors records them.  A LazyTensor
+    takes no part in the dispatch, as a plain tensor would not."""
+    global _handle_torch_function
+    if _handle_torch_function is None:
+        from torch.overrides import handle_torch_function
+        _handle_torch_function = handle_torch_function
+    pos = tuple([<object>args[i] for i in range(nargs)])
+    kw = {} if kwnames is None else {
+        kwnames[k]: <object>args[nargs + k] for k in range(len(kwnames))}
+    relevant = [a for a in pos + tuple(kw.values())
+                if type(a) is not LazyTensor and isinstance(a, TensorType)]
+    return _handle_torch_function(entry, relevant, *pos, **kw)
+
+
 cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
+    if overrides_torch_function(args, nargs + (0 if kwnames is None else len(kwnames))):
+        return subclass_first(entry, args, nargs, kwnames)
     cdef int op = fl_entry_op(entry)
     cdef int form = fl_entry_form(entry)
     cdef PyObject *p[MAX_PARAMS]
