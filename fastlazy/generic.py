@@ -25,11 +25,12 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, capture, lifted_floats, program_templates, views
+from fastlazy import _core, capture, churn, lifted_floats, program_templates, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import MAX_INPUTS, Signature, Unsafe, WritesInputs
 
 MAX_SIGNATURES = 20_000       # signatures kept before the cache starts over
+MAX_LOWERINGS = 1 << _core.ATTR_GENERIC_OUT_SHIFT   # programs a node can name
 
 # argument types that stand for themselves in a signature (the core's
 # signature_key handles tensors, containers, floats and slices)
@@ -84,6 +85,7 @@ def forget_signatures():
         _core.forget_generic()
     program_templates.forget()
     lifted_floats.forget()
+    churn.forget()
 
 
 def lowering(index):
@@ -124,8 +126,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             if scalars is not None:
                 sig, prepared = lifted.sig, None
         if sig is None:
-            if loose is not None and lifted_floats.churning(loose[0]):
-                raise Unsafe(lifted_floats.CHURN_REASON)
+            if churn.runs_eagerly(key):
+                raise Unsafe(churn.REASON)
             scalars = ()
             title = name or getattr(func, "__name__", "?")
             sig = _analyse(func, args, kwargs, tensors, title, ruled)
@@ -341,6 +343,10 @@ def _intern(gm, name):
     with _lock:
         while key not in _lowering_ids:
             index = len(_lowerings)
+            if index >= MAX_LOWERINGS:
+                # (a node names its lowering in ATTR_GENERIC_OUT_SHIFT bits)
+                raise Unsafe(f"{MAX_LOWERINGS} programs were recorded in this process: "
+                             "new ones run eagerly")
             lowering = Lowering(index, gm, name)
             # that allocation may have run a finalizer that interned one
             if len(_lowerings) == index and key not in _lowering_ids:
@@ -355,4 +361,5 @@ def reset():
         _signatures.clear()
         _core.forget_generic()
     lifted_floats.forget()
+    churn.forget()
 

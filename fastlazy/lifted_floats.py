@@ -24,14 +24,6 @@ the call and raises eager's error: lifted values must be NaN, infinite,
 or within the range of the narrowest floating dtype among the call's
 tensors and results, and the results must be floating (a float filled
 into an integer tensor may overflow).
-
-A loose signature whose floats stay baked in and that keeps coming with new
-values (F.pad's value, rms_norm's eps, cross_entropy's label smoothing set
-anew every call) would cost an analysis and a new graph at every call: 1-5
-ms where eager's call costs microseconds.  After REFUSED_VALUES new values,
-its calls with values not analysed yet run eagerly (route.py's fallback,
-counted, with CHURN_REASON): a flush of its inputs and eager's call, tens
-of microseconds, and the graphs around it stay one structure each.
 """
 from __future__ import annotations
 
@@ -46,9 +38,6 @@ from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
 MAX_LOOSE = 4096          # loose signatures remembered before starting over
-REFUSED_VALUES = 8        # new values analysed of a loose signature not lifted, at most
-CHURN_REASON = ("a Python float argument that reaches C++ as a double (baked into the "
-                "program) changes at every call: new values run eagerly")
 
 
 class Lifted:
@@ -84,7 +73,7 @@ class Lifted:
 
 _lock = threading.Lock()
 # loose key -> the first call's float values (hex strings), or a Lifted,
-# or the number of new values analysed since lifting was refused (an int)
+# or None where lifting was refused
 _loose: dict = {}
 
 
@@ -115,13 +104,6 @@ def match(loose):
     return entry if type(entry) is Lifted else None
 
 
-def churning(loose) -> bool:
-    """Has the loose key, whose floats could not be lifted, been analysed
-    for REFUSED_VALUES new values already?"""
-    entry = _loose.get(loose)
-    return type(entry) is int and entry >= REFUSED_VALUES
-
-
 def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
     """A call of loose signature `loose` was analysed exactly (`sig`).  If
     an earlier one had other values, try to lift the floats that differ:
@@ -132,9 +114,6 @@ def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
             if len(_loose) >= MAX_LOOSE:
                 _loose.clear()
             _loose[loose] = hexes
-            return None
-        if type(first) is int:
-            _loose[loose] = first + 1
             return None
     if type(first) is not list or first == hexes:
         return None
@@ -147,7 +126,7 @@ def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
     finally:
         _core.release_pending(held)
     with _lock:
-        _loose[loose] = 0 if lifted is None else lifted
+        _loose[loose] = lifted
     return lifted
 
 

@@ -17,15 +17,25 @@ compiles (and turns on site recording, about a microsecond per op).
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import warnings
 
 MAX_LOG = 200
+# Skeletons kept, the most recently compiled (the graph cache keeps 1024
+# programs): a program that compiles a graph per call, for good, would
+# otherwise hold every skeleton and scan them all at each miss, each miss
+# slower than the last.  The nearest skeleton is looked for among the
+# NEAREST_AMONG most recent; each keeps its last TYPES_KEPT input types.
+MAX_SEEN = 4096
+NEAREST_AMONG = 256
+TYPES_KEPT = 8
 
 # Re-entrant: a finalizer run by an allocation inside the lock may call
 # back into fastlazy (read a LazyTensor: a flush) on this very thread.
 _lock = threading.RLock()
-_seen: dict = {}                      # skeleton -> list of input-type tuples
+_seen: dict = {}          # skeleton -> input-type tuples, the least recently compiled first
+_backends: collections.Counter = collections.Counter()   # skeleton without backend -> kept
 log: collections.deque = collections.deque(maxlen=MAX_LOG)
 by_reason: collections.Counter = collections.Counter()
 by_site: collections.Counter = collections.Counter()
@@ -99,13 +109,13 @@ def explain(view, backend, with_shapes, flush_site=None):
         # A snapshot taken in one C call: a signal handler or finalizer run
         # between bytecodes below may flush and add to _seen (the lock is
         # re-entrant), and iterating the live dict would then raise.
-        seen = list(_seen)
+        seen = list(itertools.islice(reversed(_seen), NEAREST_AMONG))
         if not seen:
             reason, detail, site = "first graph", "", None
         elif _seen.get(skel):
             reason, detail = _type_difference(_seen[skel][-1], types)
             site = None
-        elif any(other[1] == skel[1] for other in seen):
+        elif _backends[skel[1]]:
             reason, detail, site = "new backend", backend, None
         else:
             nearest, k = _nearest(skel[1][0], seen)
@@ -122,9 +132,19 @@ def explain(view, backend, with_shapes, flush_site=None):
         # (a new key stored with its entry in one step: a handler run
         # between a setdefault and its append would find an empty list)
         if skel in _seen:
-            _seen[skel].append(types)
+            kept = _seen.pop(skel)          # (and in again: the most recent)
+            kept.append(types)
+            del kept[:-TYPES_KEPT]
+            _seen[skel] = kept
         else:
             _seen[skel] = [types]
+            _backends[skel[1]] += 1
+            if len(_seen) > MAX_SEEN:
+                oldest = next(iter(_seen))
+                del _seen[oldest]
+                _backends[oldest[1]] -= 1
+                if not _backends[oldest[1]]:
+                    del _backends[oldest[1]]
         site = site or flush_site or "<unknown>"
         by_reason[reason] += 1
         by_site[site] += 1
@@ -149,3 +169,4 @@ def forget():
     """Forget the compiled skeletons (when the graph cache is cleared)."""
     with _lock:
         _seen.clear()
+        _backends.clear()

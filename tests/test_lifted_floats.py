@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlazy
-from fastlazy import generic, graph_cache, lifted_floats
+from fastlazy import generic, graph_cache
 
 pytestmark = pytest.mark.usefixtures("flush_after")
 
@@ -97,32 +97,6 @@ def test_a_specialized_float_stays_baked_in():
     for v in VALUES:
         assert torch.equal(F.pad(x, (1, 2), value=v).to_eager(), F.pad(x0, (1, 2), value=v))
     assert misses() == len(VALUES)
-
-
-def test_a_baked_float_new_at_every_call_runs_eagerly_after_a_few_values():
-    # each new value of a float baked in costs an analysis and a graph (ms);
-    # after REFUSED_VALUES of them, new values run eagerly, and the graphs
-    # on either side of the call keep one structure
-    x0 = torch.randn(3, 4)
-    x = fastlazy.lazy(x0)
-
-    def call(t, v):
-        return F.pad(t * 2, (1, 2), value=v).relu()
-    values = [0.5 + 0.25 * k for k in range(lifted_floats.REFUSED_VALUES + 6)]
-    for v in values:
-        assert torch.equal(call(x, v).to_eager(), call(x0, v))
-    counters = fastlazy.metrics.counters()
-    analysed = lifted_floats.REFUSED_VALUES + 2      # the first, the refusal's, then the rest
-    assert counters["fallbacks"] == len(values) - analysed
-    assert ("F.pad", lifted_floats.CHURN_REASON) in fastlazy.metrics.fallback_reasons
-    before = misses()
-    for v in values[:3] + [9.5, 10.5]:
-        assert torch.equal(call(x, v).to_eager(), call(x0, v))
-    assert misses() == before
-    # a value analysed before is still recorded whole
-    fastlazy.metrics.reset()
-    call(x, values[0]).to_eager()
-    assert fastlazy.metrics.counters()["fallbacks"] == 0
 
 
 def test_an_unvarying_float_beside_a_varying_one_stays_a_constant():

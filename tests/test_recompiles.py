@@ -104,3 +104,16 @@ def test_a_flush_run_inside_the_explanation_of_another():
     assert torch.equal(out, (a.to_eager() * 2).tanh())
     assert torch.equal(inner[0], (torch.ones(3) - 5).sin())
     assert [r for r, _, _ in list(recompiles.log)[-2:]] == ["new graph structure"] * 2
+
+
+def test_the_skeletons_kept_are_bounded(monkeypatch):
+    # a program that compiles a new graph at every call keeps the most
+    # recent skeletons only, and still explains a miss against them
+    monkeypatch.setattr(recompiles, "MAX_SEEN", 5)
+    a = fastlazy.lazy(torch.rand(8))
+    for k in range(12):
+        (a[k:] * 2).to_eager()          # a new structure per slice
+    assert len(recompiles._seen) == 5
+    assert sum(recompiles._backends.values()) == 5
+    (a[11:] * 2).exp().to_eager()
+    assert last()[0] == "new graph structure" and "diverges at op 2 (exp)" in last()[1]

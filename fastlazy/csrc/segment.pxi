@@ -461,6 +461,12 @@ cdef int32_t number_needed(Segment seg, list outs, int32_t *pos, int32_t *slot_p
     return count
 
 
+def segments_begun():
+    """How many segments have begun recording, on every thread: a count
+    that moves on at each flush (fastlazy.churn)."""
+    return _next_epoch
+
+
 cdef inline Segment current_segment():
     """The calling thread's recording segment (a fresh one if its last
     was flushed, here or by another thread)."""
