@@ -28,7 +28,7 @@ MAX_LOG = 200
 # slower than the last.  The nearest skeleton is looked for among the
 # NEAREST_AMONG most recent; each keeps its last TYPES_KEPT input types.
 MAX_SEEN = 4096
-NEAREST_AMONG = 256
+NEAREST_AMONG = 64
 TYPES_KEPT = 8
 
 # Re-entrant: a finalizer run by an allocation inside the lock may call
