@@ -50,10 +50,12 @@ cdef bint overrides_torch_function(PyObject **args, Py_ssize_t total) except -1:
 
 cdef object subclass_first(object entry, PyObject **args, Py_ssize_t nargs, object kwnames):
     """The call as eager makes it beside a tensor subclass's
-    __torch_function__: that is called (with the entry point as the
-    function: torch's own dispatch passes the patched attribute too), and
-    the function it calls with LazyTensors records them.  A LazyTensor
-    takes no part in the dispatch, as a plain tensor would not."""
+    __torch_function__: that is called, and the function it calls with
+    LazyTensors records them.  A LazyTensor takes no part in the dispatch,
+    as a plain tensor would not.  The function handed over is the entry
+    point, not torch's own: torch.Tensor.__torch_function__ calls it with
+    torch functions disabled for subclasses, where torch's own would not
+    hand a LazyTensor to its __torch_function__."""
     global _handle_torch_function
     if _handle_torch_function is None:
         from torch.overrides import handle_torch_function
