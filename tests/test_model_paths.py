@@ -630,3 +630,18 @@ def test_random_draws_from_values_still_run_eagerly():
     got = torch.bernoulli(fastlazy.lazy(p) * 0.5)
     assert torch.equal(got.to_eager(), want)
     assert fastlazy.metrics.counters()["fallback.bernoulli"] == 1
+
+
+def test_lazy_modules_initialize_while_lazy_tensors_are_pending(lazy_on):
+    # nn.LazyLinear's UninitializedParameter raises its own error when its
+    # storage is asked for, which the eager-write check does before
+    # materialize() writes .data
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU(), torch.nn.LazyLinear(2))
+    eager(torch.randn(3, 5))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU(), torch.nn.LazyLinear(2))
+    pending = fastlazy.lazy(torch.ones(3)) * 2
+    x = torch.randn(3, 5)
+    assert torch.equal(model(fastlazy.lazy(x)).to_eager(), eager(x))
+    assert torch.equal(pending.to_eager(), torch.full((3,), 2.0))

@@ -400,7 +400,8 @@ cdef object _storage_address(object value):
     """The address of an eager tensor's storage; 0 for a tensor without
     memory (a meta or fake tensor: a fake storage's data_ptr warns), or for
     anything that is not a tensor (a Python scalar slot); None where it
-    cannot be told (a sparse or nested tensor)."""
+    cannot be told (a sparse or nested tensor, a subclass's storage that
+    raises its own error: nn.LazyLinear's UninitializedParameter)."""
     cdef uintptr_t address
     if read_storage_address != NULL and (type(value) is TensorType or type(value) is _Parameter):
         # (from the C++ tensor: no Python storage object, device or int)
@@ -413,7 +414,7 @@ cdef object _storage_address(object value):
         if storage.device.type == "meta":
             return 0
         return storage.data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):
+    except Exception:
         return None
 
 
