@@ -66,7 +66,10 @@ class Lifted:
             if abs(v) > self.limit and math.isfinite(v):
                 return None
         for guard in self.guards:
-            if not guard(*lifted):
+            try:
+                if not guard(*lifted):
+                    return None
+            except Exception:       # noqa: BLE001 - the exact path judges the call
                 return None
         return lifted
 
@@ -203,6 +206,13 @@ def _symbolic_trace(func, args, kwargs, tensors, floats, positions):
     except Exception as exc:        # noqa: BLE001 - the exact path judges the call
         raise Unsafe(f"not traceable with symbolic floats ({type(exc).__name__})") from None
     guards = tuple(_guard(env, guard.expr, symbols) for guard in env.guards)
+    for guard in guards:
+        # (one that names a function of torch's sympy extensions math lacks:
+        # vector_norm's `ord % 2`, PythonMod)
+        try:
+            guard(*[floats[k] for k in positions])
+        except Exception:       # noqa: BLE001
+            raise Unsafe("a condition on the floats that cannot be evaluated") from None
     # (functionalize leaves dead copies of what it saw behind: not the program)
     gm.graph.eliminate_dead_code()
     if any(node.op == "get_attr" for node in gm.graph.nodes):
