@@ -70,6 +70,17 @@ def flush_after():
     fastlazy.mark_step()
 
 
+@pytest.fixture
+def fresh_signatures(lazy_on):
+    """fastlazy enabled, with no cached graph, signature or lifted float
+    and its counters at zero (tests/test_lifted_floats.py, test_churn.py)."""
+    from fastlazy import generic, graph_cache
+    graph_cache.clear()
+    generic.reset()
+    fastlazy.metrics.reset()
+    yield
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     """Run a test once per backend in helpers.BACKENDS (or on the backends a

@@ -7,17 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import fastlazy
-from fastlazy import churn, generic, graph_cache
+from fastlazy import churn, generic
 
-pytestmark = pytest.mark.usefixtures("flush_after")
-
-
-@pytest.fixture(autouse=True)
-def fresh(lazy_on):
-    graph_cache.clear()
-    generic.reset()
-    fastlazy.metrics.reset()
-    yield
+pytestmark = pytest.mark.usefixtures("flush_after", "fresh_signatures")
 
 
 # a number new at every call: an int on the generic path, a float C++

@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import fastlazy
-from fastlazy import generic, graph_cache
 
-pytestmark = pytest.mark.usefixtures("flush_after")
+pytestmark = pytest.mark.usefixtures("flush_after", "fresh_signatures")
 
 VALUES = (0.5, 0.75, -1.25, 3.0, 0.1, 2.5, float("inf"))
 
@@ -22,14 +21,6 @@ LIFTED = {
     "fill_": lambda x, v: x.clone().fill_(v),
     "addcmul": lambda x, v: torch.addcmul(x, x, x, value=v),
 }
-
-
-@pytest.fixture(autouse=True)
-def fresh(lazy_on):
-    graph_cache.clear()
-    generic.reset()
-    fastlazy.metrics.reset()
-    yield
 
 
 def misses():
