@@ -42,7 +42,7 @@ def _cases():
         "F.softplus(x, beta=v)": lambda x, v: F.softplus(x, beta=v).relu(),
         "F.hardtanh(x, -v, v)": lambda x, v: F.hardtanh(x * 2, -v, v),
         # baked in (their floats reach C++ as doubles): new values run
-        # eagerly once lifted_floats.REFUSED_VALUES of them were analysed
+        # eagerly once churn.NEW_VALUE_SEGMENTS segments have met a new one
         "F.pad(x, (1, 1), value=v) (baked in)": lambda x, v: F.pad(x, (1, 1), value=v).relu(),
         "F.rms_norm(x, (64,), eps=v) (baked in)": lambda x, v: F.rms_norm(x, (64,), eps=v).relu(),
         "F.cross_entropy(x, t, label_smoothing=v / 10) (baked in)":
