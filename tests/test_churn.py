@@ -58,13 +58,22 @@ def test_the_values_of_one_graph_count_once():
     assert fastlazy.metrics.counters()["fallbacks"] == 0
 
 
-def test_values_that_recur_are_recorded():
+def test_only_segments_with_a_new_value_count():
+    # recurring values between the new ones count for nothing: the call is
+    # recorded until NEW_VALUE_SEGMENTS segments have met a new value, and
+    # runs eagerly from the next new value on
     x0 = torch.randn(4, 6)
     x = fastlazy.lazy(x0)
-    for step in range(4 * churn.NEW_VALUE_SEGMENTS):
-        i = step % 5
+
+    def step(i):
         assert torch.equal(torch.where(x > 0, x, i).to_eager(), torch.where(x0 > 0, x0, i))
+    for new in range(churn.NEW_VALUE_SEGMENTS):
+        step(new)
+        for old in range(new + 1):
+            step(old)
     assert fastlazy.metrics.counters()["fallbacks"] == 0
+    step(churn.NEW_VALUE_SEGMENTS)
+    assert fastlazy.metrics.counters()["fallbacks"] == 1
 
 
 def test_programs_past_the_cores_limit_run_eagerly(monkeypatch):
