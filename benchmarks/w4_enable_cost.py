@@ -1,17 +1,23 @@
-"""What fastlazy.enable() costs eager code (target P4) on W4's models: each
-model's eager step (no LazyTensor anywhere) timed with fastlazy disabled
+"""What fastlazy.enable() costs eager code (target P4) on W4's models and
+W2's MLP: each eager step (no LazyTensor anywhere; inference, and the
+training steps of the models W4 and W2 train) timed with fastlazy disabled
 and enabled, in alternating blocks of about a second in one process (the
 first block alternating from round to round, as w4_interleaved.py does).
 A round's ratio is the enabled block's median call over the disabled
 one's; the table gives the median of the rounds' ratios and their range.
+A training step's fixed costs (zero_grad, backward, the optimizer's step)
+weigh most on W2's small MLP.
 
-    python benchmarks/w4_enable_cost.py [--models resnet18,gpt2] [--rounds 6] [--out FILE]
+    python benchmarks/w4_enable_cost.py [--models resnet18,gpt2] [--modes infer,train]
+        [--rounds 6] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+
+import torch
 
 import workloads
 import zoo
@@ -42,14 +48,25 @@ def enable_cost(step, rounds: int, seconds: float = ROUND_SECONDS, calls: int = 
     return ratios
 
 
-def measure(name: str, rounds: int) -> dict:
+def measure(name: str, mode: str, rounds: int) -> dict:
     model, size = zoo.MODELS[name], zoo.SIZES[1]
     x, target = model.inputs(size)
-    module = model.build(size, zoo.INFER)
-    step, _ = workloads.contender_named("eager").w4_step(model, module, x, target, zoo.INFER)
+    module = model.build(size, mode)
+    step, _ = workloads.contender_named("eager").w4_step(model, module, x, target, mode)
+    return {"model": name, "ratios": _warm_and_time(step, rounds)}
+
+
+def measure_w2(batch: int, mode: str, rounds: int) -> dict:
+    mlp = next(m for m in workloads.W2 if m.name == "mlp")
+    x, y = torch.randn(batch, *mlp.sample_shape), torch.randn(batch, *mlp.sample_shape)
+    step, _ = workloads.contender_named("eager").w2_step(mlp.build(), x, y, mode)
+    return {"model": f"W2 MLP batch {batch}", "ratios": _warm_and_time(step, rounds)}
+
+
+def _warm_and_time(step, rounds: int) -> list:
     for _ in range(WARMUP_CALLS):
         step()
-    return {"model": name, "ratios": enable_cost(step, rounds)}
+    return enable_cost(step, rounds)
 
 
 def main(argv=None) -> None:
@@ -57,14 +74,24 @@ def main(argv=None) -> None:
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     zoo.table_options(parser, ROUNDS)
+    parser.add_argument("--modes", default=f"{zoo.INFER},{zoo.TRAIN}")
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
     zoo.ready_to_time()
-    lines = ["| W4 model, batch 1 inference, eager step | enabled / disabled (median, rounds' range) |",
+    lines = ["| eager step (W4 models at batch 1) | enabled / disabled (median, rounds' range) |",
              "|---|---|"]
-    for name in args.models.split(","):
-        r = measure(name, args.rounds)["ratios"]
-        lines.append(f"| {name} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) |")
+
+    def row(label, r):
+        lines.append(f"| {label} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) |")
         print(lines[-1], file=sys.stderr, flush=True)
+
+    for mode in modes:
+        what = "inference" if mode == zoo.INFER else "training step"
+        for name in args.models.split(","):
+            if mode in zoo.MODELS[name].modes:
+                row(f"{name} {what}", measure(name, mode, args.rounds)["ratios"])
+        for batch in (1, 64):
+            row(f"W2 MLP batch {batch} {what}", measure_w2(batch, mode, args.rounds)["ratios"])
     zoo.emit(lines, args.out)
 
 

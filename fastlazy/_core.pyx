@@ -18,6 +18,7 @@ The parts, in csrc/, in the order a call goes through them:
     flush.pxi           a value is needed: key the live graph, run it
     counters.pxi        the hot counters and their Python API
     input_guard.pxi     ShapeGuard: a compiled program's input sizes checked in C
+    patch_wrappers.pxi  the C halves of the patches installed at Python level
 
 _core.pxd declares the constants the core shares with Python, the types, and
 the functions the parts call across files.  The core calls up into Python
@@ -88,6 +89,7 @@ include "csrc/flush_sites.pxi"
 include "csrc/flush.pxi"
 include "csrc/throttle.pxi"
 include "csrc/input_guard.pxi"
+include "csrc/patch_wrappers.pxi"
 
 
 # -- the upward interface --

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlazy import cpu_pool, fallback
+from fastlazy import _core, cpu_pool, fallback
 from fastlazy._core import LazyTensor, lazy_or_eager
 
 
@@ -89,17 +89,14 @@ def _results_read(hook):
 def _backward_on_values(original):
     """torch.autograd.backward (which Tensor.backward calls), its LazyTensor
     arguments read first: an eager output's backward given a lazy gradient
-    (`y.backward(lazy_g)`) hands the engine a tensor, as eager's does."""
-    def backward(*args, **kwargs):
-        if fallback.has_lazy(args) or fallback.has_lazy(kwargs.values()):
-            args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
-            with cpu_pool.scope():
-                return original(*args, **kwargs)
-        return original(*args, **kwargs)
+    (`y.backward(lazy_g)`) hands the engine a tensor, as eager's does.
+    (The check is C: every eager `loss.backward()` makes it.)"""
+    def on_values(*args, **kwargs):
+        args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
+        with cpu_pool.scope():
+            return original(*args, **kwargs)
 
-    backward.__doc__ = original.__doc__
-    backward.__wrapped__ = original
-    return backward
+    return _core.lazy_arguments_first(original, on_values)
 
 
 def _makes_history(args, kwargs) -> bool:

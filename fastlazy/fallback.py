@@ -33,19 +33,9 @@ def materialize(x):
     return x
 
 
-def has_lazy(values) -> bool:
-    """Is any of `values` a LazyTensor, or holds one where materialize
-    looks?"""
-    for v in values:
-        if type(v) is LazyTensor:
-            return True
-        if type(v) in (list, tuple) and has_lazy(v):
-            return True
-        if type(v) is dict and has_lazy(v.values()):
-            return True
-        if type(v) is functools.partial and (has_lazy(v.args) or has_lazy(v.keywords.values())):
-            return True
-    return False
+# Is any of an iterable's values a LazyTensor, or holds one where
+# materialize looks?  (C: eager code's calls of wrapped functions ask it.)
+has_lazy = _core.has_lazy
 
 
 def wrap_result(out, keep=()):

@@ -27,11 +27,12 @@ generic path cannot functionalize alone, and the whole call it can.
 from __future__ import annotations
 
 import dis
-import functools
 import threading
 import types
 
 import torch
+
+from fastlazy import _core
 
 # the modules whose functions' checks are gated, and the names of the
 # checks (torch.overrides' three forms, imported into each module)
@@ -49,8 +50,21 @@ _BEFORE_CHECK = _ARGUMENT_LOADS | {"STORE_FAST", "STORE_DEREF", "MAKE_CELL", "CO
 
 
 class OneNo(threading.local):
-    """A "no" a gate gives the next question it takes on this thread."""
-    pending = False
+    """A "no" a gate gives the next question it takes on this thread.
+    The core counts the threads holding one: with none, a gate is torch's
+    own check called from C."""
+    _pending = False
+
+    @property
+    def pending(self) -> bool:
+        return self._pending
+
+    @pending.setter
+    def pending(self, value) -> None:
+        value = bool(value)
+        if value != self._pending:
+            self._pending = value
+            _core.gates_opened(1 if value else -1)
 
 
 _state = OneNo()
@@ -63,12 +77,13 @@ def gate(check, answer: OneNo, takes=None):
     """`check` (a form of has_torch_function) answering "no" once while
     `answer.pending` is set on this thread: to the next question, or to
     the next that `takes(*arguments)` accepts."""
-    @functools.wraps(check)
-    def gated(*args):
+    def answer_once(*args):
         if answer.pending and (takes is None or takes(*args)):
             answer.pending = False
             return False
         return check(*args)
+
+    gated = _core.gated(check, answer_once)
     gated.fastlazy_gate = True
     return gated
 

@@ -107,12 +107,14 @@ def python_patches():
     overload_call = ops.OpOverload.__call__
     packet_call = ops.OpOverloadPacket.__call__
 
-    def OpOverload__call__(self, /, *args, **kwargs):
+    # (called by the C guards below only while nodes are pending or
+    # storages watched: the optimizers' record_function calls are torch.ops)
+    def overload_checked(self, /, *args, **kwargs):
         if _core.pending_nodes() or _core.watching():
             _flush_schema_writes(self, args, kwargs)
         return overload_call(self, *args, **kwargs)
 
-    def OpOverloadPacket__call__(self, /, *args, **kwargs):
+    def packet_checked(self, /, *args, **kwargs):
         if _core.pending_nodes() or _core.watching():
             # which overload runs is the dispatcher's choice: whatever any
             # of them may write
@@ -121,9 +123,6 @@ def python_patches():
         return packet_call(self, *args, **kwargs)
 
     base_data = torch._C.TensorBase.data
-
-    def _data_get(self):
-        return base_data.__get__(self)
 
     def _data_set(self, value):
         _core.flush_reading(self)
@@ -136,13 +135,8 @@ def python_patches():
     base_grad = torch._C.TensorBase.grad
 
     def _grad_set(self, value):
-        if type(value) is _core.LazyTensor:
-            # an eager tensor's gradient is a tensor (`p.grad = p.grad * lazy_mask`)
-            value = value.to_eager()
-        base_grad.__set__(self, value)
-
-    def _grad_del(self):
-        base_grad.__delete__(self)
+        # an eager tensor's gradient is a tensor (`p.grad = p.grad * lazy_mask`)
+        base_grad.__set__(self, value.to_eager())
 
     swap = torch.utils.swap_tensors
 
@@ -151,13 +145,12 @@ def python_patches():
         on_swap(t1, t2)
         return swap(t1, t2)
 
-    patches = [(ops.OpOverload, "__call__", OpOverload__call__),
-               (ops.OpOverloadPacket, "__call__", OpOverloadPacket__call__),
-               (torch.Tensor, "data", property(_data_get, _data_set, doc=base_data.__doc__)),
-               # (the getter is the C descriptor's own: 30 ns a read over eager's,
-               # where a Python function took 100 -- optimizers read p.grad a lot)
-               (torch.Tensor, "grad", property(base_grad.__get__, _grad_set, _grad_del,
-                                               doc=base_grad.__doc__)),
+    # (C guards, whose reads and common calls cost what torch's own do:
+    # optimizers read and set p.grad and enter record_function every step)
+    patches = [(ops.OpOverload, "__call__", _core.writes_seen(overload_call, overload_checked)),
+               (ops.OpOverloadPacket, "__call__", _core.writes_seen(packet_call, packet_checked)),
+               (torch.Tensor, "data", _core.tensor_attribute(base_data, _data_set, writes=True)),
+               (torch.Tensor, "grad", _core.tensor_attribute(base_grad, _grad_set)),
                (torch.utils, "swap_tensors", swap_tensors)]
     for attr in ("fill_", "copy_", "__setitem__"):
         patches.append((torch.UntypedStorage, attr, _storage_write(getattr(torch.UntypedStorage, attr))))
