@@ -9,8 +9,9 @@ value instead.  nn.Module.to("lazy") leaves the module as it is: modules
 stay eager, their parameters join graphs as inputs, so code written for a
 lazy device (torch._lazy, torch_xla) runs unchanged.
 
-Each wrapper passes a call without a LazyTensor straight to the original,
-one Python frame later.  patching.enable() installs them (wrappers()), and
+Each wrapper passes a call without a LazyTensor straight to the original:
+the constructors and factories eager code calls all the time from C (a
+guard, csrc/guards.h), the others one Python frame later.  patching.enable() installs them (wrappers()), and
 disable() puts the originals back.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import warnings
 
 import torch
 
+from fastlazy import _core
 from fastlazy._core import LazyTensor
 from fastlazy.fallback import materialize
 
@@ -58,7 +60,7 @@ def _tensor(original):
         for w in caught:
             warnings.warn(w.message, w.category, stacklevel=2)
         return out
-    return tensor
+    return _core.data_lazy_first(original, tensor)
 
 
 def _as_tensor(original):
@@ -70,7 +72,7 @@ def _as_tensor(original):
         if _holds_lazy(data):
             data = materialize(data)
         return original(data, dtype=dtype, device=device)
-    return as_tensor
+    return _core.data_lazy_first(original, as_tensor)
 
 
 def _asarray(original):
@@ -82,7 +84,7 @@ def _asarray(original):
         if _holds_lazy(obj):
             obj = materialize(obj)
         return original(obj, *args, **kwargs)
-    return asarray
+    return _core.data_lazy_first(original, asarray)
 
 
 def _eager_data(original):
@@ -145,7 +147,7 @@ def _numbers_read(original):
         if kwargs and LazyTensor in map(type, kwargs.values()):
             return _read_numbers(original, args, kwargs)
         return original(*args, **kwargs)
-    return read
+    return _core.data_lazy_first(original, read)
 
 
 def _read_numbers(original, args, kwargs):

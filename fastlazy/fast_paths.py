@@ -43,14 +43,13 @@ import inspect
 
 import torch
 
-from fastlazy import fallback, python_bodies, views
+from fastlazy import _core, fallback, python_bodies, views
 from fastlazy._core import LazyTensor
 
 
 def _encoder_forward(forward):
     signature = inspect.signature(forward)
 
-    @functools.wraps(forward)
     def call(self, *args, **kwargs):
         if self.training or next(views.lazy_operands(args, kwargs), None) is None:
             return forward(self, *args, **kwargs)
@@ -62,7 +61,8 @@ def _encoder_forward(forward):
                            "its nested-tensor fast path pads with zeros (run on the values)")
             return fallback.run(forward, (self, *args), kwargs)
         return forward(self, *args, **kwargs)
-    return call
+    # (eager calls go to torch's own from C)
+    return _core.lazy_arguments_first(forward, call)
 
 
 # the "no" a gated forward's fast-path question gets
@@ -83,7 +83,6 @@ _HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 def _eager_path_forward(forward):
     """A module forward that asks has_torch_function only to refuse its
     fast path: asked about LazyTensors, answered as for eager tensors."""
-    @functools.wraps(forward)
     def call(self, *args, **kwargs):
         if next(views.lazy_operands(args, kwargs), None) is None:
             return forward(self, *args, **kwargs)
@@ -93,7 +92,8 @@ def _eager_path_forward(forward):
             return forward(self, *args, **kwargs)
         finally:
             _answer.pending = was
-    return call
+    # (eager calls go to torch's own from C)
+    return _core.lazy_arguments_first(forward, call)
 
 
 def _layer_init(init):

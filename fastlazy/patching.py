@@ -134,11 +134,11 @@ def _prime_dynamo():
 
 def _trace_entries_as_originals():
     """While fastlazy is enabled, the torch functions user code calls are
-    its entry points: dynamo would break the graph of a compiled function
-    at each (an object it cannot trace).  Entry's type is wrapped by
+    its entry points and guards: dynamo would break the graph of a compiled
+    function at each (an object it cannot trace).  Their types are wrapped by
     dynamo's builder as it wraps a TorchScript function: the object's
     `_torchdynamo_inline`, the original function, is what it traces (and
-    it guards on the entry's type).  Where this torch's dynamo has no such
+    it guards on the object's type).  Where this torch's dynamo has no such
     table, compiled code breaks its graph at the entries, as before."""
     from torch._dynamo.variables.builder import VariableBuilder
     table = getattr(VariableBuilder, "_type_dispatch_impl", None)
@@ -147,6 +147,7 @@ def _trace_entries_as_originals():
         return
     for trace_numpy in (False, True):
         table(trace_numpy)[_core.ENTRY_TYPE] = wrap
+        table(trace_numpy)[_core.GUARD_TYPE] = wrap
         table(trace_numpy)[_core.LazyTensor] = _skip_frame
 
 

@@ -37,8 +37,7 @@ import importlib
 
 import torch
 
-from fastlazy import fallback
-from fastlazy._core import LazyTensor
+from fastlazy import _core, fallback
 
 # (module, attribute) where torch's Python finds each binding
 _BINDINGS = (
@@ -53,22 +52,16 @@ _BINDINGS = (
 
 
 def _on_values(function):
-    @functools.wraps(function)
-    def call(*args, **kwargs):
-        if not (fallback.has_lazy(args) or fallback.has_lazy(kwargs.values())):
-            return function(*args, **kwargs)
+    def on_values(*args, **kwargs):
         return function(*fallback.materialize(args), **fallback.materialize(kwargs))
-    return call
+    return _core.lazy_arguments_first(function, on_values)
 
 
 def _script_function_call(call):
-    @functools.wraps(call)
-    def __call__(self, *args, **kwargs):
-        if not (fallback.has_lazy(args) or fallback.has_lazy(kwargs.values())):
-            return call(self, *args, **kwargs)
+    def on_values(self, *args, **kwargs):
         fallback.count("ScriptFunction", "a TorchScript function runs on the values")
         return fallback.run(functools.partial(call, self), args, kwargs)
-    return __call__
+    return _core.lazy_arguments_first(call, on_values)
 
 
 def python_patches():
@@ -97,8 +90,6 @@ def _grouping(original):
     whose first-list tensor has that device and dtype -- an empty list
     staying empty --, those indices or [])}, as the binding returns it."""
     def group(tensorlistlist, with_indices=False):
-        if not any(type(t) is LazyTensor for tensors in tensorlistlist for t in tensors):
-            return original(tensorlistlist, with_indices)
         groups = {}
         for i, t in enumerate(tensorlistlist[0]):
             lists, indices = groups.setdefault((t.device, t.dtype),
@@ -110,6 +101,5 @@ def _grouping(original):
                 indices.append(i)
         return groups
 
-    group.__wrapped__ = original
-    group.__name__ = group.__qualname__ = "_group_tensors_by_device_and_dtype"
-    return group
+    # (called where a list holds a LazyTensor; torch's own from C otherwise)
+    return _core.lazy_arguments_first(original, group)

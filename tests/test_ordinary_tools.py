@@ -284,3 +284,21 @@ def test_torch_compile_of_eager_code_traces_through_the_entry_points():
     compiled = torch.compile(f, backend="eager", fullgraph=True)
     x = torch.rand(3, 4)
     assert torch.equal(compiled(x), f(x))
+
+
+def test_torch_compile_of_eager_code_traces_through_the_guards():
+    # torch's constructors and factories, the functional checks' gates and
+    # Tensor.grad stand behind fastlazy's guards while it is enabled:
+    # dynamo traces the original behind each, in one graph
+    torch._dynamo.reset()
+    p = torch.nn.Parameter(torch.rand(4))
+    p.grad = torch.ones(4)
+
+    def f(x):
+        y = torch.nn.functional.softmax(x, -1) + torch.zeros(4) + torch.arange(4)
+        y = y * p.grad + torch.tensor([1.0, 2.0, 3.0, 4.0])
+        return torch.nn.functional.layer_norm(y, (4,)) + torch.full((4,), 2.0)
+
+    compiled = torch.compile(f, backend="eager", fullgraph=True)
+    x = torch.rand(4)
+    assert torch.equal(compiled(x), f(x))

@@ -13,8 +13,13 @@
  *
  *   GUARD_LAZY    an argument holds a LazyTensor (in a list, tuple or dict
  *                 too): slow reads them first (torch.autograd.backward)
- *   GUARD_WRITES  nodes are pending or storages watched: slow computes
- *                 what the call may write first (torch.ops calls)
+ *   GUARD_DATA    an argument is a LazyTensor, or a list or tuple with one
+ *                 among its items or along its first elements (torch's
+ *                 constructors and factories: a list of a million floats
+ *                 is not scanned whole, as torch.tensor must stay as cheap)
+ *   GUARD_WRITES  the calling thread has nodes pending, or storages are
+ *                 watched: slow computes what the call may write first
+ *                 (torch.ops calls)
  *   GUARD_GATES   some thread's gate has a "no" to give (python_bodies'
  *                 has_torch_function gates): slow answers
  *
@@ -30,11 +35,16 @@
 enum fl_guard_when {
     GUARD_LAZY = 0,
     GUARD_WRITES = 1,
-    GUARD_GATES = 2
+    GUARD_GATES = 2,
+    GUARD_DATA = 3
 };
 
 /* Gates with a "no" to give, over all threads (python_bodies.OneNo). */
 static int fl_gates_open = 0;
+/* Whether an eager write may matter now, asked once FL_CHECK_WRITES is
+ * set: a storage is watched, or the calling thread has nodes pending
+ * (fl_pending stays set once several threads have recorded). */
+static int (*fl_writes_matter)(void) = NULL;
 /* functools.partial, whose arguments fallback.materialize reads too */
 static PyTypeObject *fl_partial_type = NULL;
 
@@ -96,6 +106,38 @@ fl_holds_lazy(PyObject *v, int depth)
     return 0;
 }
 
+/* GUARD_DATA's look at one argument (conversions.py's wrappers look
+ * closer where it finds one). */
+static int
+fl_data_lazy(PyObject *v)
+{
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == fl_lazy_type)
+        return 1;
+    if (t != &PyList_Type && t != &PyTuple_Type)
+        return 0;
+    Py_ssize_t n = t == &PyList_Type ? PyList_GET_SIZE(v) : PyTuple_GET_SIZE(v);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = t == &PyList_Type ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i);
+        if (Py_TYPE(item) == fl_lazy_type)
+            return 1;
+    }
+    /* along the first elements: torch.tensor([[x0, x1]]) */
+    PyObject *first = v;
+    for (int depth = 0; depth < 64; depth++) {
+        t = Py_TYPE(first);
+        if (t == fl_lazy_type)
+            return 1;
+        if (t == &PyList_Type && PyList_GET_SIZE(first) > 0)
+            first = PyList_GET_ITEM(first, 0);
+        else if (t == &PyTuple_Type && PyTuple_GET_SIZE(first) > 0)
+            first = PyTuple_GET_ITEM(first, 0);
+        else
+            return 0;
+    }
+    return 0;
+}
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -119,8 +161,16 @@ fl_guard_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
             if (slow < 0)
                 return NULL;
         }
+    } else if (g->when == GUARD_DATA) {
+        Py_ssize_t total = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+        for (Py_ssize_t i = 0; i < total && !slow; i++)
+            slow = fl_data_lazy(args[i]);
     } else if (g->when == GUARD_WRITES) {
-        slow = FL_CHECK_WRITES;
+        if (FL_CHECK_WRITES) {
+            slow = fl_writes_matter();
+            if (slow < 0)
+                return NULL;
+        }
     } else {
         slow = fl_gates_open > 0;
     }
@@ -181,6 +231,10 @@ fl_guard_get_orig_attr(FLGuard *g, void *name)
 static PyMemberDef fl_guard_members[] = {
     {"__wrapped__", T_OBJECT, offsetof(FLGuard, orig), READONLY,
      "the original callable this guard falls through to"},
+    /* what dynamo traces in place of a guard (fastlazy.patching registers
+       Guard as it registers Entry): the original */
+    {"_torchdynamo_inline", T_OBJECT, offsetof(FLGuard, orig), READONLY,
+     "the original callable, which torch.compile traces for the guard"},
     {"slow", T_OBJECT, offsetof(FLGuard, slow), READONLY,
      "the Python function called when the guard's condition holds"},
     {"when", T_INT, offsetof(FLGuard, when), READONLY, "the guard's condition"},
@@ -218,7 +272,7 @@ static PyTypeObject FLGuardType = {
 static PyObject *
 fl_guard_new(PyObject *orig, PyObject *slow, int when)
 {
-    if (when < GUARD_LAZY || when > GUARD_GATES) {
+    if (when < GUARD_LAZY || when > GUARD_DATA) {
         PyErr_Format(PyExc_ValueError, "no guard condition %d", when);
         return NULL;
     }
@@ -261,7 +315,13 @@ static int
 fl_attr_set(PyObject *self, PyObject *obj, PyObject *value)
 {
     FLTensorAttr *a = (FLTensorAttr *)self;
-    if (value != NULL && (Py_TYPE(value) == fl_lazy_type || (a->writes && FL_CHECK_WRITES))) {
+    int slow = value != NULL && Py_TYPE(value) == fl_lazy_type;
+    if (!slow && value != NULL && a->writes && FL_CHECK_WRITES) {
+        slow = fl_writes_matter();
+        if (slow < 0)
+            return -1;
+    }
+    if (slow) {
         PyObject *r = PyObject_CallFunctionObjArgs(a->slow, obj, value, NULL);
         if (r == NULL)
             return -1;
@@ -346,8 +406,9 @@ fl_tensor_attr_new(PyObject *base, PyObject *slow, int writes)
 }
 
 static int
-fl_guards_setup(PyObject *partial_type)
+fl_guards_setup(PyObject *partial_type, int (*writes_matter)(void))
 {
+    fl_writes_matter = writes_matter;
     fl_partial_type = (PyTypeObject *)partial_type;
     Py_INCREF(partial_type);
     if (PyType_Ready(&FLGuardType) < 0)

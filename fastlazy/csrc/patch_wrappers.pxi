@@ -7,14 +7,25 @@
 from functools import partial as _partial
 
 cdef extern from "guards.h":
-    int GUARD_LAZY, GUARD_WRITES, GUARD_GATES
+    int GUARD_LAZY, GUARD_WRITES, GUARD_GATES, GUARD_DATA
     int fl_gates_open
     int fl_holds_lazy(object v, int depth) except -1
     object fl_guard_new(object orig, object slow, int when)
     object fl_tensor_attr_new(object base, object slow, int writes)
-    int fl_guards_setup(object partial_type) except -1
+    int fl_guards_setup(object partial_type, int (*writes_matter)() except -1) except -1
 
-fl_guards_setup(_partial)
+
+cdef int _writes_matter() except -1:
+    # (fl_pending alone may be another thread's: it stays set once several
+    # threads have recorded)
+    if fl_watching:
+        return 1
+    cdef Segment seg = peek_segment()
+    return seg is not None and seg.n > 0
+
+
+fl_guards_setup(_partial, _writes_matter)
+GUARD_TYPE = type(fl_guard_new(len, len, GUARD_LAZY))
 
 
 def has_lazy(values):
@@ -31,6 +42,14 @@ def lazy_arguments_first(original, on_lazy):
     """A callable calling `original(*args, **kwargs)`, or `on_lazy(...)`
     where an argument holds a LazyTensor (as has_lazy looks)."""
     return fl_guard_new(original, on_lazy, GUARD_LAZY)
+
+
+def data_lazy_first(original, on_lazy):
+    """A callable calling `original(...)`, or `on_lazy(...)` where an
+    argument is a LazyTensor or a list or tuple with one among its items
+    or along its first elements (torch's constructors and factories;
+    on_lazy looks closer)."""
+    return fl_guard_new(original, on_lazy, GUARD_DATA)
 
 
 def writes_seen(method, on_pending):
