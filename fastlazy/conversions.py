@@ -11,8 +11,9 @@ lazy device (torch._lazy, torch_xla) runs unchanged.
 
 Each wrapper passes a call without a LazyTensor straight to the original:
 the constructors and factories eager code calls all the time from C (a
-guard, csrc/guards.h), the others one Python frame later.  patching.enable() installs them (wrappers()), and
-disable() puts the originals back.
+guard, csrc/guards.h), the others one Python frame later.
+patching.enable() installs them (wrappers()), and disable() puts the
+originals back.
 """
 from __future__ import annotations
 
