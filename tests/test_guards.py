@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import fastlazy
 from fastlazy import _core, fallback
+from helpers import Square
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
 
@@ -45,18 +46,6 @@ def _fastlazy_frames(step):
     return entered
 
 
-class _Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
-
-
 def _eager_training_step():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
@@ -66,7 +55,7 @@ def _eager_training_step():
 
     def step():
         opt.zero_grad()
-        h = _Square.apply(model(x)) + torch.zeros(4, 8) + torch.arange(8)
+        h = Square.apply(model(x)) + torch.zeros(4, 8) + torch.arange(8)
         h = attention(h[None], h[None], h[None], need_weights=False)[0][0]
         loss = F.mse_loss(h * torch.tensor(0.5), y)
         loss.backward()
@@ -114,29 +103,6 @@ def test_gates_close_after_a_body_is_recorded():
     mha(x, x, x, need_weights=False)[0].to_eager()
     step = _eager_training_step()
     assert _fastlazy_frames(step) == []
-
-
-def test_an_open_gate_is_answered_on_its_own_thread_only():
-    from fastlazy import python_bodies
-    answers = []
-    x = torch.randn(2)
-    lazy = fastlazy.lazy(torch.randn(2))
-
-    def other():
-        # this thread has no "no" to give: torch's own answers
-        answers.append(F.has_torch_function((lazy,)))
-        answers.append(F.has_torch_function((x,)))
-
-    python_bodies._state.pending = True
-    try:
-        thread = threading.Thread(target=other)
-        thread.start()
-        thread.join()
-        answers.append(F.has_torch_function((lazy,)))     # this thread's "no", taken
-        answers.append(F.has_torch_function((lazy,)))     # then torch's own
-    finally:
-        python_bodies._state.pending = False
-    assert answers == [True, False, False, True]
 
 
 def test_a_lazy_gradient_set_on_an_eager_tensor_is_read():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import fastlazy
 from fastlazy._core import LazyTensor
-from helpers import fastlazy_enabled  # noqa: F401  (module fixture)
+from helpers import Square, fastlazy_enabled  # noqa: F401  (module fixture)
 
 
 def _plain(x):
@@ -63,16 +63,6 @@ def cases(*fs):
 
 # -- custom autograd.Function, autograd.grad, gradcheck --------------------
 
-class Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a):
-        ctx.save_for_backward(a)
-        return a * a
-
-    @staticmethod
-    def backward(ctx, g):
-        (a,) = ctx.saved_tensors
-        return 2 * a * g
 
 
 class ScaleTwo(torch.autograd.Function):

@@ -177,17 +177,6 @@ fl_guard_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
     return PyObject_Vectorcall(slow ? g->slow : g->orig, args, nargsf, kwnames);
 }
 
-/* Binds like a Python function (OpOverloadPacket.__call__ is a method). */
-static PyObject *
-fl_guard_descr_get(PyObject *self, PyObject *obj, PyObject *type)
-{
-    if (obj == NULL || obj == Py_None) {
-        Py_INCREF(self);
-        return self;
-    }
-    return PyMethod_New(self, obj);
-}
-
 static int
 fl_guard_traverse(FLGuard *g, visitproc visit, void *arg)
 {
@@ -262,7 +251,9 @@ static PyTypeObject FLGuardType = {
                 Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_traverse = (traverseproc)fl_guard_traverse,
     .tp_clear = (inquiry)fl_guard_clear,
-    .tp_descr_get = fl_guard_descr_get,
+    /* binds like a Python function, as an Entry does (OpOverloadPacket.__call__
+       is a method) */
+    .tp_descr_get = fl_entry_descr_get,
     .tp_members = fl_guard_members,
     .tp_getset = fl_guard_getset,
     .tp_dictoffset = offsetof(FLGuard, dict),
