@@ -163,3 +163,15 @@ def test_the_guards_name_and_document_torchs_own():
         assert type(torch.autograd.backward).__name__ == "function"
     finally:
         fastlazy.enable()
+
+
+def test_a_guarded_function_copies_and_pickles_as_torchs_own():
+    import copy
+    import pickle
+    holder = nn.Module()
+    holder.make = torch.zeros                   # a guard while enabled
+    holder.fill = functools.partial(torch.full, (2,))
+    twin = copy.deepcopy(holder)
+    assert twin.make is torch.zeros and twin.fill.func is torch.full
+    assert pickle.loads(pickle.dumps(torch.zeros)) is torch.zeros.__wrapped__
+    assert copy.copy(torch.autograd.backward) is torch.autograd.backward

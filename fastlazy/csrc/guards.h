@@ -217,6 +217,29 @@ fl_guard_get_orig_attr(FLGuard *g, void *name)
     return PyObject_GetAttrString(g->orig, (const char *)name);
 }
 
+/* Copied and pickled as torch's own function is (a module holding
+ * torch.zeros is deep-copied: an EMA model): a copy is the guard itself, a
+ * pickle the original (as Entry's, _entry.h). */
+static PyObject *
+fl_guard_reduce(FLGuard *g, PyObject *unused)
+{
+    PyObject *operator_module = PyImport_ImportModule("operator");
+    if (operator_module == NULL)
+        return NULL;
+    PyObject *getitem = PyObject_GetAttrString(operator_module, "getitem");
+    Py_DECREF(operator_module);
+    if (getitem == NULL)
+        return NULL;
+    return Py_BuildValue("(N((O)i))", getitem, g->orig, 0);
+}
+
+static PyMethodDef fl_guard_methods[] = {
+    {"__reduce__", (PyCFunction)fl_guard_reduce, METH_NOARGS, NULL},
+    {"__copy__", (PyCFunction)fl_entry_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", (PyCFunction)fl_entry_copy, METH_O, NULL},
+    {NULL}
+};
+
 static PyMemberDef fl_guard_members[] = {
     {"__wrapped__", T_OBJECT, offsetof(FLGuard, orig), READONLY,
      "the original callable this guard falls through to"},
@@ -255,6 +278,7 @@ static PyTypeObject FLGuardType = {
        is a method) */
     .tp_descr_get = fl_entry_descr_get,
     .tp_members = fl_guard_members,
+    .tp_methods = fl_guard_methods,
     .tp_getset = fl_guard_getset,
     .tp_dictoffset = offsetof(FLGuard, dict),
     .tp_weaklistoffset = offsetof(FLGuard, weakrefs),
