@@ -175,3 +175,12 @@ def test_a_guarded_function_copies_and_pickles_as_torchs_own():
     assert twin.make is torch.zeros and twin.fill.func is torch.full
     assert pickle.loads(pickle.dumps(torch.zeros)) is torch.zeros.__wrapped__
     assert copy.copy(torch.autograd.backward) is torch.autograd.backward
+
+
+def test_a_lazy_tensor_deep_along_the_first_elements_is_read():
+    # torch.tensor takes nesting deeper than 64 lists; the guard's walk
+    # along the first elements is conversions' own, as deep
+    data, want = fastlazy.lazy(torch.ones(1)), torch.ones(1)
+    for _ in range(70):
+        data, want = [data], [want]
+    assert torch.equal(torch.tensor(data), torch.tensor(want))

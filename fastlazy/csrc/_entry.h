@@ -216,7 +216,7 @@ fl_entry_get_qualname(FLEntry *e, void *closure)
  * the original (operator.getitem((original,), 0) when loaded), which
  * loads without fastlazy and takes LazyTensors through __torch_function__. */
 static PyObject *
-fl_entry_reduce(FLEntry *e, PyObject *unused)
+fl_reduce_to_original(PyObject *orig)
 {
     PyObject *operator_module = PyImport_ImportModule("operator");
     if (operator_module == NULL)
@@ -225,8 +225,13 @@ fl_entry_reduce(FLEntry *e, PyObject *unused)
     Py_DECREF(operator_module);
     if (getitem == NULL)
         return NULL;
-    PyObject *reduced = Py_BuildValue("(N((O)i))", getitem, e->orig, 0);
-    return reduced;
+    return Py_BuildValue("(N((O)i))", getitem, orig, 0);
+}
+
+static PyObject *
+fl_entry_reduce(FLEntry *e, PyObject *unused)
+{
+    return fl_reduce_to_original(e->orig);
 }
 
 static PyObject *

@@ -106,8 +106,12 @@ fl_holds_lazy(PyObject *v, int depth)
     return 0;
 }
 
-/* GUARD_DATA's look at one argument (conversions.py's wrappers look
- * closer where it finds one). */
+/* GUARD_DATA's look at one argument, and conversions.py's (a LazyTensor
+ * at the top of `v`, among its top-level items, or along its first
+ * elements: not every element, as torch.tensor of a million floats must
+ * stay as cheap).  The walk along the first elements is bounded only
+ * against a list that holds itself. */
+#define FL_DATA_DEPTH (1 << 16)
 static int
 fl_data_lazy(PyObject *v)
 {
@@ -124,7 +128,7 @@ fl_data_lazy(PyObject *v)
     }
     /* along the first elements: torch.tensor([[x0, x1]]) */
     PyObject *first = v;
-    for (int depth = 0; depth < 64; depth++) {
+    for (int depth = 0; depth < FL_DATA_DEPTH; depth++) {
         t = Py_TYPE(first);
         if (t == fl_lazy_type)
             return 1;
@@ -223,14 +227,7 @@ fl_guard_get_orig_attr(FLGuard *g, void *name)
 static PyObject *
 fl_guard_reduce(FLGuard *g, PyObject *unused)
 {
-    PyObject *operator_module = PyImport_ImportModule("operator");
-    if (operator_module == NULL)
-        return NULL;
-    PyObject *getitem = PyObject_GetAttrString(operator_module, "getitem");
-    Py_DECREF(operator_module);
-    if (getitem == NULL)
-        return NULL;
-    return Py_BuildValue("(N((O)i))", getitem, g->orig, 0);
+    return fl_reduce_to_original(g->orig);
 }
 
 static PyMethodDef fl_guard_methods[] = {

@@ -10,6 +10,7 @@ cdef extern from "guards.h":
     int GUARD_LAZY, GUARD_WRITES, GUARD_GATES, GUARD_DATA
     int fl_gates_open
     int fl_holds_lazy(object v, int depth) except -1
+    int fl_data_lazy(object v)
     object fl_guard_new(object orig, object slow, int when)
     object fl_tensor_attr_new(object base, object slow, int writes)
     int fl_guards_setup(object partial_type, int (*writes_matter)() except -1) except -1
@@ -38,6 +39,13 @@ def has_lazy(values):
     return False
 
 
+def data_holds_lazy(data):
+    """A LazyTensor at the top of `data`, among its top-level items, or
+    along its first elements (torch.tensor([[x0, x1]])): where torch's
+    constructors would meet one (not every element of a long list)."""
+    return fl_data_lazy(data) != 0
+
+
 def lazy_arguments_first(original, on_lazy):
     """A callable calling `original(*args, **kwargs)`, or `on_lazy(...)`
     where an argument holds a LazyTensor (as has_lazy looks)."""
@@ -46,9 +54,8 @@ def lazy_arguments_first(original, on_lazy):
 
 def data_lazy_first(original, on_lazy):
     """A callable calling `original(...)`, or `on_lazy(...)` where an
-    argument is a LazyTensor or a list or tuple with one among its items
-    or along its first elements (torch's constructors and factories;
-    on_lazy looks closer)."""
+    argument holds a LazyTensor as data_holds_lazy looks (torch's
+    constructors and factories)."""
     return fl_guard_new(original, on_lazy, GUARD_DATA)
 
 
