@@ -139,3 +139,36 @@ def test_a_long_discarded_chain_frees_every_input(lazy_on, backend):
     del x
     assert _core.pending_nodes() == 0
     assert all(r() is None for r in refs)
+
+
+def test_only_handles_that_can_close_a_cycle_are_tracked(lazy_on, backend):
+    """A pending handle holds nothing a cycle can pass through, so the
+    recording path leaves it out of the cycle collector (every recorded op
+    makes one); it joins once it holds a value or an attribute."""
+    a = fastlazy.lazy(torch.ones(3))
+    assert gc.is_tracked(a)                 # holds an eager value
+    pending = a * 2
+    assert not gc.is_tracked(pending)
+    pending.to_eager()
+    assert gc.is_tracked(pending)
+    tagged = a + 1
+    tagged.tag = "x"
+    assert gc.is_tracked(tagged)
+    again = a - 1                           # a recycled handle starts afresh
+    assert not gc.is_tracked(again) and not hasattr(again, "tag")
+
+
+def test_a_cycle_through_a_pending_handles_attribute_is_collected(lazy_on, backend):
+    refs = []
+    for _ in range(5):
+        t = fastlazy.lazy(torch.ones(3)) * 2
+        t.me = t                           # pending, and in a cycle of its own
+        refs.append(weakref.ref(t))
+        del t
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_handles_from_python_are_tracked(lazy_on, backend):
+    made = fastlazy.LazyTensor.__new__(fastlazy.LazyTensor)
+    assert gc.is_tracked(made)

@@ -30,6 +30,10 @@ cdef extern from "Python.h":
     # costs several ns per recorded op)
     void *this_thread "_PyThreadState_UncheckedGet" ()
 
+cdef extern from "handle_alloc.h":
+    int fl_handle_pending_next      # the next LazyTensor allocated stays untracked
+    void fl_handle_install(object lazy_tensor_type)
+
 cdef enum SegState:
     SEG_RECORDING = 0
     SEG_RUNNING = 1
@@ -701,7 +705,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     in-place op, which moves that handle to the new node).  None, recording
     nothing, where give_next_node() named inputs in a segment that is no
     longer the one recording (a flush ran in between)."""
-    global fl_pending, _n_extra, _extra_seg
+    global fl_pending, _n_extra, _extra_seg, fl_handle_pending_next
     cdef Segment seg
     cdef int32_t refs[MAX_IN]
     cdef int nin, i
@@ -722,11 +726,11 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
     # allocation (the cyclic GC may run), and the values of operands pending
     # in another segment (another thread's, or one that failed).
     if rebind is None:
+        # A pending handle holds nothing but its segment, so it stays out of
+        # the cycle collector until it holds a value (set_value): the cost
+        # of being tracked is for objects that can close a cycle.
+        fl_handle_pending_next = 1
         t = LazyTensor.__new__(LazyTensor)
-        # A pending handle holds nothing but its segment, so it leaves the
-        # cycle collector until it holds a value (set_value): the cost of
-        # being tracked is for objects that can close a cycle.
-        PyObject_GC_UnTrack(<PyObject*>t)
     else:
         t = rebind
     while True:

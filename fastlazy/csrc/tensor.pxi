@@ -243,7 +243,8 @@ cdef class UserAttribute:
 # value's attributes, a hook closing over it, a failed flush's traceback).
 # Never cleared by it (no_gc_clear): a node's owner pointer must stay valid
 # until the LazyTensor is freed; the other members of a cycle break it.
-@cython.freelist(256)
+# Pending handles stay out of it until they hold a value or attributes
+# (handle_alloc.h, set_value); its free list replaces Cython's.
 @cython.final
 @cython.no_gc_clear
 cdef class LazyTensor:
@@ -276,6 +277,10 @@ cdef class LazyTensor:
             (<dict>tp.tp_dict)[name] = UserAttribute(name)
             PyType_Modified(tp)
         PyObject_GenericSetAttr(self, name, <PyObject*>value)
+        # an attribute may close a cycle (t.me = t): a pending handle joins
+        # the cycle collector as one holding a value does
+        if not PyObject_GC_IsTracked(<PyObject*>self):
+            PyObject_GC_Track(<PyObject*>self)
 
     def __delattr__(self, str name):
         PyObject_GenericSetAttr(self, name, NULL)
@@ -644,6 +649,9 @@ cdef class LazyTensor:
         if ran:
             return result
         return record_by_signature(func, name, args, kwargs, False, None)
+
+
+fl_handle_install(LazyTensor)
 
 
 cdef enum:
