@@ -348,11 +348,14 @@ def test_dead_nodes_and_their_inputs_do_not_change_the_key():
 
 def test_fast_path_and_general_path_record_the_same_node():
     a, b = fastlazy.lazy(torch.rand(3, 2)), fastlazy.lazy(torch.rand(3, 2))
+    i, j = fastlazy.lazy(torch.arange(6).view(3, 2)), fastlazy.lazy(torch.full((3, 2), 4))
     # positional same-meta calls take the fast path; keyword calls do not
     pairs = [(lambda: a.add(b), lambda: torch.add(input=a, other=b)),
              (lambda: a - b, lambda: torch.sub(a, other=b)),
              (lambda: a / b, lambda: torch.div(a, other=b)),
-             (lambda: a < b, lambda: torch.lt(a, other=b))]
+             (lambda: a < b, lambda: torch.lt(a, other=b)),
+             (lambda: a.div(b), lambda: torch.divide(a, other=b, rounding_mode=None)),
+             (lambda: i / j, lambda: torch.div(i, other=j))]     # promoted to float
     for fast, general in pairs:
         want = general().to_eager()
         misses = counters()["cache_misses"]

@@ -204,13 +204,15 @@ cdef object same_meta_binary(int op, PyObject **args, Meta *out):
     if type(<object>args[0]) is not LazyTensor or type(<object>args[1]) is not LazyTensor:
         return None
     cdef int rule = op_rule[op], i
+    if rule == R_DIV:
+        rule = R_TRUEDIV        # two arguments: no rounding_mode (attr 0)
     if rule != R_BINARY and rule != R_TRUEDIV and rule != R_COMPARE:
         return None
     cdef Meta *a = &(<LazyTensor>args[0]).meta
     cdef Meta *b = &(<LazyTensor>args[1]).meta
     if (a.dtype != b.dtype or a.ndim != b.ndim or a.device != b.device
             or a.requires_grad or b.requires_grad or not cat_ok(op, a.dtype)
-            or memcmp(a.shape, b.shape, a.ndim * sizeof(int64_t)) != 0
+            or not equal_sizes(a.shape, b.shape, a.ndim)
             or op_flags[op] & OPF_NO_BOOL and a.dtype == 0):
         return None
     if rule == R_TRUEDIV and is_integral(a.dtype):

@@ -326,3 +326,13 @@ cdef bint scalar_fits(Operand *o, int d) except -1:
 
 cdef inline bint is_tensor(Operand *o) noexcept:
     return o.kind == K_LAZY or o.kind == K_TENSOR
+
+
+cdef inline bint equal_sizes(const int64_t *a, const int64_t *b, int ndim) noexcept:
+    """a[:ndim] == b[:ndim]: a loop, not libc's memcmp, whose call costs
+    more than the two or three compares a recorded op's shape needs."""
+    cdef int i
+    for i in range(ndim):
+        if a[i] != b[i]:
+            return False
+    return True

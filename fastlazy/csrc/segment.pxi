@@ -767,7 +767,7 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
         return None
     # From here to the owner's assignment: C only.
     if (nops and ops[0].kind != K_ABSENT and ops[0].m.ndim == out.ndim
-            and memcmp(ops[0].m.shape, out.shape, out.ndim * sizeof(int64_t)) == 0):
+            and equal_sizes(ops[0].m.shape, out.shape, out.ndim)):
         flags |= NODE_KEEPS_SHAPE
     cdef Node *nd = seg.append()
     cdef int32_t idx = seg.n - 1
