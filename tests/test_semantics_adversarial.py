@@ -1147,6 +1147,34 @@ def test_one_hot_checks_its_classes_when_read(backend):
             got.to_eager()
 
 
+def test_one_hot_checks_in_eagers_order_with_one_lean_call():
+    """An integer argument's checks are one call of int_values_within (no
+    autograd layers: F.one_hot ran 16x eager's time through two in_range
+    calls), raising eager's first failing check; an empty input is not
+    checked."""
+    from fastlazy import host_checks
+    got = F.one_hot(fastlazy.lazy(torch.tensor([-1, 5])) * 1, 3)   # both bounds broken
+    with pytest.raises(RuntimeError, match="non-negative"):
+        got.to_eager()
+    empty = torch.zeros(0, dtype=torch.int64)
+    torch.testing.assert_close(F.one_hot(fastlazy.lazy(empty) * 1, 3).to_eager(),
+                               F.one_hot(empty, 3))
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(3, dtype=torch.int64)
+    graph.output(graph.call_function(torch.ops.aten.one_hot.default, (x, 3)))
+    host_checks.keep_argument_checks(F.one_hot, (torch.tensor([0]), 3), {}, graph)
+    targets = [n.target for n in graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.fastlazy.int_values_within.default,
+                       torch.ops.aten.one_hot.default]
+    least, most = -(1 << 63), (1 << 63) - 1       # no bound
+    check = torch.ops.fastlazy.int_values_within.default
+    assert torch.equal(check(torch.tensor([7, 9]), least, "below", most, "above"),
+                       torch.tensor([7, 9]))
+    with pytest.raises(RuntimeError, match="above"):
+        check(torch.tensor([True, False]), 0, "below", 0, "above")
+
+
 def test_linalg_results_train_through_their_check():
     a = torch.tensor([[4., 1.], [1., 3.]], requires_grad=True)
     torch.linalg.inv(a).sum().backward()
