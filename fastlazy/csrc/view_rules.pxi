@@ -87,8 +87,8 @@ cdef int intern_sizes(int64_t *entries, int n) except -2:
             if found == 0:
                 break
             found -= 1
-            if _size_counts[found] == n and memcmp(&_size_entries[found * MAX_NDIM], entries,
-                                                  n * sizeof(int64_t)) == 0:
+            if _size_counts[found] == n and equal_sizes(&_size_entries[found * MAX_NDIM],
+                                                        entries, n):
                 return found
             k = (k + 1) & _size_table_mask
     if _n_size_lists >= 1 << ATTR_VIEW_SIZES_BITS:
@@ -208,7 +208,7 @@ cdef bint view_strides(int old_nd, int64_t *old_size, int64_t *old_stride,
     for i in range(old_nd):
         numel *= old_size[i]
     if numel == 0:
-        if old_nd == new_nd and memcmp(old_size, new_size, old_nd * sizeof(int64_t)) == 0:
+        if old_nd == new_nd and equal_sizes(old_size, new_size, old_nd):
             memcpy(new_stride, old_stride, old_nd * sizeof(int64_t))
             return True
         for view_d in range(new_nd - 1, -1, -1):
