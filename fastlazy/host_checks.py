@@ -171,10 +171,13 @@ def _check_calls(checks, values):
         # (integer values: x >= low is x >= ceil(low), x <= high is x <= floor(high))
         low = _INT64_MIN if low is None else math.ceil(low)
         high = _INT64_MAX if high is None else math.floor(high)
-        if (calls and calls[-1][0] == index and high != _INT64_MAX and low == _INT64_MIN
-                and calls[-1][1][0] is within and calls[-1][1][3] == _INT64_MAX):
-            op, first_low, below, _, _ = calls[-1][1]
-            calls[-1] = (index, (op, first_low, below, high, message))
+        previous = calls[-1][1] if calls and calls[-1][0] == index else None
+        lower_only_before = (previous is not None and previous[0] is within
+                             and previous[3] == _INT64_MAX)
+        if lower_only_before and low == _INT64_MIN:
+            # this upper bound joins the lower bound's call (still checked after it)
+            _, first_low, below, _, _ = previous
+            calls[-1] = (index, (within, first_low, below, high, message))
         else:
             calls.append((index, (within, low, message, high, message)))
     return calls
