@@ -16,8 +16,9 @@ cpdef enum:
     # eagerly (counted as a fallback).
     MAX_NDIM = 8
     # Inputs of one node: tensor operands and scalar payloads (alpha, min, max),
-    # or the tensor arguments of a generic call (torch.cat of up to 8).
-    MAX_IN = 8
+    # or the tensor arguments of a generic call (torch.cat of up to 16;
+    # nn.TransformerEncoderLayer's fused kernel takes 13 or 14 tensors).
+    MAX_IN = 16
     # Opcodes: rows of fastlazy.optable.OPS, then the generic node's.
     MAX_OPS = 512
     GENERIC_OP = 511

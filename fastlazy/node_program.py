@@ -23,7 +23,7 @@ import torch.fx
 
 from fastlazy import generic
 from fastlazy._core import (ATTR_ABSENT_SHIFT, ATTR_CHOICE_SHIFT, ATTR_GENERIC_OUT_SHIFT,
-                            ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, MAX_NDIM,
+                            ATTR_SMALL_MASK, ATTR_VIEW_SIZES_BITS, GENERIC_OP, MAX_IN, MAX_NDIM,
                             SIZE_OF_DIM, Rule, interned_sizes)
 from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, DimSize, Item, Opt,
                               SizeList, TensorList, TrailingDims)
@@ -231,7 +231,8 @@ def _row(op, attr, dtype):
         if isinstance(expr, TrailingDims):
             return Sizes(Input(operand(expr.index)), attr & 15)
         if isinstance(expr, TensorList):
-            return [Input(k) for k in range(attr >> expr.shift & ATTR_SMALL_MASK)]
+            # (a count of up to MAX_IN: its bits)
+            return [Input(k) for k in range(attr >> expr.shift & (2 * MAX_IN - 1))]
         if isinstance(expr, SizeList):
             sizes = []
             for entry in interned_sizes(attr & (1 << ATTR_VIEW_SIZES_BITS) - 1):

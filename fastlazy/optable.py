@@ -563,6 +563,8 @@ GENERIC_OPS = {
     "topk": (True, True, False), "isin": (True, False, False),
     # linear algebra
     "baddbmm": (True, True, False),
+    # nn.TransformerEncoderLayer's fast path in inference (fastlazy/fast_paths.py)
+    "_transformer_encoder_layer_fwd": (True, False, False),
     # torch.nn.functional, where nn modules call it
     "conv1d": (False, False, True),
     "avg_pool2d": (False, False, True),

@@ -589,6 +589,13 @@ GENERIC_ARGS = {
     "isin": [((T((3, 4), I64), T((5,), I64)), {}), ((T((3, 4), I64), T((3,), I64)), {"invert": True}),
              ((X34, T((2,), F32)), {})],
     "baddbmm": [((X234, T((2, 3, 5), F32), T((2, 5, 4), F32)), {})],
+    # src, embed_dim, num_heads, the attention's 4 tensors, use_gelu,
+    # norm_first, eps, the norms' 4, the feed-forward's 4, mask, mask_type
+    "_transformer_encoder_layer_fwd": [
+        ((T((2, 5, 8), F32), 8, 2, T((24, 8), F32), T((24,), F32), T((8, 8), F32),
+          T((8,), F32), use_gelu, norm_first, 1e-5, *(T((8,), F32) for _ in range(4)),
+          T((16, 8), F32), T((16,), F32), T((8, 16), F32), T((8,), F32), None, None), {})
+        for use_gelu, norm_first in ((False, False), (True, True))],
     "conv1d": [((T((2, 3, 8), F32), T((4, 3, 3), F32)), {"padding": 1}),
                ((T((2, 3, 8), F32), T((4, 3, 3), F32), T((4,), F32), 2), {})],
     "avg_pool2d": [((IMG, 2), {}), ((IMG, 3), {"stride": 1, "padding": 1})],

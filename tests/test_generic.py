@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import fastlazy
 from fastlazy import generic, graph_cache, program_templates
+from fastlazy.capture import MAX_INPUTS
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
 
@@ -81,7 +82,7 @@ def _many(n, dtypes=(torch.float32,), lazy_every=1, device="cpu"):
     return eager, mixed
 
 
-@pytest.mark.parametrize("n", [9, 17, 100])
+@pytest.mark.parametrize("n", [MAX_INPUTS + 1, 2 * MAX_INPUTS + 1, 100])
 @pytest.mark.parametrize("call", [
     lambda ts: torch.cat(ts, 1),
     lambda ts: torch.cat(ts, dim=-1),
@@ -115,7 +116,7 @@ def test_a_growing_sequence_is_recorded_without_an_analysis_per_length(monkeypat
     real = capture.analyse
     monkeypatch.setattr(capture, "analyse", lambda *a: analysed.append(a) or real(*a))
     eager, mixed = _many(30)
-    for n in range(9, 31):
+    for n in range(MAX_INPUTS + 1, 31):
         got = torch.cat(mixed[:n], 1)
         assert torch.equal(got.to_eager(), torch.cat(eager[:n], 1))
     assert not analysed
@@ -137,7 +138,7 @@ def test_a_long_sequence_of_one_dtype_is_nested_by_the_core(monkeypatch, call):
     fastlazy.mark_step()
     monkeypatch.setattr(generic, "record", lambda *a, **k: pytest.fail("went up into Python"))
     assert debug.pending_graph([torch.cat(mixed[:20], 1)]) == by_python
-    for n in range(9, 31):
+    for n in range(MAX_INPUTS + 1, 31):
         got = call(mixed[:n])
         assert type(got) is fastlazy.LazyTensor
         assert torch.equal(got.to_eager(), call(eager[:n]))
@@ -158,7 +159,7 @@ def test_a_bad_long_sequence_raises_eagers_error_for_the_whole_call():
 
 
 def test_a_long_cat_into_out_runs_eagerly():
-    eager, mixed = _many(10)
+    eager, mixed = _many(MAX_INPUTS + 2)
     out = torch.empty(2, sum(t.shape[1] for t in eager))
     torch.cat(mixed, 1, out=out)
     assert torch.equal(out, torch.cat(eager, 1))

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlazy
+import fastlazy.debug
 from fastlazy import metrics, python_bodies
 from helpers import generic_calls
 
@@ -68,6 +69,54 @@ def test_attention_in_inference_takes_eagers_kernel():
     assert metrics.counters()["fallbacks"] == 0
     assert metrics.counters()["cache_misses"] == 1
     assert torch.overrides.has_torch_function((lx,))    # asked again: torch's answer
+
+
+def _encoder_layer(**kwargs):
+    torch.manual_seed(0)
+    return torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True,
+                                            **kwargs).eval()
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["norm_after", "norm_first"])
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "padding_mask"])
+def test_encoder_layer_in_inference_takes_eagers_fused_kernel(activation, norm_first, masked):
+    """Eager's nn.TransformerEncoderLayer runs one fused kernel in inference
+    (torch._transformer_encoder_layer_fwd, of 13 tensors, 14 with a mask);
+    with a LazyTensor that call is recorded, as eager makes it: eager's
+    values bit for bit, one graph for every batch size."""
+    layer = _encoder_layer(activation=activation, norm_first=norm_first)
+    metrics.reset()
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 7, 32)
+        pad = torch.zeros(batch, 7, dtype=torch.bool)
+        pad[:, 7 - batch:] = True
+        with torch.no_grad():
+            want = layer(x, **({"src_key_padding_mask": pad} if masked else {}))
+            got = layer(fastlazy.lazy(x),
+                        **({"src_key_padding_mask": fastlazy.lazy(pad)} if masked else {}))
+            program = fastlazy.debug.dump_ir(got, "text")
+        assert "_transformer_encoder_layer_fwd" in program
+        torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0, equal_nan=True)
+    counters = metrics.counters()
+    assert counters["fallbacks"] == 0
+    assert counters["cache_misses"] == 1
+    if not masked:
+        assert counters["nodes_recorded"] == 3        # one call each
+    assert torch.overrides.has_torch_function((fastlazy.lazy(x),))    # torch's answer again
+
+
+def test_encoder_layer_takes_eagers_ordinary_path_where_eager_does():
+    """With gradients to record (or in training) eager takes the layer's
+    ordinary path; so does a LazyTensor, with eager's values."""
+    layer = _encoder_layer()
+    x = torch.randn(2, 7, 32)
+    want = layer(x)
+    got = layer(fastlazy.lazy(x))
+    assert "_transformer_encoder_layer_fwd" not in fastlazy.debug.dump_ir(got, "text")
+    torch.testing.assert_close(got.to_eager(), want)
+    got.sum().backward()
+    assert all(p.grad is not None for p in layer.parameters())
 
 
 def test_a_body_raises_eagers_error_at_the_call():
