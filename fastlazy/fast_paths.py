@@ -28,7 +28,9 @@ otherwise: eager's values, bit for bit.
 `nn.TransformerEncoderLayer` in inference likewise calls one fused kernel
 (`torch._transformer_encoder_layer_fwd`, of 13 tensors, 14 with a mask)
 after the same question, and its forward is gated the same way: the call
-is recorded by the generic path as one node.  Its ordinary path costs a
+is recorded by the generic path as one node (under autocast, whose casts
+that kernel makes inside itself, the layer runs on the values instead).
+Its ordinary path costs a
 LazyTensor several times eager's Python (the attention's forward, a
 dozen module calls) for the same kernels: a layer of width 256 at
 sequence 32 ran at 0.83x eager's speed on the fast tier that way, 0.92x
@@ -87,12 +89,20 @@ def _about_lazy_tensors(relevant_args):
 _HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 
 
-def _eager_path_forward(forward):
+def _eager_path_forward(forward, on_values=None):
     """A module forward that asks has_torch_function only to refuse its
-    fast path: asked about LazyTensors, answered as for eager tensors."""
+    fast path: asked about LazyTensors, answered as for eager tensors.
+    on_values(self): why a call must run on the arguments' values instead
+    (None: it need not)."""
+    name = forward.__qualname__
+
     def call(self, *args, **kwargs):
         if next(views.lazy_operands(args, kwargs), None) is None:
             return forward(self, *args, **kwargs)
+        why = on_values and on_values(self)
+        if why:
+            fallback.count(name, why)
+            return fallback.run(forward, (self, *args), kwargs)
         was = _answer.pending
         _answer.pending = True
         try:
@@ -101,6 +111,17 @@ def _eager_path_forward(forward):
             _answer.pending = was
     # (eager calls go to torch's own from C)
     return _core.lazy_arguments_first(forward, call)
+
+
+def _layer_under_autocast(layer):
+    """A layer in inference under autocast: eager's fused kernel then casts
+    inside the kernel (its linear layers' inputs to the autocast dtype, so
+    the result is bfloat16 where a recorded call would compute float32), and
+    eager's fast-path checks ask only whether CUDA's autocast is on."""
+    if not layer.training and any(torch.is_autocast_enabled(device)
+                                  for device in ("cpu", "cuda")):
+        return "its fused kernel casts under autocast inside the kernel (run on the values)"
+    return None
 
 
 def _layer_init(init):
@@ -132,7 +153,8 @@ def python_patches():
     if layer is not None:
         patches.append((layer, "__init__", _layer_init(vars(layer)["__init__"])))
     if layer is not None and "has_torch_function" in inspect.getsource(layer.forward):
-        patches.append((layer, "forward", _eager_path_forward(vars(layer)["forward"])))
+        patches.append((layer, "forward", _eager_path_forward(vars(layer)["forward"],
+                                                              _layer_under_autocast)))
     attention = torch.nn.MultiheadAttention
     if "has_torch_function" in inspect.getsource(attention.forward):
         patches.append((attention, "forward", _eager_path_forward(vars(attention)["forward"])))

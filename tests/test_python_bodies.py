@@ -106,6 +106,22 @@ def test_encoder_layer_in_inference_takes_eagers_fused_kernel(activation, norm_f
     assert torch.overrides.has_torch_function((fastlazy.lazy(x),))    # torch's answer again
 
 
+def test_encoder_layer_under_autocast_runs_on_values_with_eagers_dtype():
+    """Under CPU autocast eager's layer still takes its fused kernel (its
+    checks ask about CUDA's autocast only), which casts inside the kernel:
+    bfloat16 out of float32 in.  A LazyTensor call runs on the values there
+    (counted as run eagerly), with eager's result."""
+    layer = _encoder_layer()
+    x = torch.randn(2, 7, 32)
+    metrics.reset()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = layer(x)
+        got = layer(fastlazy.lazy(x))
+    assert want.dtype == got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+    assert dict(metrics.fallbacks_by_op) == {"TransformerEncoderLayer.forward": 1}
+
+
 def test_encoder_layer_takes_eagers_ordinary_path_where_eager_does():
     """With gradients to record (or in training) eager takes the layer's
     ordinary path; so does a LazyTensor, with eager's values."""
