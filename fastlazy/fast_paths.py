@@ -28,13 +28,12 @@ otherwise: eager's values, bit for bit.
 `nn.TransformerEncoderLayer` in inference likewise calls one fused kernel
 (`torch._transformer_encoder_layer_fwd`, of 13 tensors, 14 with a mask)
 after the same question, and its forward is gated the same way: the call
-is recorded by the generic path as one node (under autocast, whose casts
-that kernel makes inside itself, the layer runs on the values instead).
-Its ordinary path costs a
-LazyTensor several times eager's Python (the attention's forward, a
-dozen module calls) for the same kernels: a layer of width 256 at
-sequence 32 ran at 0.83x eager's speed on the fast tier that way, 0.92x
-as the one call.
+is recorded by the generic path as one node (under CPU autocast, whose
+casts that kernel makes inside itself, the layer runs on the values
+instead).  Its ordinary path costs a LazyTensor several times eager's
+Python (the attention's forward, a dozen module calls) for the same
+kernels: a layer of width 256 at sequence 32 ran at 0.83x eager's speed on
+the fast tier that way, 0.92x as the one call.
 
 Whether those fast paths exist at all is decided when a layer is built:
 `nn.TransformerEncoderLayer` takes them only for an activation that `is`
@@ -114,12 +113,13 @@ def _eager_path_forward(forward, on_values=None):
 
 
 def _layer_under_autocast(layer):
-    """A layer in inference under autocast: eager's fused kernel then casts
-    inside the kernel (its linear layers' inputs to the autocast dtype, so
-    the result is bfloat16 where a recorded call would compute float32), and
-    eager's fast-path checks ask only whether CUDA's autocast is on."""
-    if not layer.training and any(torch.is_autocast_enabled(device)
-                                  for device in ("cpu", "cuda")):
+    """A layer in inference under an autocast its fast-path checks do not
+    see (they ask `torch.is_autocast_enabled()`, which is CUDA's: CPU's
+    autocast leaves eager on the fast path): eager's fused kernel then casts
+    inside itself (its linear layers' inputs to the autocast dtype, so the
+    result is bfloat16 where a recorded call of it computes float32)."""
+    if (not layer.training and not torch.is_autocast_enabled()
+            and any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))):
         return "its fused kernel casts under autocast inside the kernel (run on the values)"
     return None
 
