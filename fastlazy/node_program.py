@@ -231,7 +231,7 @@ def _row(op, attr, dtype):
         if isinstance(expr, TrailingDims):
             return Sizes(Input(operand(expr.index)), attr & 15)
         if isinstance(expr, TensorList):
-            # (a count of up to MAX_IN: its bits)
+            # the count, up to MAX_IN, fills the bits of 2 * MAX_IN - 1
             return [Input(k) for k in range(attr >> expr.shift & (2 * MAX_IN - 1))]
         if isinstance(expr, SizeList):
             sizes = []
