@@ -23,7 +23,7 @@ import os
 import queue
 import threading
 
-from fastlazy import _core
+from fastlazy import _core, compile_log
 
 NICENESS = 10           # added to the thread's priority value (lower priority)
 # the compile thread's duty cycle: it runs at most RUN_US of every
@@ -151,6 +151,7 @@ def _work():
             return
         if _closing or not future.set_running_or_notify_cancel():
             continue
+        compile_log.quiet_this_thread()
         try:
             future.set_result(fn(*args))
         except BaseException as exc:      # noqa: BLE001 - reported through the Future

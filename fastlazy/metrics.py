@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from fastlazy import _core, _steps, cpu_pool, recompiles, sites, step_executor
+from fastlazy import _core, _steps, compile_log, cpu_pool, recompiles, sites, step_executor
 
 # Re-entrant: a finalizer run by an allocation inside the lock may call
 # back into fastlazy (read a LazyTensor: a flush) on this very thread.
@@ -220,6 +220,11 @@ def report() -> str:
         lines += ["", "compiles, most recent last (reason: detail @ site)"]
         for reason, detail, site in list(recompiles.log)[-20:]:
             lines.append(f"  {reason}{': ' + detail if detail else ''} @ {site}")
+    logged = compile_log.messages()
+    if logged:
+        lines += ["", "torch's log during background compiles, kept off stderr "
+                      "(fastlazy.compile_log.messages()), most recent last"]
+        lines += [f"  {message}" for message in logged[-5:]]
     return "\n".join(lines)
 
 

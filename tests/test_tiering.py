@@ -8,6 +8,7 @@ made slow, failing, or its program slow), so that what the engine decides is
 what the test set up; two tests run the real inductor end to end.
 """
 import gc
+import logging
 import os
 import subprocess
 import sys
@@ -999,6 +1000,55 @@ def test_a_thread_waiting_for_the_compile_threads_trace_lifts_its_throttle():
     user.join(10)
     assert waiting == 1 and traced
     assert compile_worker._waiting == 0
+
+
+class _Collect(logging.Handler):
+    """A handler on torch's inductor logger, standing in for the stderr
+    handler torch._logging puts there (pytest captures that one's stream)."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def inductor_handler():
+    handler, logger = _Collect(), logging.getLogger("torch._inductor")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def test_torchs_warnings_during_a_background_compile_stay_off_stderr(inductor_handler,
+                                                                    monkeypatch):
+    """A compile the engine started on its own sends torch's log records
+    below ERROR (inductor's "missing a c-shim implementation") to no
+    handler; they are kept for fastlazy.compile_log.messages().  The user's
+    own thread and errors are handled as before."""
+    from fastlazy import compile_log, compile_worker
+    monkeypatch.delenv("TORCH_LOGS", raising=False)
+    logger = logging.getLogger("torch._inductor.ir")
+
+    def compile_job():
+        logger.warning("op %s is missing a c-shim implementation", "x.default")
+        logger.error("a compile error")
+    compile_worker.submit(compile_job).result(30)
+    logger.warning("the user's own warning")
+    assert inductor_handler.messages == ["a compile error", "the user's own warning"]
+    assert compile_log.messages()[-1] == \
+        "WARNING torch._inductor.ir: op x.default is missing a c-shim implementation"
+    assert "missing a c-shim" in fastlazy.metrics.report()
+
+
+def test_torch_logs_lets_the_compile_threads_warnings_through(inductor_handler, monkeypatch):
+    from fastlazy import compile_worker
+    monkeypatch.setenv("TORCH_LOGS", "+inductor")
+    logger = logging.getLogger("torch._inductor.ir")
+    compile_worker.submit(logger.warning, "asked for by TORCH_LOGS").result(30)
+    assert inductor_handler.messages == ["asked for by TORCH_LOGS"]
 
 
 FORKED_DURING_A_COMPILE = textwrap.dedent("""
