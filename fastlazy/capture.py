@@ -318,8 +318,15 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     # A template's own signature passed its trial run (it is kept only
     # then), and a signature that takes it differs in sizes alone, which the
     # fake or meta run checked: no second trial.
-    if trial is None and (not templated or ruled):
-        _run_small(func, args, kwargs, tensors, results, ruled)
+    if (trial is None and (not templated or ruled)) or (trial is not None and _core.autocast_depth()):
+        # (under autocast the trial run is no plain run: the recorder's
+        # dispatch mode runs the kernel with autocast's keys excluded, so a
+        # kernel that casts inside itself under autocast -- the fused
+        # transformer layer's -- gave its results without the casts, as the
+        # recorded program, run without autocast, will; eager's kernel casts)
+        _run_small(func, args, kwargs, tensors, results, ruled,
+                   "the fake kernel's result metadata differs from eager's" if trial is None
+                   else "its kernel casts inside itself under autocast")
     if trial is not None and not templated:
         _forget_values(gm.graph)
     if not templated and erased is not None:
@@ -617,7 +624,8 @@ def is_structseq(kind) -> bool:
     return isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "n_fields")
 
 
-def _run_small(func, args, kwargs, tensors, fakes, ruled):
+def _run_small(func, args, kwargs, tensors, fakes, ruled,
+               differs="the fake kernel's result metadata differs from eager's"):
     """Run the call once for real when that is cheap: fake kernels do not
     make every check the real kernel makes (var of an int64 tensor passes on
     fake tensors), and eager's error belongs at the call.  (An error that
@@ -627,8 +635,10 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled):
     (pow of a bool tensor and a bool is int64 on fake tensors, bool in
     eager): such a call runs eagerly too.  Without a trial run, a call its
     row's C rule does not take (these are the corners where fake kernels
-    and eager part ways) runs eagerly."""
-    if sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL:
+    and eager part ways) runs eagerly.  Under autocast the run is made
+    whatever the size: a kernel that casts inside itself gives its dtypes
+    in no other run (and a signature is analysed once)."""
+    if sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL and not _core.autocast_depth():
         if ruled:
             raise Unsafe("its C rule does not take these arguments, and they are too "
                          "large for a trial run")
@@ -642,7 +652,7 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled):
                      f"{type(exc).__name__})") from None
     real = [v for v in pytree.tree_leaves(out) if v is not None]
     if [(v.dtype, v.shape) for v in real] != [(v.dtype, v.shape) for v in fakes]:
-        raise Unsafe("the fake kernel's result metadata differs from eager's")
+        raise Unsafe(differs)
 
 
 # Exceptions to _REFUSED_TAGS: an attention kernel tagged random for its

@@ -29,8 +29,9 @@ otherwise: eager's values, bit for bit.
 (`torch._transformer_encoder_layer_fwd`, of 13 tensors, 14 with a mask)
 after the same question, and its forward is gated the same way: the call
 is recorded by the generic path as one node (under CPU autocast, whose
-casts that kernel makes inside itself, the layer runs on the values
-instead).  Its ordinary path costs a LazyTensor several times eager's
+casts that kernel makes inside itself, the analysis sees eager's dtype
+differ from the recorded program's, and the call runs on the values:
+capture._run_small).  Its ordinary path costs a LazyTensor several times eager's
 Python (the attention's forward, a dozen module calls) for the same
 kernels: a layer of width 256 at sequence 32 ran at 0.83x eager's speed on
 the fast tier that way, 0.92x as the one call.
@@ -88,20 +89,13 @@ def _about_lazy_tensors(relevant_args):
 _HAS_TORCH_FUNCTION = torch.overrides.has_torch_function
 
 
-def _eager_path_forward(forward, on_values=None):
+def _eager_path_forward(forward):
     """A module forward that asks has_torch_function only to refuse its
-    fast path: asked about LazyTensors, answered as for eager tensors.
-    on_values(self): why a call must run on the arguments' values instead
-    (None: it need not)."""
-    name = forward.__qualname__
+    fast path: asked about LazyTensors, answered as for eager tensors."""
 
     def call(self, *args, **kwargs):
         if next(views.lazy_operands(args, kwargs), None) is None:
             return forward(self, *args, **kwargs)
-        why = on_values and on_values(self)
-        if why:
-            fallback.count(name, why)
-            return fallback.run(forward, (self, *args), kwargs)
         was = _answer.pending
         _answer.pending = True
         try:
@@ -110,18 +104,6 @@ def _eager_path_forward(forward, on_values=None):
             _answer.pending = was
     # (eager calls go to torch's own from C)
     return _core.lazy_arguments_first(forward, call)
-
-
-def _layer_under_autocast(layer):
-    """A layer in inference under an autocast its fast-path checks do not
-    see (they ask `torch.is_autocast_enabled()`, which is CUDA's: CPU's
-    autocast leaves eager on the fast path): eager's fused kernel then casts
-    inside itself (its linear layers' inputs to the autocast dtype, so the
-    result is bfloat16 where a recorded call of it computes float32)."""
-    if (not layer.training and not torch.is_autocast_enabled()
-            and any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))):
-        return "its fused kernel casts under autocast inside the kernel (run on the values)"
-    return None
 
 
 def _layer_init(init):
@@ -153,8 +135,7 @@ def python_patches():
     if layer is not None:
         patches.append((layer, "__init__", _layer_init(vars(layer)["__init__"])))
     if layer is not None and "has_torch_function" in inspect.getsource(layer.forward):
-        patches.append((layer, "forward", _eager_path_forward(vars(layer)["forward"],
-                                                              _layer_under_autocast)))
+        patches.append((layer, "forward", _eager_path_forward(vars(layer)["forward"])))
     attention = torch.nn.MultiheadAttention
     if "has_torch_function" in inspect.getsource(attention.forward):
         patches.append((attention, "forward", _eager_path_forward(vars(attention)["forward"])))

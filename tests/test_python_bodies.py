@@ -106,20 +106,23 @@ def test_encoder_layer_in_inference_takes_eagers_fused_kernel(activation, norm_f
     assert torch.overrides.has_torch_function((fastlazy.lazy(x),))    # torch's answer again
 
 
-def test_encoder_layer_under_autocast_runs_on_values_with_eagers_dtype():
+@pytest.mark.parametrize("length", [7, 1100])      # a trial run, a fake run (over 1M elements)
+def test_encoder_layer_under_autocast_runs_on_values_with_eagers_dtype(length):
     """Under CPU autocast eager's layer still takes its fused kernel (its
     checks ask about CUDA's autocast only), which casts inside the kernel:
-    bfloat16 out of float32 in.  A LazyTensor call runs on the values there
-    (counted as run eagerly), with eager's result."""
+    bfloat16 out of float32 in.  The analysis of the call sees eager's
+    dtype differ from its recorded program's (whose run, as the trial run
+    under the recorder, keeps autocast out of the kernel), and the call runs
+    on the values (counted as run eagerly), with eager's result."""
     layer = _encoder_layer()
-    x = torch.randn(2, 7, 32)
+    x = torch.randn(30, length, 32)
     metrics.reset()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         want = layer(x)
         got = layer(fastlazy.lazy(x))
     assert want.dtype == got.dtype == torch.bfloat16
     torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
-    assert dict(metrics.fallbacks_by_op) == {"TransformerEncoderLayer.forward": 1}
+    assert dict(metrics.fallbacks_by_op) == {"torch._transformer_encoder_layer_fwd": 1}
 
 
 def test_encoder_layer_takes_eagers_ordinary_path_where_eager_does():
