@@ -143,13 +143,21 @@ def analyse(func, args, kwargs, tensors, ruled, nestable):
     cpu_state = torch.random.get_rng_state()
     cuda_states = (torch.cuda.get_rng_state_all()
                    if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    # Autocast keeps the casts of leaf tensors that require grad for the
+    # rest of its context, so a trial tensor (kept for later trial runs:
+    # trial_tensors) cast once would come out of that cache in a later
+    # analysis, with no cast for the program to record: the cache is off
+    # while a call is analysed.
+    cache_casts = torch.is_autocast_cache_enabled()
     try:
+        torch.set_autocast_cache_enabled(False)
         # fake_tensor logs a traceback for a call its kernel rejects, in the
         # trial run and in the trace (functionalized in-place calls): the
         # user gets eager's own exception from the eager run instead
         with _quiet(_FAKE_LOG):
             return _analyse(func, args, kwargs, tensors, ruled, nestable)
     finally:
+        torch.set_autocast_cache_enabled(cache_casts)
         torch.random.set_rng_state(cpu_state)
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
@@ -214,6 +222,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     elif gm is None:
         examples = [example_of(t) for t in tensors]
         fakes, out, mode, recorder = _fake_run(func, args, kwargs, examples)
+        out = _undefined_as_none(func, args, kwargs, tensors, out)
     leaves, spec = pytree.tree_flatten(out)
     results = [v for v in leaves if v is not None]     # (attn_output, None)
     if not results or not all(isinstance(v, torch.Tensor) for v in results):
@@ -335,6 +344,32 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
                   and any(t.requires_grad for t in tensors))
     sig.lowering = None       # generic.py interns the program
     return sig, (gm if sig.recorded else None)
+
+
+def _undefined_as_none(func, args, kwargs, tensors, out):
+    """The fake run's result `out`, with None where the real kernel leaves
+    a result undefined, which eager returns as None: a fake kernel makes an
+    empty tensor there (_native_multi_head_attention's attention weights
+    without need_weights), which recorded would be a LazyTensor where
+    eager gives None.  Where the fake run made an empty result of inputs
+    that are not empty, one real run on trial values, whatever their size
+    (the trial run that takes smaller calls shows it already), says which
+    results are None."""
+    leaves, spec = pytree.tree_flatten(out)
+    if not any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in leaves) \
+            or any(t.numel() == 0 for t in tensors):
+        return out
+    trial = _trial_tensors(tensors)
+    a, k = substitute((args, kwargs), iter(trial))
+    try:
+        real = pytree.tree_leaves(func(*a, **k))
+    except Exception:     # noqa: BLE001 - eager judges the arguments where the graph runs
+        return out
+    if len(real) != len(leaves):
+        return out
+    return pytree.tree_unflatten(
+        [None if r is None and isinstance(f, torch.Tensor) and f.numel() == 0 else f
+         for f, r in zip(leaves, real)], spec)
 
 
 def _meta_run(erased, func, args, kwargs, tensors):
