@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from fastlazy import _core, autograd_calls, fallback, route, views
+from fastlazy import _core, autograd_calls, fallback, layouts, route, views
 from fastlazy._core import LazyTensor
 from fastlazy.patching import FORM_CALL, FORM_INPLACE, entry_points, qualname
 
@@ -174,6 +174,52 @@ def install_lazy_tensor_methods():
         lambda self, hook: register_hook(self.to_eager(), hook)))
     for query in ("is_complex", "is_floating_point", "numel"):
         _core.set_metadata_query(getattr(torch, query), getattr(LazyTensor, query))
+    # layout queries libraries ask on every call (`if not x.is_contiguous():
+    # x = x.contiguous()`; Longformer's chunking reads x.stride()), answered
+    # from what is known where that is eager's answer
+    for name in ("stride", "is_contiguous"):
+        _core.set_method(name, _layout_query(name))
+
+
+def _layout_query(name):
+    """Tensor.stride / Tensor.is_contiguous of a LazyTensor: answered on a
+    meta tensor of its eager strides where those are known without
+    computing it (eager_strides), else by the value, as any other method."""
+    on_value = _core.make_entry(getattr(torch.Tensor, name), f"Tensor.{name}", -1, FORM_CALL)
+    on_meta = getattr(torch.Tensor, name)
+
+    def query(self, *args, **kwargs):
+        strides = eager_strides(self)
+        if strides is None:
+            return on_value(self, *args, **kwargs)
+        # (the meta tensor answers with eager's own checks and errors:
+        # a dim out of range, a memory format)
+        return on_meta(torch.empty_strided(tuple(self.shape), strides, dtype=self.dtype,
+                                           device="meta"), *args, **kwargs)
+    query.__name__ = name
+    query.__doc__ = getattr(torch.Tensor, name).__doc__
+    return query
+
+
+def eager_strides(x):
+    """The strides eager's value of LazyTensor x has, or None where they
+    are not known without computing it: a value's own; a pending result's
+    as its recorded producers lay it out (fastlazy.layouts); a view's place
+    in its root, where the root is laid out contiguously in eager."""
+    if x.is_materialized:
+        return x.to_eager().stride()
+    if x.family is None:
+        return layouts.pending_strides(x)
+    where = views.geometry(x)
+    if where is None:
+        return None             # a base with live views: the layouts' own case
+    root = x.family.root
+    if root.is_materialized:
+        laid_out = root.to_eager().is_contiguous()
+    else:
+        strides = layouts.pending_strides(root)
+        laid_out = strides is not None and views.contiguous(tuple(root.shape), strides)
+    return tuple(where[1]) if laid_out else None
 
 
 def _is_conj(self):

@@ -133,6 +133,49 @@ def test_unbound_metadata_methods_answer_without_computing(call):
     assert fastlazy.metrics.counters()["flushes"] == 0
 
 
+_CONTIGUOUS, _CHANNELS_LAST = torch.contiguous_format, torch.channels_last
+LAYOUT_CASES = {     # (the input's memory format, the calls)
+    "elementwise": (_CONTIGUOUS, lambda t: t * 2 + 1),
+    "transposed view": (_CONTIGUOUS, lambda t: (t * 2).transpose(0, 2)),
+    "slice": (_CONTIGUOUS, lambda t: (t + 1)[:, 1:3]),
+    "channels last": (_CHANNELS_LAST, lambda t: (t * 2).relu()),
+    "matmul": (_CONTIGUOUS, lambda t: t @ t.transpose(-1, -2)),
+}
+LAYOUT_QUERIES = {
+    "stride()": lambda t: t.stride(), "stride(-1)": lambda t: t.stride(-1),
+    "is_contiguous()": lambda t: t.is_contiguous(),
+    "is_contiguous(channels_last)":
+        lambda t: t.is_contiguous(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("query", LAYOUT_QUERIES.values(), ids=LAYOUT_QUERIES.keys())
+@pytest.mark.parametrize("case", LAYOUT_CASES.values(), ids=LAYOUT_CASES.keys())
+def test_layout_queries_are_eagers_without_computing(case, query):
+    """x.stride() and x.is_contiguous() of a pending result whose layout its
+    producers tell (libraries ask before .contiguous(), Longformer's
+    chunking reads strides): eager's answer, and the graph does not run."""
+    memory_format, calls = case
+    a = torch.rand(2, 3, 4, 5).contiguous(memory_format=memory_format)
+    pending = calls(fastlazy.lazy(a))
+    assert query(pending) == query(calls(a))
+    assert fastlazy.metrics.counters()["flushes"] == 0
+    assert fastlazy.metrics.counters()["fallbacks"] == 0
+
+
+def test_layout_queries_take_eagers_errors_and_unknown_layouts():
+    a = torch.rand(2, 3)
+    pending = fastlazy.lazy(a) * 2
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        pending.stride(2)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        (a * 2).stride(2)
+    # a generic call's layout is not worked out: its value answers
+    unknown = torch.flip(fastlazy.lazy(a), [0])
+    assert unknown.stride() == torch.flip(a, [0]).stride()
+    assert fastlazy.metrics.counters()["flushes"] == 1
+
+
 @pytest.mark.parametrize("call", [
     lambda t: torch.Tensor.item(t.sum()), lambda t: torch.Tensor.tolist(t),
     lambda t: torch.Tensor.stride(t), lambda t: torch.Tensor.is_contiguous(t),
