@@ -242,7 +242,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         # kernel may lay out its result unlike the device's own -- sdpa on
         # meta takes the math path, whose output strides differ from the
         # CPU flash kernel's -- and the fake or trial run is the judge then)
-        gm = (program_templates.first_fit(erased, lambda gm: gm(*fakes), fakes, results)[0]
+        gm = (program_templates.first_fit(erased, lambda gm: gm(*fakes), fakes, results,
+                                          real=True)[0]
               if trial is not None else program_templates.lookup(erased, mode, fakes, results))
     templated = gm is not None
     if templated and program_templates.needs_check(erased, gm, tensors):
@@ -338,7 +339,8 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
                    else "its kernel casts inside itself under autocast")
     if trial is not None and not templated:
         _forget_values(gm.graph)
-    if not templated and erased is not None:
+    if not templated and erased is not None and not (
+            trial is not None and program_templates.check_unrun(erased, tensors, gm)):
         program_templates.keep(erased, gm, constants, draws, [t.shape for t in tensors])
     sig.detach = (not torch.is_grad_enabled()
                   and any(t.requires_grad for t in tensors))
@@ -440,7 +442,7 @@ def _trial_judged_run(erased, func, args, kwargs, tensors):
     if not all(isinstance(v, torch.Tensor) for v in results):
         return None
     gm = program_templates.first_fit(erased, lambda gm: gm(*trial), trial, results,
-                                     final=False)[0]
+                                     final=False, real=True)[0]
     return None if gm is None else (trial, out, gm)
 
 

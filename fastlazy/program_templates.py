@@ -46,6 +46,10 @@ dims only if the trace is its very program, every number the same
 erased signature, whose calls are traced at each new size from then on.
 (A trial run on made-up values, the check before, let both examples
 through: their indices and sizes showed no difference on trial values.)
+Nor is such a template run on real trial values at sizes it was not
+checked at, only on meta or fake tensors: a kernel may trust a number
+baked from the template's sizes (mkldnn_rnn_layer an LSTM's hidden size)
+and read and write out of bounds (first_fit's `real`).
 """
 from __future__ import annotations
 
@@ -232,6 +236,23 @@ def check_against(key, gm, tensors, traced) -> bool:
     return True
 
 
+def check_unrun(key, tensors, traced) -> bool:
+    """After a call on `tensors` was traced (`traced`) where first_fit
+    would not run templates on real values at these sizes: a template
+    whose program the trace is, every number the same, is checked for
+    sizes that differ from its own in these dims (as by check_against),
+    and True returned (the trace need not be kept as a template).  The
+    others are left as they are: another erased-alike call's program
+    (x.view(2, n, 3, 4) and x.view(2, n, 4, 3) share a key), or one that
+    is never run on real values at such sizes unchecked."""
+    for gm in templates(key):
+        template = _template(key, gm)
+        if template is not None and needs_check(key, gm, tensors) and same_program(gm, traced):
+            template.checked.add(_changed(template, tensors))
+            return True
+    return False
+
+
 def _template(key, gm):
     return next((t for t in _templates.get(key, ()) if t.gm is gm), None)
 
@@ -275,15 +296,23 @@ def refuse(key):
     _stats["refused"] += 1
 
 
-def first_fit(key, run, inputs, results, final=True):
+def first_fit(key, run, inputs, results, final=True, real=False):
     """(the first of `key`'s templates that computes `results` -- the call's
     own results on `inputs` -- when `run(gm)` runs it on those inputs, else
     None; whether a template ran and computed other results).  A template
     that raises does not fit (a size baked in).  Counted as a reuse, or as
     a rejection where the verdict is `final` (a meta run's is not: the fake
-    run judges again)."""
+    run judges again).  `real`: the inputs are real tensors (trial values),
+    on which a template that passes numbers not checked at their sizes is
+    not run at all: a number baked from its own sizes (an LSTM's hidden
+    size in mkldnn_rnn_layer) reaches kernels that do not check it against
+    the tensors, and they read and write out of bounds (a heap corrupted by
+    a bidirectional LSTM of another width).  The call is traced instead
+    (capture.py), and that trace checks the template (check_unrun)."""
     disagreed = False
     for gm in templates(key):
+        if real and needs_check(key, gm, inputs):
+            continue
         try:
             outs = run(gm)
         except Exception:     # noqa: BLE001 - a size baked in

@@ -315,3 +315,36 @@ def test_a_templates_values_are_checked_once_per_set_of_changed_dims(monkeypatch
         got = F.rms_norm(fastlazy.lazy(x), (6,), eps=1e-3).to_eager()
         torch.testing.assert_close(got, F.rms_norm(x, (6,), eps=1e-3))
     assert len(checks) == 1          # rows changed each time: checked at the first
+
+
+LSTMS_OF_TWO_WIDTHS = """
+import faulthandler, torch, fastlazy
+faulthandler.enable()
+fastlazy.enable()
+torch.manual_seed(0)
+lstms = [torch.nn.LSTM(48, 12, batch_first=True, bidirectional=True).eval(),
+         torch.nn.LSTM(96, 24, batch_first=True, bidirectional=True).eval()]
+with torch.no_grad():
+    for batch in (1, 2, 3):
+        for lstm in lstms:
+            x = torch.randn(batch * 3, 5, lstm.input_size)
+            torch.testing.assert_close(lstm(fastlazy.lazy(x))[0].to_eager(), lstm(x)[0])
+print("ok", fastlazy.metrics.counters()["fallbacks"])
+"""
+
+
+def test_a_template_with_numbers_unchecked_at_new_sizes_is_not_run_on_real_values():
+    """Two bidirectional LSTMs of other widths share an erased signature;
+    the first one's program passes its hidden size to mkldnn_rnn_layer,
+    which does not check it against the weights: run on the other's trial
+    values at a new batch size it wrote out of bounds (heap corruption, a
+    crash, found in timm's sequencer2d).  A template whose numbers are
+    unchecked at the new sizes is not run on real values; the call is
+    traced, and the trace judges it.  (In a child process: a regression
+    crashes it.)"""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", LSTMS_OF_TWO_WIDTHS], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["ok", "0"]
