@@ -102,6 +102,8 @@ def _backward_on_values(original):
     (`y.backward(lazy_g)`) hands the engine a tensor, as eager's does.
     (The check is C: every eager `loss.backward()` makes it.)"""
     def on_values(*args, **kwargs):
+        _note_pending(args[_BACKWARD_INPUTS_AT] if len(args) > _BACKWARD_INPUTS_AT
+                      else kwargs.get("inputs"))
         args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
         with cpu_pool.scope():
             return original(*args, **kwargs)
@@ -192,7 +194,10 @@ def _on_values(cpp_function):
 # differentiated twice (set by fastlazy.boot: tiering keeps training graphs
 # on the fast tier from then on).
 on_create_graph = None
+# called before a grad with respect to a pending result (tiering)
+on_intermediate_inputs = None
 _CREATE_GRAPH_AT = 4          # torch.autograd.grad's create_graph, by position
+_BACKWARD_INPUTS_AT = 5       # torch.autograd.backward's inputs, by position
 
 
 def grad(func, args, kwargs):
@@ -203,6 +208,7 @@ def grad(func, args, kwargs):
     if create_graph and on_create_graph is not None:
         on_create_graph()
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+    _note_pending(inputs)
     args, kwargs = fallback.materialize(args), fallback.materialize(kwargs)
     with cpu_pool.scope():
         out = func(*args, **kwargs)
@@ -211,6 +217,17 @@ def grad(func, args, kwargs):
     if type(inputs) is LazyTensor or isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     return tuple(_like(i, g) for i, g in zip(inputs, out, strict=True))
+
+
+def _note_pending(inputs):
+    """Tell tiering (on_intermediate_inputs) where gradients are asked with
+    respect to a pending result: it is computed in one graph with the
+    outputs differentiated."""
+    if on_intermediate_inputs is not None and any(
+            type(t) is LazyTensor and not t.is_materialized and t.requires_grad
+            for t in ((inputs,) if type(inputs) is LazyTensor else
+                      inputs if isinstance(inputs, (tuple, list)) else ())):
+        on_intermediate_inputs()
 
 
 def _like(inp, g):

@@ -63,6 +63,7 @@ def boot() -> None:
     metrics.tier_listing, metrics.tier_summary = graph_cache.tiers, graph_cache.tier_summary
     metrics.fusion_listing = graph_cache.fusion
     autograd_calls.on_create_graph = _keep_training_graphs_fast
+    autograd_calls.on_intermediate_inputs = _keep_training_graphs_fast_for_intermediates
     watch.on_swap = tiering.forget_parameters
     graph_cache.set_backend(backends.default_name())
     lazy_device.install()
@@ -76,6 +77,11 @@ def boot() -> None:
 
 def _keep_training_graphs_fast():
     tiering.keep_training_graphs_fast(list(graph_cache.programs.values()))
+
+
+def _keep_training_graphs_fast_for_intermediates():
+    tiering.keep_training_graphs_fast(list(graph_cache.programs.values()),
+                                      tiering._INTERMEDIATES_DIFFERENTIATED)
 
 
 def _after_fork():

@@ -251,8 +251,8 @@ class TieredProgram:
             view, self._view = self._view, None
         if view is None:
             return None       # another thread's run of this graph submitted it
-        if self.grad and _gradients_of_gradients:
-            return self._stay_fast(_TWICE_DIFFERENTIATED)
+        if self.grad and _training_graphs_stay_fast:
+            return self._stay_fast(_training_graphs_stay_fast)
         limit = getattr(backends.get("inductor"), "max_depth", None)
         if limit is not None and view.deeper_than(limit):
             return self._stay_fast("fast (too deep to compile)")
@@ -609,32 +609,42 @@ def _frozen_inputs(inputs):
     return _Frozen(tuple(parameters), _core.ShapeGuard(inputs)) if parameters else None
 
 
-# AOT autograd's compiled backward cannot itself be differentiated
+# A compiled training graph is one autograd node for all its outputs, and
+# some programs need eager's autograd graph op by op, which the fast tier
+# builds.  AOT autograd's compiled backward cannot itself be differentiated
 # ("torch.compile with aot_autograd does not currently support double
 # backward"): once the program asks for gradients of gradients (a gradient
-# penalty's create_graph=True), its training graphs stay on the fast tier,
-# whose autograd is eager's.
-_gradients_of_gradients = False
+# penalty's create_graph=True), or for gradients with respect to a pending
+# result whose graph also computes the outputs differentiated (Grad-CAM's
+# torch.autograd.grad(score, activation): in the compiled node the score
+# does not depend on its sibling output, and eager's autograd raises "One of
+# the differentiated Tensors appears to not have been used in the graph"),
+# its training graphs stay on the fast tier (the reason, else None).
+_training_graphs_stay_fast = None
 _TWICE_DIFFERENTIATED = "fast (gradients of gradients: a compiled training graph has none)"
+_INTERMEDIATES_DIFFERENTIATED = ("fast (gradients with respect to a graph's own results: "
+                                 "a compiled training graph has no path between them)")
 
 
-def keep_training_graphs_fast(programs) -> None:
-    """From now on (autograd_calls.on_create_graph), training graphs stay
-    on the fast tier: those queued or compiled go back to it."""
-    global _gradients_of_gradients
-    _gradients_of_gradients = True
+def keep_training_graphs_fast(programs, reason=_TWICE_DIFFERENTIATED) -> None:
+    """From now on (autograd_calls.on_create_graph, on_intermediate_inputs),
+    training graphs stay on the fast tier, for `reason`: those queued or
+    compiled go back to it."""
+    global _training_graphs_stay_fast
+    if _training_graphs_stay_fast is None:
+        _training_graphs_stay_fast = reason
     for program in programs:
         if isinstance(program, TieredProgram) and program.grad \
-                and program.tier != _TWICE_DIFFERENTIATED:
+                and program.tier != _training_graphs_stay_fast:
             with program._lock:
                 program._future = None
-                program._stay_fast(_TWICE_DIFFERENTIATED)
+                program._stay_fast(_training_graphs_stay_fast)
 
 
 def forget_gradients_of_gradients() -> None:
     """Training graphs compiled again (the graph cache was cleared)."""
-    global _gradients_of_gradients
-    _gradients_of_gradients = False
+    global _training_graphs_stay_fast
+    _training_graphs_stay_fast = None
 
 
 def probe_calls() -> int:

@@ -935,6 +935,32 @@ def test_gradients_of_gradients_keep_training_graphs_on_the_fast_tier(auto, monk
         assert torch.equal(g, w)
 
 
+def _saliency_step(net, x, lazy):
+    """Grad-CAM's pattern: gradients of a score with respect to an
+    activation computed in the same graph, and the parameters'."""
+    hidden = net[0](fastlazy.lazy(x) if lazy else x)
+    score = net[1:](hidden).sum()
+    return torch.autograd.grad(score, (hidden, net[0].weight))
+
+
+def test_gradients_with_respect_to_a_pending_result_keep_training_graphs_fast(
+        auto, monkeypatch):
+    """In a compiled training graph the score and the activation are
+    sibling outputs of one autograd node: eager's autograd.grad raised
+    "appears to not have been used in the graph" once the graph went hot.
+    Asked for gradients with respect to a pending result, training graphs
+    stay on the fast tier, whose autograd is eager's op by op."""
+    net, x = _promoting(monkeypatch), torch.randn(3, 4)
+    want = _saliency_step(net, x, False)
+    for step in range(3 + tiering.probe_calls()):
+        got = _saliency_step(net, x, True)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.to_eager() if type(g) is fastlazy.LazyTensor else g, w)
+        if step == 1:
+            tiering.wait(300)
+    assert {t["tier"] for t in graph_cache.tiers()} == {tiering._INTERMEDIATES_DIFFERENTIATED}
+
+
 def test_a_graph_run_under_inference_mode_runs_on_the_compiled_tier(auto, monkeypatch):
     """An inference graph is compiled as an inference program: a training
     one (its parameters require grad) saves activations, which autograd
