@@ -486,12 +486,18 @@ def _quiet(logger):
         logger.disabled = was
 
 
+# the reasons a call's analysis gives where its result depends on values
+_SHAPE_FROM_DATA = "output shape depends on the data"
+_VALUES_FROM_DATA = "output depends on the data"
+DATA_DEPENDENT = frozenset((_SHAPE_FROM_DATA, _VALUES_FROM_DATA))
+
+
 def _why(exc):
     from torch._subclasses import fake_tensor
     if isinstance(exc, fake_tensor.DynamicOutputShapeException):
-        return "output shape depends on the data"
+        return _SHAPE_FROM_DATA
     if isinstance(exc, fake_tensor.DataDependentOutputException):
-        return "output depends on the data"
+        return _VALUES_FROM_DATA
     if isinstance(exc, fake_tensor.UnsupportedOperatorException):
         return "no fake-tensor kernel"
     return f"eager judges the arguments (the fake run raised {type(exc).__name__})"

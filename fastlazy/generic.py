@@ -20,6 +20,7 @@ bakes sizes in (a reshape to (4, -1) traced as view(4, 6)) gets one per shape.
 """
 from __future__ import annotations
 
+import operator
 import threading
 
 import torch
@@ -141,6 +142,11 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
                 lifted_floats.observe(loose[0], loose[1], func, args, kwargs, tensors, sig,
                                       lambda gm: _intern(gm, title))
     if sig.reason is not None:
+        if sig.reason in capture.DATA_DEPENDENT:
+            read = _sizes_read(args, kwargs)
+            if read is not None:
+                # the sizes eager reads from 0-dim integer tensors
+                return record(func, *read, name, track_views, ruled, None, written)
         if sig.written != ():
             # the eager run writes these arguments (all of them where the
             # program did not say which)
@@ -213,6 +219,33 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             _resolve_conj(t)
         flat.append(t)
     return sig.sequence(flat) if sig.sequence is not None else pytree.tree_unflatten(flat, sig.spec)
+
+
+def _sizes_read(args, kwargs):
+    """(args, kwargs) with each eager 0-dim integer tensor in a list or
+    tuple argument read as the int it holds, or None where there is none.
+    Eager reads such a tensor in a list of sizes (`x.new_zeros((b, n + 1))`
+    where n = torch.div(length, w, rounding_mode="trunc"), as Longformer
+    computes its chunk counts) through __index__ when the call is made;
+    the analysis makes it a fake tensor, whose value it cannot know.  Only
+    for a call whose analysis found its result to depend on data: a list
+    of 0-dim tensors that are operands (torch.stack) analyses as it is."""
+    def read(value):
+        if type(value) in (list, tuple) and any(_index_tensor(v) for v in value):
+            return type(value)(operator.index(v) if _index_tensor(v) else v for v in value)
+        return value
+    new_args = tuple(read(a) for a in args)
+    new_kwargs = {k: read(v) for k, v in kwargs.items()}
+    if all(a is b for a, b in zip(new_args, args)) and all(
+            new_kwargs[k] is kwargs[k] for k in kwargs):
+        return None
+    return new_args, new_kwargs
+
+
+def _index_tensor(v) -> bool:
+    return (type(v) is not LazyTensor and isinstance(v, torch.Tensor) and v.dim() == 0
+            and not v.dtype.is_floating_point and not v.dtype.is_complex
+            and v.dtype is not torch.bool)
 
 
 _CONJ = _core.ViewFlag.VIEW_CONJ

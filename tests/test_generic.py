@@ -454,3 +454,26 @@ def test_channels_last_inputs_keep_eagers_layout_and_kernels():
     z = fastlazy.lazy(y).permute(0, 2, 3, 1) * 1   # computed channels-last in memory
     torch.testing.assert_close(torch.flatten(z.permute(0, 3, 1, 2), 1).to_eager(),
                                torch.flatten(y, 1))
+
+
+def test_sizes_held_in_0_dim_integer_tensors_are_read_as_eager_reads_them():
+    """Longformer computes chunk counts as torch.div(length, w,
+    rounding_mode="trunc"), a 0-dim int64 tensor, and passes them in size
+    lists (new_zeros, as_strided), which eager reads through __index__; the
+    analysis saw a fake tensor there ("output depends on the data") and
+    the calls ran eagerly, each splitting the graph."""
+    x0 = torch.randn(2, 8, 4)
+    x = fastlazy.lazy(x0) * 1
+    n = torch.div(8, 4, rounding_mode="trunc")
+    fastlazy.metrics.reset()
+    for _ in range(2):
+        zeros = x.new_zeros((2, n + 1, 4))
+        chunks = x.as_strided(size=[2, n, 4], stride=[32, 4, 1])
+    assert fastlazy.metrics.counters()["fallbacks"] == 0
+    assert fastlazy.metrics.counters()["flushes"] == 0
+    assert zeros.shape == (2, 3, 4) and zeros.dtype == x0.dtype
+    torch.testing.assert_close(chunks.to_eager(), x0.as_strided(size=[2, 2, 4], stride=[32, 4, 1]),
+                               rtol=0, atol=0)
+    # 0-dim tensors that are operands stay tensors
+    stacked = torch.stack([fastlazy.lazy(torch.tensor(3)), n, n + 4])
+    assert torch.equal(stacked.to_eager(), torch.tensor([3, 2, 6]))
