@@ -31,12 +31,27 @@ from fastlazy._core import LazyTensor
 
 MAX_INPUTS = _core.MAX_IN     # tensor arguments of one node
 
+# the reasons a call's analysis gives where its result depends on values
+_SHAPE_FROM_DATA = "output shape depends on the data"
+_VALUES_FROM_DATA = "output depends on the data"
+
 _REFUSED_TAGS = {
     torch.Tag.nondeterministic_seeded: "random (runs eagerly so seeded runs match eager)",
-    torch.Tag.dynamic_output_shape: "output shape depends on the data",
-    torch.Tag.data_dependent_output: "output depends on the data",
+    torch.Tag.dynamic_output_shape: _SHAPE_FROM_DATA,
+    torch.Tag.data_dependent_output: _VALUES_FROM_DATA,
     torch.Tag.inplace_view: "changes a tensor's view in place",
 }
+
+
+def values_unseen(reason) -> bool:
+    """Is `reason` (an Unsafe call's) one that a value the analysis cannot
+    see may have caused?  That its result depends on data (given by the
+    fake run's exception, or, where the fake run went through, by the
+    refused aten op: "aten.<op>: <reason>"), or that the fake run raised:
+    torch 2.14's fake tensor of an eager 0-dim tensor takes the value of
+    its uninitialized example, and a size read from it overflows."""
+    return reason is not None and (reason.endswith((_SHAPE_FROM_DATA, _VALUES_FROM_DATA))
+                                   or reason.startswith(_FAKE_RUN_RAISED))
 
 
 # Ops whose schemas do not say that they write (in training) their running
@@ -486,12 +501,6 @@ def _quiet(logger):
         logger.disabled = was
 
 
-# the reasons a call's analysis gives where its result depends on values
-_SHAPE_FROM_DATA = "output shape depends on the data"
-_VALUES_FROM_DATA = "output depends on the data"
-DATA_DEPENDENT = frozenset((_SHAPE_FROM_DATA, _VALUES_FROM_DATA))
-
-
 def _why(exc):
     from torch._subclasses import fake_tensor
     if isinstance(exc, fake_tensor.DynamicOutputShapeException):
@@ -500,7 +509,10 @@ def _why(exc):
         return _VALUES_FROM_DATA
     if isinstance(exc, fake_tensor.UnsupportedOperatorException):
         return "no fake-tensor kernel"
-    return f"eager judges the arguments (the fake run raised {type(exc).__name__})"
+    return f"{_FAKE_RUN_RAISED}{type(exc).__name__})"
+
+
+_FAKE_RUN_RAISED = "eager judges the arguments (the fake run raised "
 
 
 # Inputs up to this many elements in all get a real run when a signature is

@@ -142,7 +142,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
                 lifted_floats.observe(loose[0], loose[1], func, args, kwargs, tensors, sig,
                                       lambda gm: _intern(gm, title))
     if sig.reason is not None:
-        if sig.reason in capture.DATA_DEPENDENT:
+        if capture.values_unseen(sig.reason):
             read = _sizes_read(args, kwargs)
             if read is not None:
                 # the sizes eager reads from 0-dim integer tensors
@@ -228,8 +228,10 @@ def _sizes_read(args, kwargs):
     where n = torch.div(length, w, rounding_mode="trunc"), as Longformer
     computes its chunk counts) through __index__ when the call is made;
     the analysis makes it a fake tensor, whose value it cannot know.  Only
-    for a call whose analysis found its result to depend on data: a list
-    of 0-dim tensors that are operands (torch.stack) analyses as it is."""
+    for a call whose analysis a value it could not see may have failed
+    (capture.values_unseen): a list of 0-dim tensors that are operands
+    (torch.stack) analyses as it is.  Where the call with ints is refused
+    too, the call runs eagerly on its own arguments."""
     def read(value):
         if type(value) in (list, tuple) and any(_index_tensor(v) for v in value):
             return type(value)(operator.index(v) if _index_tensor(v) else v for v in value)
