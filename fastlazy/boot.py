@@ -81,7 +81,7 @@ def _keep_training_graphs_fast():
 
 def _keep_training_graphs_fast_for_intermediates():
     tiering.keep_training_graphs_fast(list(graph_cache.programs.values()),
-                                      tiering._INTERMEDIATES_DIFFERENTIATED)
+                                      tiering.INTERMEDIATES_DIFFERENTIATED)
 
 
 def _after_fork():

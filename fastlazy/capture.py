@@ -31,9 +31,11 @@ from fastlazy._core import LazyTensor
 
 MAX_INPUTS = _core.MAX_IN     # tensor arguments of one node
 
-# the reasons a call's analysis gives where its result depends on values
+# the reasons a call's analysis gives where its result depends on values,
+# and the start of the one where the fake run raised (_why)
 _SHAPE_FROM_DATA = "output shape depends on the data"
 _VALUES_FROM_DATA = "output depends on the data"
+_FAKE_RUN_RAISED = "eager judges the arguments (the fake run raised "
 
 _REFUSED_TAGS = {
     torch.Tag.nondeterministic_seeded: "random (runs eagerly so seeded runs match eager)",
@@ -343,12 +345,13 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     # A template's own signature passed its trial run (it is kept only
     # then), and a signature that takes it differs in sizes alone, which the
     # fake or meta run checked: no second trial.
-    if (trial is None and (not templated or ruled)) or (trial is not None and _core.autocast_depth()):
-        # (under autocast the trial run is no plain run: the recorder's
-        # dispatch mode runs the kernel with autocast's keys excluded, so a
-        # kernel that casts inside itself under autocast -- the fused
-        # transformer layer's -- gave its results without the casts, as the
-        # recorded program, run without autocast, will; eager's kernel casts)
+    # (Under autocast the trial run is no plain run: the recorder's
+    # dispatch mode runs the kernel with autocast's keys excluded, so a
+    # kernel that casts inside itself under autocast -- the fused
+    # transformer layer's -- gave its results without the casts, as the
+    # recorded program, run without autocast, will; eager's kernel casts.)
+    trial_under_autocast = trial is not None and _core.autocast_depth()
+    if (trial is None and (not templated or ruled)) or trial_under_autocast:
         _run_small(func, args, kwargs, tensors, results, ruled,
                    "the fake kernel's result metadata differs from eager's" if trial is None
                    else "its kernel casts inside itself under autocast")
@@ -510,9 +513,6 @@ def _why(exc):
     if isinstance(exc, fake_tensor.UnsupportedOperatorException):
         return "no fake-tensor kernel"
     return f"{_FAKE_RUN_RAISED}{type(exc).__name__})"
-
-
-_FAKE_RUN_RAISED = "eager judges the arguments (the fake run raised "
 
 
 # Inputs up to this many elements in all get a real run when a signature is

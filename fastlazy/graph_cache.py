@@ -78,7 +78,7 @@ def clear() -> None:
     program (tiering: gradients of gradients asked for)."""
     programs.clear()
     recompiles.forget()
-    tiering.forget_gradients_of_gradients()
+    tiering.forget_training_graphs_stay_fast()
 
 
 def size() -> int:

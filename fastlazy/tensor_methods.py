@@ -212,7 +212,7 @@ def eager_strides(x):
         return layouts.pending_strides(x)
     where = views.geometry(x)
     if where is None:
-        return None             # a base with live views: the layouts' own case
+        return None             # a base with live views: not worked out here
     root = x.family.root
     if root.is_materialized:
         laid_out = root.to_eager().is_contiguous()

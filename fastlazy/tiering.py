@@ -621,12 +621,12 @@ def _frozen_inputs(inputs):
 # the differentiated Tensors appears to not have been used in the graph"),
 # its training graphs stay on the fast tier (the reason, else None).
 _training_graphs_stay_fast = None
-_TWICE_DIFFERENTIATED = "fast (gradients of gradients: a compiled training graph has none)"
-_INTERMEDIATES_DIFFERENTIATED = ("fast (gradients with respect to a graph's own results: "
+TWICE_DIFFERENTIATED = "fast (gradients of gradients: a compiled training graph has none)"
+INTERMEDIATES_DIFFERENTIATED = ("fast (gradients with respect to a graph's own results: "
                                  "a compiled training graph has no path between them)")
 
 
-def keep_training_graphs_fast(programs, reason=_TWICE_DIFFERENTIATED) -> None:
+def keep_training_graphs_fast(programs, reason=TWICE_DIFFERENTIATED) -> None:
     """From now on (autograd_calls.on_create_graph, on_intermediate_inputs),
     training graphs stay on the fast tier, for `reason`: those queued or
     compiled go back to it."""
@@ -641,7 +641,7 @@ def keep_training_graphs_fast(programs, reason=_TWICE_DIFFERENTIATED) -> None:
                 program._stay_fast(_training_graphs_stay_fast)
 
 
-def forget_gradients_of_gradients() -> None:
+def forget_training_graphs_stay_fast() -> None:
     """Training graphs compiled again (the graph cache was cleared)."""
     global _training_graphs_stay_fast
     _training_graphs_stay_fast = None

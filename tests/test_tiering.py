@@ -930,7 +930,7 @@ def test_gradients_of_gradients_keep_training_graphs_on_the_fast_tier(auto, monk
         got = _penalty_step(net, x, True)
         if step == 1:
             tiering.wait(300)
-    assert {t["tier"] for t in graph_cache.tiers()} == {tiering._TWICE_DIFFERENTIATED}
+    assert {t["tier"] for t in graph_cache.tiers()} == {tiering.TWICE_DIFFERENTIATED}
     for g, w in zip(got, _penalty_step(twin, x, False)):
         assert torch.equal(g, w)
 
@@ -958,7 +958,7 @@ def test_gradients_with_respect_to_a_pending_result_keep_training_graphs_fast(
             torch.testing.assert_close(g.to_eager() if type(g) is fastlazy.LazyTensor else g, w)
         if step == 1:
             tiering.wait(300)
-    assert {t["tier"] for t in graph_cache.tiers()} == {tiering._INTERMEDIATES_DIFFERENTIATED}
+    assert {t["tier"] for t in graph_cache.tiers()} == {tiering.INTERMEDIATES_DIFFERENTIATED}
 
 
 def test_a_graph_run_under_inference_mode_runs_on_the_compiled_tier(auto, monkeypatch):
