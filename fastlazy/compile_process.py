@@ -35,6 +35,7 @@ import hashlib
 import io
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
@@ -69,6 +70,7 @@ def takes(args) -> bool:
 _lock = threading.Lock()
 _child: subprocess.Popen | None = None
 _broken = False             # the child could not start or died: no new one
+_artifacts: str | None = None   # this process's folder for the child's artifacts
 last_error = ""             # why the last job compiled on the caller's thread
 
 
@@ -94,6 +96,7 @@ def _compile_in_child(view, args):
     job = {"view": _pickled_view(view), "inputs": [describe_input(a) for a in args],
            "config": config.save_config()}
     with _lock:
+        job["folder"] = _artifact_folder()
         answer = _ask(job)
     if "error" in answer:
         raise Unavailable(answer["error"])
@@ -175,6 +178,16 @@ def _aten_overload(namespace, name, overload):
     return getattr(_aten_packet(namespace, name), overload)
 
 
+def _artifact_folder() -> str:
+    """The folder the child saves artifacts in: one per process, removed
+    by close(), so that an artifact whose answer never got read (the
+    process exits while the child compiles) is not left behind."""
+    global _artifacts
+    if _artifacts is None or not os.path.isdir(_artifacts):
+        _artifacts = tempfile.mkdtemp(prefix="fastlazy-compiles-")
+    return _artifacts
+
+
 def _ask(job):
     child = _ensure_child()
     try:
@@ -239,8 +252,8 @@ def forget_after_fork():
     """In a forked child: the parent's compile process and its pipes are
     the parent's (two writers would interleave their jobs); this process
     starts its own when it needs one."""
-    global _child, _broken, _lock
-    _child, _broken, _lock = None, False, threading.Lock()
+    global _child, _broken, _lock, _artifacts
+    _child, _broken, _lock, _artifacts = None, False, threading.Lock(), None
 
 
 def close():
@@ -248,9 +261,13 @@ def close():
     run what it makes.  The boot has the compile thread's exit hook call
     this first (compile_worker.at_close), so the program does not wait for
     the compile the thread was waiting on, and atexit once more."""
+    global _artifacts
     child = _child
     if child is not None:
         _stop(child, kill=True)
+    folder, _artifacts = _artifacts, None
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _send(stream, obj):
@@ -294,7 +311,7 @@ def _compile_job(job):
     inputs = [example_input(described, zeroed=True) for described in job["inputs"]]
     artifact = torch._inductor.standalone_compile(
         gm, inputs, dynamic_shapes="from_example_inputs", aot=True)
-    handle, path = tempfile.mkstemp(prefix="fastlazy-compiled-", suffix=".bin")
+    handle, path = tempfile.mkstemp(prefix="compiled-", suffix=".bin", dir=job["folder"])
     os.close(handle)
     artifact.save(path=path, format="binary")
     return {"path": path}

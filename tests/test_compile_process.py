@@ -198,3 +198,35 @@ def test_the_norms_dynamo_traces_warn_the_user_of_nothing():
     assert not [w for w in seen if "lru_cache" in str(w.message)]
     torch.testing.assert_close(ln, torch.nn.functional.layer_norm(x, [8], w, b, 1e-5))
     torch.testing.assert_close(bn, torch.nn.functional.batch_norm(x, mean, var, eps=1e-5))
+
+
+ANSWER_LOST = textwrap.dedent("""
+    import torch, fastlazy
+    from fastlazy import compile_process, tiering
+
+    received = compile_process._receive
+    def lost(stream):                       # the child saved, its answer is lost
+        received(stream)
+        raise EOFError("the answer was lost")
+    compile_process._receive = lost
+    fastlazy.enable()
+    tiering.ENGINE.hot_after, tiering.ENGINE.hot_seconds, tiering.ENGINE.hot_min_run = 1, 0.0, 0.0
+    a, b = torch.randn(8, 16), torch.randn(8, 16)
+    for _ in range(3):
+        ((fastlazy.lazy(a) * b + 1).sigmoid() - a).sum(1).to_eager()
+    assert tiering.wait(300)
+    assert "answer was lost" in compile_process.last_error, compile_process.last_error
+    print("exiting")
+""")
+
+
+def test_an_artifact_whose_answer_never_arrived_is_removed_at_exit(tmp_path):
+    # the child saves each artifact in a folder of this process's, which
+    # its exit removes, whatever became of the answer that named the file
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    env = dict(os.environ, TMPDIR=str(tmp_path), TORCHINDUCTOR_CACHE_DIR=cache_dir())
+    done = subprocess.run([sys.executable, "-c", ANSWER_LOST], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("exiting")
+    assert [name for name in os.listdir(tmp_path) if "fastlazy" in name] == []
