@@ -135,6 +135,7 @@ class Member:
     offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
+    held: Optional[torch.Tensor]
     @property
     def detached(self) -> bool: ...
     @property
@@ -144,6 +145,7 @@ class Member:
 
 def attach(view: LazyTensor, base: LazyTensor, where: tuple, flags: int) -> None: ...
 def geometry(t: Any) -> Optional[tuple[int, tuple[int, ...], int]]: ...
+def held(t: Any) -> bool: ...
 
 class Hooks:
     """The Python functions the core calls up into (fastlazy.boot)."""

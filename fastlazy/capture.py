@@ -92,11 +92,14 @@ class Signature:
     (interned by generic.py); `nested`: a cat-like call recorded as a tree
     of such calls; `sequence`: tuple, list or a torch.return_types
     structseq (torch.topk's) where `spec` is that sequence
-    of leaves (results rebuilt without pytree), else None."""
+    of leaves (results rebuilt without pytree), else None; `retypes_held`:
+    a result is a dtype view of a held argument (views.held), placed at
+    each call (generic.record)."""
     __slots__ = ("reason", "written", "lowering", "kinds", "recorded", "spec", "detach",
-                 "nested", "constants", "draws", "sequence")
+                 "nested", "constants", "draws", "sequence", "retypes_held")
 
     def __init__(self, reason=None, written=()):
+        self.retypes_held = False   # a result is a dtype view of a held argument
         self.reason = reason
         self.written = written      # a refused call's WritesInputs.written
         self.nested = False
@@ -127,6 +130,10 @@ def substitute(x, it, floats=None):
 def example_of(t, make=torch.empty):
     """A real tensor standing for argument t in the fake runs (never
     written, so never touched), with t's view geometry."""
+    if type(t) is LazyTensor and views.held(t):
+        # a slice of a value, keyed by its layout alone: traced as a
+        # tensor of its own (its results' places relative to it)
+        t = t.to_eager()
     if type(t) is LazyTensor:
         shape, dtype, device, geometry = tuple(t.shape), t.dtype, t.device, views.geometry(t)
         grad = t.requires_grad and (dtype.is_floating_point or dtype.is_complex)
@@ -324,6 +331,11 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
             i = aliased[0]
             if type(tensors[i]) is not LazyTensor:
                 raise Unsafe("returns a view of an eager tensor (eager semantics)")
+            if views.held(tensors[i]) and leaf.dtype.itemsize != fakes[i].dtype.itemsize:
+                # placed in bytes from the held view's place, where that
+                # is a whole number of the result's elements (checked at
+                # each call: generic.record)
+                sig.retypes_held = True
             # how its values follow from its place (ViewFlag): a detached
             # view, a conj() view (eager's conjugate bit, which the place
             # alone does not say: writes through it and refreshes after a

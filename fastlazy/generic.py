@@ -155,6 +155,9 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         raise Unsafe(sig.reason)
     if sig.nested:
         return _record_nested(func, args, kwargs, name)
+    if sig.retypes_held:
+        _check_retyped_places(sig, tensors)
+        prepared = None             # placed here at each call, never by the core
     inputs = tuple([t if type(t) is LazyTensor else _core.lazy_or_eager(t) for t in tensors])
     for t in inputs:
         if type(t) is not LazyTensor:
@@ -175,7 +178,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         t = next(new)
         view = sig.kinds[0][0] == "view"
         if view and track_views:
-            views.attach(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
+            views.attach_result(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
         if view and sig.kinds[0][3] & _CONJ:
             _resolve_conj(t)
         elif prepared and len(sig.recorded) == 1 and not sig.draws:
@@ -214,11 +217,28 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             continue
         t = next(new)
         if kind[0] == "view" and track_views:
-            views.attach(t, tensors[kind[1]], kind[2], kind[3])
+            views.attach_result(t, tensors[kind[1]], kind[2], kind[3])
         if kind[0] == "view" and kind[3] & _CONJ:
             _resolve_conj(t)
         flat.append(t)
     return sig.sequence(flat) if sig.sequence is not None else pytree.tree_unflatten(flat, sig.spec)
+
+
+def _check_retyped_places(sig, tensors):
+    """Raise Unsafe where a dtype view of a held argument would start
+    within one of its elements (`x[1:5].view(torch.float64)` of int32
+    values): traced at the start of a tensor of its own, the call passed
+    eager's check of the storage offset, which its place in the root can
+    fail; eager's run then raises eager's error."""
+    results = iter(sig.recorded)
+    for kind in sig.kinds:
+        if kind[0] in ("input", "none"):
+            continue
+        dtype = next(results)[1]
+        if kind[0] == "view" and views.held(tensors[kind[1]]):
+            base = tensors[kind[1]]
+            if base.family.offset * base.dtype.itemsize % dtype.itemsize:
+                raise Unsafe("a dtype view starting within an element of its held argument")
 
 
 def _sizes_read(args, kwargs):

@@ -21,9 +21,24 @@ from __future__ import annotations
 
 import torch
 
-# Family, Member, attach and geometry are the compiled core's
+# Family, Member, attach, geometry and held are the compiled core's
 # (csrc/families.pxi): a recorded view is attached there, without Python.
-from fastlazy._core import Family, LazyTensor, Member, attach, geometry  # noqa: F401
+from fastlazy._core import Family, LazyTensor, Member, attach, geometry, held  # noqa: F401
+
+
+def attach_result(t, base, where, flags):
+    """Attach t, a generic call's result that views its argument `base`,
+    at `where` (size, stride, offset) as the call's analysis found it: in
+    base's root, or, for a held base (a slice of a value, traced as a
+    tensor of its own: held()), relative to base's own place (a dtype
+    view's start in its own elements: generic.record checked that it is
+    a whole number of them)."""
+    if held(base):
+        size, stride, offset = where
+        # base's place counts base's elements; t's counts its own
+        start = base.family.offset * base.dtype.itemsize // t.dtype.itemsize
+        where = (size, stride, offset + start)
+    attach(t, base, where, flags)
 
 
 def place(t):

@@ -19,10 +19,17 @@ from helpers import generic_calls
 pytestmark = pytest.mark.usefixtures("flush_after")
 
 
-def _same_view(got, want):
-    """A pending view placed in its root's storage as eager's is in its
-    base's (both roots contiguous), with eager's values."""
-    assert isinstance(got, fastlazy.LazyTensor) and not got.is_materialized
+def _same_view(got, want, held=False):
+    """A view placed in its root's storage as eager's is in its base's
+    (both roots contiguous), with eager's values: pending, or where
+    `held`, holding eager's view of its root's value."""
+    assert isinstance(got, fastlazy.LazyTensor)
+    if held:
+        assert got.is_materialized and views.held(got)
+        value, root_value = got.to_eager(), got.family.root.to_eager()
+        assert value.untyped_storage().data_ptr() == root_value.untyped_storage().data_ptr()
+    else:
+        assert not got.is_materialized
     root, size, stride, offset = views.place(got)
     assert root is not got, "not recorded as a view"
     assert (size, stride, offset) == (want.shape, want.stride(), want.storage_offset())
@@ -373,13 +380,18 @@ def test_a_new_sequence_length_is_the_same_graph():
     [slice(None), slice(0, None), 1],       # a list with a slice: read as a tuple
     slice(None), Ellipsis, (slice(-10, None),), [slice(None), slice(0, None)],   # all of x
 ], ids=repr)
-def test_basic_indexing_is_recorded_and_placed_as_eagers(index):
+@pytest.mark.parametrize("root", ["value", "pending"])
+def test_basic_indexing_is_recorded_and_placed_as_eagers(index, root):
+    # of a value, a slice or select holds eager's view of it (no node: the
+    # same graph at every index); x[None] and x[...] are recorded
     x = torch.randn(2, 6, 8)
-    lx = fastlazy.lazy(x.clone())
+    lx = fastlazy.lazy(x.clone()) if root == "value" else fastlazy.lazy(x) * 1
     before = generic_calls()
     got = lx[index]
     assert generic_calls() == before, "the generic path recorded it"
-    _same_view(got, x[index])
+    steps = index if isinstance(index, (tuple, list)) else (index,)
+    last = [i for i in steps if i is not Ellipsis][-1:] or [slice(None)]
+    _same_view(got, x[index], held=root == "value" and last[0] is not None)
 
 
 @pytest.mark.parametrize("index", [

@@ -61,6 +61,11 @@ cdef class Member:
     cdef int ndim
     cdef int64_t size_[MAX_NDIM]
     cdef int64_t stride_[MAX_NDIM]
+    # the eager view of the root's value the view was made holding
+    # (view_rules' view_of_value), or None: while the view holds that very
+    # tensor, calls taking it are keyed and traced as on an eager tensor of
+    # its layout, whatever its offset (is_held)
+    cdef public object held
 
     def __init__(self, root, family, geometry, int flags):
         self.root = root
@@ -102,6 +107,21 @@ cdef class Member:
             raise ValueError("a view's stride has one entry per dim of its size")
         for i in range(self.ndim):
             self.stride_[i] = value[i]
+
+
+cdef inline bint is_held(LazyTensor t) noexcept:
+    """Does view t hold the eager view of its root's value it was made
+    with (not rebound since: a write to it or to its root rebinds it)?"""
+    family = t.family
+    return (type(family) is Member and (<Member>family).held is not None
+            and t.value is (<Member>family).held)
+
+
+def held(t):
+    """is_held, from Python: True for a view that holds an eager view of
+    its root's value (a slice of a lazy dataset), which calls key and
+    trace as an eager tensor of its layout."""
+    return type(t) is LazyTensor and is_held(<LazyTensor>t)
 
 
 cdef inline int64_t numel_of(Meta *m) noexcept:

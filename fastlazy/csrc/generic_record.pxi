@@ -357,8 +357,12 @@ cdef object record_result(GenericHit hit, int flags, Operand *ops, Py_ssize_t n)
         base = <object>ops[hit.view_of].obj
         if type(base) is not LazyTensor:
             raise SystemError("fastlazy: a generic view of an eager tensor")
+        # a held base was traced as a tensor of its own: the place is
+        # relative to it (capture keeps such views to the base's dtype)
         attach_view(out, base, hit.view_ndim, hit.view_size, hit.view_stride,
-                    hit.view_offset, hit.view_flags)
+                    hit.view_offset + ((<Member>(<LazyTensor>base).family).offset
+                                       if is_held(<LazyTensor>base) else 0),
+                    hit.view_flags)
     return out
 
 
@@ -567,7 +571,7 @@ cdef int describe_lazy(FastDesc *d, LazyTensor lt) except -1:
     if lt.family is not None:
         kind = 1
         if type(lt.family) is Member:
-            kind = 2
+            kind = 3 if is_held(lt) else 2
             where = <Member>lt.family
     put(d, FT_LAZY | (<int64_t>(lt.meta.dtype & 0xff) << 8) | (<int64_t>lt.meta.ndim << 16)
         | (<int64_t>(lt.meta.device & 0xff) << 24) | (<int64_t>grad << 32)
@@ -575,8 +579,9 @@ cdef int describe_lazy(FastDesc *d, LazyTensor lt) except -1:
     for i in range(lt.meta.ndim):
         put(d, lt.meta.shape[i])
     if where is not None:
-        put(d, root_numel_as(where, lt.meta.dtype))
-        put(d, where.offset)
+        if kind == 2:
+            put(d, root_numel_as(where, lt.meta.dtype))
+            put(d, where.offset)
         put(d, where.ndim)
         for i in range(where.ndim):
             put(d, where.stride_[i])
@@ -809,6 +814,10 @@ cdef int describe(object x, list tensors, list parts) except -1:
         grad = lt.value.requires_grad if lt.value is not None else lt.meta.requires_grad != 0
         if lt.family is None:
             parts.append((lt.meta.dtype, shape, lt.meta.device, grad))
+        elif is_held(lt):
+            # keyed by its layout alone: a result that views it is placed
+            # relative to it (record_result, views.attach_result)
+            parts.append((lt.meta.dtype, shape, lt.meta.device, grad, (<Member>lt.family).stride))
         else:
             parts.append((lt.meta.dtype, shape, lt.meta.device, grad, geometry(x)))
     elif t is tuple or t is list:
