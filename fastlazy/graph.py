@@ -132,6 +132,38 @@ class GraphView:
             return Slot(k, position, ScalarType(key & 3).name[3:].lower(), value)
         return Slot(k, position, "tensor", value)
 
+    def backward_paths(self):
+        """How many of the graph's outputs that require grad have
+        backwards of their own: outputs linked by no differentiable path
+        through the graph's nodes (slots -- leaves, eager tensors -- do not
+        link them: their gradients accumulate).  In eager each such output
+        can be differentiated apart from the others (a GAN's generator
+        output, and the discriminator's loss on its detached copy); a
+        compiled training graph is one autograd node, whose first backward
+        frees what the others need."""
+        parent = {}
+
+        def find(i):
+            while parent.setdefault(i, i) != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        first_of_call = {}
+        for n in self.nodes:
+            if not n.requires_grad:
+                continue
+            find(n.index)
+            if n.call >= 0:
+                # the results of one call come from one autograd node
+                parent[find(n.index)] = find(first_of_call.setdefault(n.call, n.index))
+            if n.detach:
+                continue
+            for kind, r in n.inputs:
+                if kind == "node" and r in parent:
+                    parent[find(n.index)] = find(r)
+        return len({find(n.index) for n in self.nodes if n.is_output and n.requires_grad})
+
     def deeper_than(self, limit):
         """Is the longest chain of dependent nodes longer than `limit`?
         Never where the graph has no more nodes than that (no chain to

@@ -253,6 +253,8 @@ class TieredProgram:
             return None       # another thread's run of this graph submitted it
         if self.grad and _training_graphs_stay_fast:
             return self._stay_fast(_training_graphs_stay_fast)
+        if self.grad and view.backward_paths() > 1:
+            return self._stay_fast(SEPARATE_BACKWARDS)
         limit = getattr(backends.get("inductor"), "max_depth", None)
         if limit is not None and view.deeper_than(limit):
             return self._stay_fast("fast (too deep to compile)")
@@ -622,6 +624,9 @@ def _frozen_inputs(inputs):
 # its training graphs stay on the fast tier (the reason, else None).
 _training_graphs_stay_fast = None
 TWICE_DIFFERENTIATED = "fast (gradients of gradients: a compiled training graph has none)"
+# (graph.GraphView.backward_paths)
+SEPARATE_BACKWARDS = ("fast (outputs with backwards of their own: a compiled training "
+                      "graph's first backward frees what the others need)")
 INTERMEDIATES_DIFFERENTIATED = ("fast (gradients with respect to a graph's own results: "
                                  "a compiled training graph has no path between them)")
 

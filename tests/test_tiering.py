@@ -961,6 +961,74 @@ def test_gradients_with_respect_to_a_pending_result_keep_training_graphs_fast(
     assert {t["tier"] for t in graph_cache.tiers()} == {tiering.INTERMEDIATES_DIFFERENTIATED}
 
 
+def _gan_step(G, D, oG, oD, z):
+    """A GAN's step: the discriminator's loss on the generator's output
+    detached, backward and step; then the generator's loss through the
+    discriminator, backward -- into the first graph's output `fake`."""
+    fake = G(z)
+    loss_d = D(fake.detach()).mean()
+    oD.zero_grad()
+    loss_d.backward()
+    oD.step()
+    loss_g = -D(fake).mean()
+    oG.zero_grad()
+    loss_g.backward()
+    oG.step()
+    return float(loss_d), float(loss_g)
+
+
+def _gan():
+    torch.manual_seed(0)
+    G, D = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+    return G, D, torch.optim.SGD(G.parameters(), lr=0.1), torch.optim.SGD(D.parameters(), lr=0.1)
+
+
+def test_outputs_differentiated_apart_keep_their_graph_fast(auto, monkeypatch):
+    """`fake` and the discriminator's loss are outputs of one graph that
+    eager differentiates apart: compiled, one autograd node, the first
+    backward freed what the second needed ("Trying to backward through
+    the graph a second time").  Such a graph stays on the fast tier; a
+    graph whose outputs share their backward (a model's output and its
+    loss) is compiled as before."""
+    _promoting(monkeypatch)
+    lazy_gan, eager_gan = _gan(), _gan()
+    zs = [torch.randn(6, 4) for _ in range(3 + tiering.probe_calls())]
+    for step, z in enumerate(zs):
+        got = _gan_step(*lazy_gan, fastlazy.lazy(z))
+        assert got == pytest.approx(_gan_step(*eager_gan, z), rel=1e-5)
+        if step == 1:
+            assert tiering.wait(300)
+    for a, b in zip(lazy_gan[0].parameters(), eager_gan[0].parameters()):
+        torch.testing.assert_close(a, b)
+    tiers = [t["tier"] for t in graph_cache.tiers()]
+    assert tiering.SEPARATE_BACKWARDS in tiers, tiers
+
+    net, x = _promoting(monkeypatch), torch.randn(3, 4)
+    graph_cache.clear()
+    for step in range(3 + tiering.probe_calls()):
+        out = net(fastlazy.lazy(x))
+        loss = out.square().mean()
+        loss.backward()
+        assert out.requires_grad
+        if step == 1:
+            assert tiering.wait(300)
+    assert only_tier()["tier"] == "hot"
+
+
+def test_the_inductor_backend_runs_outputs_differentiated_apart_on_eagers():
+    before = fastlazy.backend()
+    fastlazy.set_backend("inductor")
+    try:
+        lazy_gan, eager_gan = _gan(), _gan()
+        for _ in range(2):
+            z = torch.randn(6, 4)
+            assert _gan_step(*lazy_gan, fastlazy.lazy(z)) == pytest.approx(
+                _gan_step(*eager_gan, z), rel=1e-5)
+        assert fastlazy.metrics.fallbacks_by_op["compile:inductor:SeparateBackwards"] >= 1
+    finally:
+        fastlazy.set_backend(before)
+
+
 def test_a_graph_run_under_inference_mode_runs_on_the_compiled_tier(auto, monkeypatch):
     """An inference graph is compiled as an inference program: a training
     one (its parameters require grad) saves activations, which autograd

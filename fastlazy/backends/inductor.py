@@ -64,6 +64,11 @@ class InductorBackend(Backend):
         under way on the background thread; without one, compiles happen
         at the call that needs them.  on_replay(): called per replayed run
         (default: counted as a fallback)."""
+        if view.grad and view.backward_paths() > 1:
+            # (the tiered engine keeps such a graph on its fast tier)
+            raise SeparateBackwards(
+                "the graph's outputs have backwards of their own, which one compiled "
+                "autograd node cannot give: it runs on the eager backend")
         dispatch = _ShapeDispatch(input_kinds(view), self, replay, on_replay, view=view)
         return Program([s.position for s in view.slots], dispatch, False, lambda: dispatch.gm.code)
 
@@ -87,6 +92,11 @@ class InductorBackend(Backend):
         if not fx_threads.install():
             raise RuntimeError("this torch's FX tracer cannot run on a background thread")
         return compile_worker.submit(fn, *args)
+
+
+class SeparateBackwards(Exception):
+    """A training graph whose outputs are differentiated apart
+    (graph.GraphView.backward_paths)."""
 
 
 class _ShapeDispatch:
