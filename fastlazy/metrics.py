@@ -38,6 +38,7 @@ _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_fai
                 "tier_frozen_compiles_failed", "tier_frozen_misses",
                 "tier_cpp_wrapper_failures", "tier_compiles_in_child",
                 "tier_child_compile_fallbacks", "tier_wrong_dtypes", "tier_wrong_results",
+                "tier_candidate_errors",
                 "tier_dynamic_kept", "tier_dynamic_dropped",
                 "packed_conv_trials", "packed_conv_graphs", "packed_conv_repacks",
                 "packed_conv_failures")

@@ -161,6 +161,8 @@ class TieredProgram:
         self._window = (0, 0.0)
         self.compile_seconds = None
         self.error = None
+        # the tier named where probation left every compiled candidate out
+        self._left_out = "fast (compiled results differ)"
         self.fast_run_seconds = self.compiled_run_seconds = None
         self._view = _without_tensors(view)
         self.grad = view.grad       # a training graph (it records autograd history)
@@ -379,7 +381,21 @@ class TieredProgram:
         candidate.runs += 1
         dispatch = candidate.dispatch
         replays = dispatch.replays if dispatch is not None else 0
-        out = candidate.call(*inputs)
+        try:
+            out = candidate.call(*inputs)
+        except Exception as exc:      # noqa: BLE001 - the fast tier's run decides
+            if candidate is self._fast_candidate:
+                raise
+            # a compiled program that raises where the fast tier does not
+            # (an AOT autograd assertion on an LSTM's saved tensors) is left
+            # out; the fast tier's run gives the call its values, or
+            # eager's error where the call has one
+            candidate.stale = True
+            self.error = (f"the {candidate.name} program raised {type(exc).__name__}: "
+                          f"{exc}: left out")[:500]
+            self._left_out = "fast (compiled program raised)"
+            metrics.count_event("tier_candidate_errors")
+            return self._fast(*inputs)
         if dispatch is not None and dispatch.replays != replays:
             # no version for these shapes: the fast tier ran, not the candidate
             candidate.runs -= 1
@@ -442,7 +458,7 @@ class TieredProgram:
         else:
             self.compiled_run_seconds = ranked[0][0] if ranked else None
             self._stay_fast("fast (compiled was slower)" if ranked or self.error is None
-                            else "fast (compiled results differ)")
+                            else self._left_out)
         self._candidates = []
         self._queue_frozen()
 

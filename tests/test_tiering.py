@@ -30,11 +30,13 @@ class Scripted:
     """Stands in for the inductor backend: its programs compute the graph
     with the eager backend, after `compile_seconds` (on the compile thread),
     `run_seconds` per call and `backward_seconds` in the backward of each
-    result that requires grad, or raising `fail` when compiled."""
+    result that requires grad, or raising `fail` when compiled, or
+    `raises` when run."""
 
-    def __init__(self, compile_seconds=0.0, run_seconds=0.0, fail=None, backward_seconds=0.0):
+    def __init__(self, compile_seconds=0.0, run_seconds=0.0, fail=None, backward_seconds=0.0,
+                 raises=None):
         self.compile_seconds, self.run_seconds, self.fail = compile_seconds, run_seconds, fail
-        self.backward_seconds = backward_seconds
+        self.backward_seconds, self.raises = backward_seconds, raises
         self.compiled = threading.Event()
 
     def compile(self, view, replay=None, on_replay=None):
@@ -49,6 +51,8 @@ class Scripted:
                 scripted.compiled.set()
 
             def __call__(self, *inputs):
+                if scripted.raises is not None:
+                    raise scripted.raises
                 if scripted.run_seconds:
                     time.sleep(scripted.run_seconds)
                 out = eager.call(*inputs)
@@ -277,6 +281,38 @@ def test_a_failed_compile_leaves_the_graph_on_the_fast_tier(auto, scripted):
     c = fastlazy.metrics.counters()
     assert c["tier_compiles_failed"] == c["compile_failures"] == 1
     assert "fast (compile failed) 1" in fastlazy.metrics.report()
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_a_compiled_program_that_raises_on_probation_is_left_out(auto, scripted, grad):
+    """(AOT autograd asserted on an LSTM's saved tensors when the hidden
+    state was carried between steps: the call raised, and the graph's
+    later calls failed.)  The fast tier's run gives the call its values;
+    the graph stays on the fast tier, the error kept."""
+    scripted(raises=AssertionError("expected all tensors_saved_with_vc_check to be Tensors"))
+    w = torch.randn(5, requires_grad=grad)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+
+    def step(k):
+        got = graph(fastlazy.lazy(a), b * w, k)
+        total = got.sum()                   # (one graph: both pending at the read)
+        want = graph(a, b * w, k)
+        torch.testing.assert_close(got.to_eager(), want)
+        if grad:
+            total.backward()
+            (gw,) = torch.autograd.grad(want.sum(), w)
+            torch.testing.assert_close(w.grad, gw)
+            w.grad = None
+
+    step(0)
+    step(0)
+    assert tiering.wait(30)
+    for k in range(tiering.probe_calls() + 2):
+        step(k)
+    entry = only_tier()
+    assert entry["tier"] == "fast (compiled program raised)", entry
+    assert "tensors_saved_with_vc_check" in entry["error"]
+    assert fastlazy.metrics.counters()["tier_candidate_errors"] >= 1
 
 
 def test_a_graph_that_never_turns_hot_keeps_no_input_alive(auto, monkeypatch):
