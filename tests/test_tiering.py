@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import fastlazy
-from fastlazy import _core, backends, debug, graph_cache, tiering
+from fastlazy import _core, backends, compile_process, debug, graph_cache, tiering
 from fastlazy.backends.base import Program
 
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
@@ -313,6 +313,37 @@ def test_a_compiled_program_that_raises_on_probation_is_left_out(auto, scripted,
     assert entry["tier"] == "fast (compiled program raised)", entry
     assert "tensors_saved_with_vc_check" in entry["error"]
     assert fastlazy.metrics.counters()["tier_candidate_errors"] >= 1
+
+
+def test_a_training_graph_compiled_on_the_thread_lowers_its_backward_there(auto, monkeypatch):
+    """AOT autograd lowers a backward lazily, at its first run: on the
+    user's thread, in the middle of `loss.backward()` -- a compile stall,
+    and where the lowering fails (an embedding's sparse gradient under the
+    C++ wrapper), an InductorError from `backward()`.  Compiled on the
+    compile thread (no compile process here), the backward is lowered
+    there with the forward."""
+    from torch._inductor import compile_fx
+    monkeypatch.setattr(compile_process, "enabled", lambda: False)
+    monkeypatch.setattr(tiering, "PROBE_RUNS", 2)
+    lowered_on = []
+    real = compile_fx.compile_fx_backward
+    monkeypatch.setattr(compile_fx, "compile_fx_backward", lambda *a, **k: (
+        lowered_on.append(threading.current_thread()), real(*a, **k))[1])
+    torch.manual_seed(0)
+    lazy_emb = torch.nn.Embedding(20, 4, sparse=True)
+    eager_emb = torch.nn.Embedding(20, 4, sparse=True)
+    eager_emb.load_state_dict(lazy_emb.state_dict())
+    ids = torch.randint(0, 20, (3, 4))
+    for step in range(3 + tiering.probe_calls()):
+        for emb, x in ((lazy_emb, fastlazy.lazy(ids)), (eager_emb, ids)):
+            emb.zero_grad()
+            emb(x).pow(2).mean().backward()
+        torch.testing.assert_close(lazy_emb.weight.grad.to_dense(),
+                                   eager_emb.weight.grad.to_dense())
+        if step == 1:
+            assert tiering.wait(300)
+    assert lowered_on, "no backward compiled: the test proves nothing"
+    assert threading.main_thread() not in lowered_on
 
 
 def test_a_graph_that_never_turns_hot_keeps_no_input_alive(auto, monkeypatch):

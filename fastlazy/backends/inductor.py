@@ -301,8 +301,18 @@ class _ShapeDispatch:
         # parameter's layout (resnet18's training step at batch 1: 0.86x
         # eager with it, 1.00x without; 0.96x and 1.05x at batch 8).
         # Inference graphs keep it: frozen weights are converted once.
+        #
+        # A training program's backward is compiled with its forward, here
+        # on the compile thread: AOT autograd otherwise lowers it at the
+        # first backward, on the user's thread -- a compile stall there, and
+        # a backward inductor cannot lower (an embedding's sparse gradient
+        # under the C++ wrapper) raised from the user's `backward()`
+        # instead of failing the compile (the standalone compile of the
+        # compile process lowers both at once already).
+        from torch._functorch import config as functorch_config
         with config.patch(cpp_wrapper=cpp_wrapper,
-                          layout_optimization=config.layout_optimization and not self.grad):
+                          layout_optimization=config.layout_optimization and not self.grad), \
+                functorch_config.patch(force_non_lazy_backward_lowering=self.grad):
             return self._compile_now(args, dynamic)
 
     def _compile_now(self, args, dynamic):
