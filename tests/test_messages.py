@@ -161,6 +161,36 @@ def test_data_ptr_of_a_pending_tensor_warns_nothing(on, recwarn):
     assert type(y) is LazyTensor
 
 
+@pytest.mark.parametrize("convert", [float, int, bool], ids=lambda f: f.__name__)
+def test_a_number_read_from_a_tensor_that_requires_grad_warns_as_eagers(on, convert):
+    # (eager warns for float() only: "Converting a tensor with
+    # requires_grad=True to a scalar may lead to unexpected behavior")
+    w = torch.ones(1, requires_grad=True)
+
+    def warnings_of(x):
+        with pytest.warns() if convert is float else _no_warnings() as seen:
+            convert((x * w).sum())
+        return [str(m.message)[:40] for m in seen]
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)             # (eager's warning is one per process)
+    try:
+        assert warnings_of(fastlazy.lazy(torch.ones(1))) == warnings_of(torch.ones(1))
+    finally:
+        torch.set_warn_always(before)
+
+
+class _no_warnings:
+    def __enter__(self):
+        import warnings
+        self._catch = warnings.catch_warnings(record=True)
+        seen = self._catch.__enter__()
+        warnings.simplefilter("always")
+        return seen
+
+    def __exit__(self, *exc):
+        self._catch.__exit__(*exc)
+
+
 def test_readme_example_report_names_its_compile_site():
     """The README's ten lines print metrics.report(): its compile is named
     by the snippet's line, not '<unknown>'."""
