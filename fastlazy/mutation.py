@@ -397,6 +397,9 @@ def after_mutation(t):
     and to every other view of that root."""
     family = t.family
     if type(family) is Member:
+        # (a view that held eager's view of its root's value holds it no
+        # more: let that tensor, and the root's old storage, go)
+        family.held = None
         root = family.root
         if family.detached and _grad_leaf(root):
             _write_leaf(root, t, family)
@@ -412,6 +415,7 @@ def after_mutation(t):
         if view is skip:
             continue
         where = view.family
+        where.held = None
         fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
                                           where.detached, view.dtype, where.conj), {},
                                "view refresh",

@@ -140,3 +140,20 @@ def test_a_held_slice_takes_part_in_autograd_as_a_constant():
         ref(xs[i:i + 10]).pow(2).mean().backward()
     torch.testing.assert_close(lin.weight.grad, ref.weight.grad)
     torch.testing.assert_close(lin.bias.grad, ref.bias.grad)
+
+
+def test_a_write_lets_the_held_views_old_storage_go():
+    import weakref
+    t = torch.randn(64, 64)
+    x = fastlazy.lazy(t)
+    rows = x[2:10]
+    assert views.held(rows)
+    storage = weakref.ref(rows.to_eager())
+    del t
+    x.mul_(2)                                # rows are rebound: they hold no eager view
+    assert not views.held(rows) and rows.family.held is None
+    x.to_eager()
+    rows.to_eager()
+    import gc
+    gc.collect()
+    assert storage() is None, "the written root's old view is kept alive"
