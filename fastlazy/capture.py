@@ -127,6 +127,17 @@ def substitute(x, it, floats=None):
     return x
 
 
+_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default)
+
+
+def _places_absolutely(gm) -> bool:
+    """Does the program make a view at a storage offset it names
+    (`x.as_strided(size, stride, offset)`), not one relative to its input?"""
+    return any(n.op == "call_function" and n.target in _AS_STRIDED
+               and (len(n.args) > 3 and n.args[3] is not None or "storage_offset" in n.kwargs)
+               for n in gm.graph.nodes)
+
+
 def example_of(t, make=torch.empty):
     """A real tensor standing for argument t in the fake runs (never
     written, so never touched), with t's view geometry."""
@@ -331,6 +342,10 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
             i = aliased[0]
             if type(tensors[i]) is not LazyTensor:
                 raise Unsafe("returns a view of an eager tensor (eager semantics)")
+            if views.held(tensors[i]) and _places_absolutely(gm):
+                # traced as a tensor of its own, the held view's place is
+                # not the storage offset the call names
+                raise Unsafe("as_strided with a storage offset, of a held slice")
             if views.held(tensors[i]) and leaf.dtype.itemsize != fakes[i].dtype.itemsize:
                 # placed in bytes from the held view's place, where that
                 # is a whole number of the result's elements (checked at

@@ -94,13 +94,16 @@ def lowering(index):
 
 
 def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepared=None,
-           written=False):
+           written=False, churns=True):
     """Record func(*args, **kwargs); the result with LazyTensors in place of
     tensors.  Raises Unsafe for a call it does not take.  `prepared`: the
     (key, tensors) the core built for this call (route.call), which also
     lets this signature's later calls be recorded by the core alone.
     written: func is the functional form of a call that wrote its first
-    argument in place (mutation.record_inplace; backends.base.as_written)."""
+    argument in place (mutation.record_inplace; backends.base.as_written).
+    churns: a new value of its numbers counts towards running the call
+    eagerly (fastlazy.churn); not for fastlazy's own write-backs through
+    views, whose numbers are places, and which have no eager run."""
     if prepared:
         key, tensors = prepared[0], prepared[1]
     else:
@@ -127,7 +130,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             if scalars is not None:
                 sig, prepared = lifted.sig, None
         if sig is None:
-            if churn.runs_eagerly(key):
+            if churns and churn.runs_eagerly(key):
                 raise Unsafe(churn.REASON)
             scalars = ()
             title = name or getattr(func, "__name__", "?")
@@ -146,7 +149,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             read = _sizes_read(args, kwargs)
             if read is not None:
                 # the sizes eager reads from 0-dim integer tensors
-                return record(func, *read, name, track_views, ruled, None, written)
+                return record(func, *read, name, track_views, ruled, None, written, churns)
         if sig.written != ():
             # the eager run writes these arguments (all of them where the
             # program did not say which)
@@ -237,7 +240,10 @@ def _check_retyped_places(sig, tensors):
         dtype = next(results)[1]
         if kind[0] == "view" and views.held(tensors[kind[1]]):
             base = tensors[kind[1]]
-            if base.family.offset * base.dtype.itemsize % dtype.itemsize:
+            # (in the root's storage, which may itself start at an offset)
+            start = (base.family.offset * base.dtype.itemsize
+                     + base.family.root.to_eager().storage_offset() * base.family.root.dtype.itemsize)
+            if start % dtype.itemsize:
                 raise Unsafe("a dtype view starting within an element of its held argument")
 
 

@@ -406,7 +406,8 @@ def after_mutation(t):
         else:
             new_root = generic.record(_scatter_detached if family.detached else _scatter_into,
                                       (root, t, family.size, family.stride, family.offset,
-                                       family.conj), {}, "view write-back", track_views=False)
+                                       family.conj), {}, "view write-back", track_views=False,
+                                      churns=False)
             _core.adopt(root, new_root)
         members, skip = family.family.members, t
     else:
@@ -419,5 +420,5 @@ def after_mutation(t):
         fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
                                           where.detached, view.dtype, where.conj), {},
                                "view refresh",
-                               track_views=False)
+                               track_views=False, churns=False)
         _core.adopt(view, fresh)
