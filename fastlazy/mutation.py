@@ -416,9 +416,15 @@ def after_mutation(t):
         if view is skip:
             continue
         where = view.family
+        try:
+            fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
+                                              where.detached, view.dtype, where.conj), {},
+                                   "view refresh",
+                                   track_views=False, churns=False)
+        except Unsafe:
+            # its place is no longer in the root (`x.resize_` to fewer
+            # elements): eager's view keeps the storage's elements there,
+            # which the write did not reach, so the view keeps its values
+            continue
         where.held = None
-        fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
-                                          where.detached, view.dtype, where.conj), {},
-                               "view refresh",
-                               track_views=False, churns=False)
         _core.adopt(view, fresh)

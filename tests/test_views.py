@@ -322,3 +322,19 @@ def test_conj_and_neg_bits_are_eagers_without_computing():
     fastlazy.metrics.reset()
     assert [q(lazy) for q in queries] == [q(x) for q in queries]
     assert fastlazy.metrics.counters()["flushes"] == 0
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+def test_resize_to_fewer_elements_with_live_views(make):
+    # a view whose place the smaller root no longer holds keeps its values,
+    # as eager's keeps the storage's; one that it holds sees later writes
+    def program(lz):
+        x = lz(torch.arange(12.).reshape(3, 4))
+        first, last = x[0], x[2]
+        x.resize_(2, 2)
+        x.add_(100)
+        return x, first, last
+
+    for got, want in zip(program(make), program(lambda t: t)):
+        torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
