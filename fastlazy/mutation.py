@@ -291,6 +291,11 @@ def run_out(func, args, kwargs):
     them, so the tensors they were made from are never written."""
     out = kwargs["out"]
     targets = [out] if type(out) is LazyTensor else list(out)
+    read = list(views.lazy_operands(args, {k: v for k, v in kwargs.items() if k != "out"}))
+    for t in targets:
+        if type(t) is LazyTensor and t.family is not None:
+            # eager's error for an input that partly overlaps the output
+            views.check_write(t, read)
     copies = [t.to_eager().clone() if type(t) is LazyTensor else t for t in targets]
     kw = dict(materialize(kwargs), out=copies[0] if type(out) is LazyTensor else type(out)(copies))
     func(*materialize(args), **kw)

@@ -338,3 +338,20 @@ def test_resize_to_fewer_elements_with_live_views(make):
 
     for got, want in zip(program(make), program(lambda t: t)):
         torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+def test_out_partly_overlapping_its_input_raises_eagers_error(make):
+    def program(lz):
+        x = lz(torch.arange(12.))
+        a = x[2:6]
+        torch.add(a, 1, out=a)                   # the same elements: allowed
+        torch.mul(x[0:4], 2, out=x[6:10])        # apart: allowed
+        return x
+
+    torch.testing.assert_close(program(make).to_eager(), program(lambda t: t), rtol=0, atol=0)
+    for lz in (lambda t: t, make):
+        x = lz(torch.arange(12.))
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            torch.add(x[3:11], 1, out=x[1:9])
