@@ -250,6 +250,14 @@ def own_values(targets):
         _core.rebind_value(target, clone)
 
 
+def _leaf_view(view):
+    """The value of a view that is a leaf requiring grad, or None."""
+    if not view.is_materialized or not view.requires_grad:
+        return None
+    value = view.to_eager()
+    return value if value.is_leaf else None
+
+
 def _as_leaf(clone, value):
     """Make `clone`, the written copy of leaf `value`, the leaf: requiring
     grad, with value's gradient and hooks (the same dicts, so the handles
@@ -432,4 +440,11 @@ def after_mutation(t):
             # which the write did not reach, so the view keeps its values
             continue
         where.held = None
+        leaf = _leaf_view(view)
         _core.adopt(view, fresh)
+        if leaf is not None:
+            # a view made a leaf (`x[4:8].requires_grad_()`) stays one, with
+            # its gradient and hooks, as eager's does
+            value = view.to_eager().detach()
+            _as_leaf(value, leaf)
+            _core.rebind_value(view, value)

@@ -355,3 +355,22 @@ def test_out_partly_overlapping_its_input_raises_eagers_error(make):
         x = lz(torch.arange(12.))
         with pytest.raises(RuntimeError, match="refer to a single memory location"):
             torch.add(x[3:11], 1, out=x[1:9])
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+def test_a_view_made_a_leaf_stays_one_when_its_root_is_written(make):
+    def program(lz):
+        torch.manual_seed(0)
+        x = lz(torch.randn(20, 3))
+        a = x[4:8]
+        a.requires_grad_()
+        a.sin().sum().backward()
+        x.add_(1)                            # a's values move, it stays a leaf
+        (a * 2).sum().backward()             # its gradient accumulates
+        return x, a, a.grad
+
+    got, want = program(make), program(lambda t: t)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.to_eager() if type(g) is fastlazy.LazyTensor else g, w)
+    assert got[1].requires_grad and got[1].is_leaf
