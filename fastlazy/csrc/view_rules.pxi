@@ -807,7 +807,8 @@ cdef object view_of_value(LazyTensor src, Meta *out, int64_t *stride, int64_t of
     if value is None or (<LazyTensor>root).seg is not None \
             or (<LazyTensor>root).meta.dtype != out.dtype:
         return None             # (a dtype view's place counts its own elements)
-    if value.requires_grad or not value.is_contiguous() or value.is_conj() or value.is_neg():
+    if value.requires_grad or not root_laid_out_contiguously(root) or value.is_conj() \
+            or value.is_neg():
         return None
     view = value.as_strided(tuple([out.shape[i] for i in range(out.ndim)]),
                             tuple([stride[i] for i in range(out.ndim)]),
