@@ -17,7 +17,9 @@ module holds the very tensors it held before.
 Not taken (the call runs eagerly, as before): running statistics that are
 not both buffers of one module found among the calling frames (at this
 call, or at an earlier one while it still holds them), CUDA (where eager
-runs cuDNN's kernel), mixed dtypes.  A reference to a buffer taken before the step sees the update
+runs cuDNN's kernel), mixed dtypes other than eager's CPU mix (a bfloat16 or
+float16 input, every other tensor float32: a convolution's output under
+autocast).  A reference to a buffer taken before the step sees the update
 once the step's graph has run, not before.
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ _FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
 _BATCH_NORM = F.batch_norm
 _SIGNATURE = inspect.signature(_BATCH_NORM)
 _FRAMES = 8            # caller frames searched for the module owning the buffers
+_REDUCED = (torch.bfloat16, torch.float16)
 
 # module -> {buffer name: the eager tensor it held before fastlazy rebound it}
 _originals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -74,7 +77,12 @@ def record(func, args, kwargs):
             or x.device.type != "cpu" or type(momentum) not in (float, int)
             or type(eps) not in (float, int)):
         return NOT_HANDLED
-    dtype = x.dtype
+    # the statistics and affine parameters all in x's dtype, or all float32
+    # beside a reduced-precision x (autocast's convolution output: eager's
+    # CPU kernel takes that mix, and so does the functional one)
+    dtype = mean.dtype if isinstance(mean, torch.Tensor) else None
+    if dtype != x.dtype and not (dtype == torch.float32 and x.dtype in _REDUCED):
+        return NOT_HANDLED
     for t in (mean, var, weight, bias):
         if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != dtype):
             return NOT_HANDLED

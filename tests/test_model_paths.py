@@ -459,6 +459,32 @@ def test_batch_norm_training_is_recorded_with_eagers_statistics():
     assert all(a is b for a, b in zip(lazy.buffers(), buffers_before))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_batch_norm_training_under_autocast_is_recorded_with_eagers_statistics(dtype):
+    """Under CPU autocast a convolution's output is bfloat16 (or float16)
+    and the batch norm's statistics and parameters stay float32, a mix
+    eager's kernel takes: recorded as in float32, one graph a step (each
+    batch norm ran eagerly, a graph split apiece), eager's outputs,
+    gradients and statistics bit for bit."""
+    eager, lazy = _bn_net(), _bn_net()
+    xs = [torch.randn(2, 3, 6, 6) for _ in range(3)]
+    for x in xs:
+        for model, inp in ((eager, x), (lazy, fastlazy.lazy(x))):
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=dtype):
+                out = model(inp)
+            assert out.dtype == dtype
+            out.float().pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+    c = fastlazy.metrics.counters()
+    assert c["fallbacks"] == 0, fastlazy.explain()
+    assert c["flushes"] == 3
+    for mine, want in zip(lazy.state_dict().values(), eager.state_dict().values()):
+        assert torch.equal(mine, want)
+
+
 def test_batch_norm_training_steps_are_one_graph_structure():
     """The first step records batch norm through the generic path's
     analysis, the later ones from the signature it published: every step's
