@@ -435,18 +435,22 @@ def _bn_net():
                                torch.nn.BatchNorm2d(2, momentum=None)).train()
 
 
-def test_batch_norm_training_is_recorded_with_eagers_statistics():
-    """Three SGD steps: eager's outputs, gradients, running statistics and
-    num_batches_tracked, bit for bit; one graph per step (the backward's
-    read), none of them run eagerly; the module's buffers are the tensors
-    it had before, updated."""
+def _train_bn_nets(autocast=None):
+    """Three SGD steps of _bn_net, eager and with lazy inputs (under CPU
+    autocast to `autocast` where given), checked to be one graph a step
+    with nothing run eagerly and to end in eager's state bit for bit:
+    (eager, lazy) nets, and the lazy net's buffers before the steps."""
     eager, lazy = _bn_net(), _bn_net()
     buffers_before = [b for b in lazy.buffers()]
     xs = [torch.randn(2, 3, 6, 6) for _ in range(3)]
     for x in xs:
         for model, inp in ((eager, x), (lazy, fastlazy.lazy(x))):
             model.zero_grad()
-            model(inp).pow(2).mean().backward()
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16,
+                                enabled=autocast is not None):
+                out = model(inp)
+            assert out.dtype == (autocast or torch.float32)
+            out.float().pow(2).mean().backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 0.1 * p.grad
@@ -456,6 +460,15 @@ def test_batch_norm_training_is_recorded_with_eagers_statistics():
     for mine, want in zip(lazy.state_dict().values(), eager.state_dict().values()):
         assert type(mine) is torch.Tensor
         assert torch.equal(mine, want)
+    return lazy, buffers_before
+
+
+def test_batch_norm_training_is_recorded_with_eagers_statistics():
+    """Three SGD steps: eager's outputs, gradients, running statistics and
+    num_batches_tracked, bit for bit; one graph per step (the backward's
+    read), none of them run eagerly; the module's buffers are the tensors
+    it had before, updated."""
+    lazy, buffers_before = _train_bn_nets()
     assert all(a is b for a, b in zip(lazy.buffers(), buffers_before))
 
 
@@ -466,23 +479,7 @@ def test_batch_norm_training_under_autocast_is_recorded_with_eagers_statistics(d
     eager's kernel takes: recorded as in float32, one graph a step (each
     batch norm ran eagerly, a graph split apiece), eager's outputs,
     gradients and statistics bit for bit."""
-    eager, lazy = _bn_net(), _bn_net()
-    xs = [torch.randn(2, 3, 6, 6) for _ in range(3)]
-    for x in xs:
-        for model, inp in ((eager, x), (lazy, fastlazy.lazy(x))):
-            model.zero_grad()
-            with torch.autocast("cpu", dtype=dtype):
-                out = model(inp)
-            assert out.dtype == dtype
-            out.float().pow(2).mean().backward()
-            with torch.no_grad():
-                for p in model.parameters():
-                    p -= 0.1 * p.grad
-    c = fastlazy.metrics.counters()
-    assert c["fallbacks"] == 0, fastlazy.explain()
-    assert c["flushes"] == 3
-    for mine, want in zip(lazy.state_dict().values(), eager.state_dict().values()):
-        assert torch.equal(mine, want)
+    _train_bn_nets(autocast=dtype)
 
 
 def test_batch_norm_training_steps_are_one_graph_structure():
