@@ -14,6 +14,7 @@ to mutation.py and anything else to fallback.py, counting every one.
 from __future__ import annotations
 
 import inspect
+import numbers
 
 import torch
 
@@ -33,6 +34,15 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         if native is not None:
             # torch.Tensor.size(x) called unbound: LazyTensor's own method
             return native(*args, **kwargs)
+    if _holds_numpy_number((args, kwargs)):
+        # NumPy's scalars as the Python numbers eager's parser reads them as
+        # (`x / np.sqrt(d)`, a slice `x[:, np.int64(2):]` such as timm's
+        # Mixup cuts): the call again with those, through its entry point,
+        # where a C rule takes what it takes (the generic path's signature
+        # refuses them: the call ran eagerly, a graph split)
+        entry = _entry_point(name, args)
+        if entry is not None:
+            return entry(*_python_numbers(args), **_python_numbers(kwargs))
     if func in _SIZE_TAKERS:
         sizes = _sizes_read(args)
         if sizes is not None:
@@ -126,6 +136,55 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
 
 
 _FLAG_SETTERS = frozenset({"Tensor.requires_grad_"})
+
+
+_OWNERS = {"torch": torch, "Tensor": torch.Tensor, "F": torch.nn.functional, "": torch}
+
+
+def _entry_point(name, args):
+    """What a call reported as `name` (patching.qualname's, or a bare
+    operator name: __setitem__) calls: a LazyTensor self's own method,
+    else torch's attribute, the entry point while fastlazy is enabled."""
+    owner, _, attr = name.rpartition(".")
+    if owner in ("Tensor", "") and args and type(args[0]) is LazyTensor:
+        method = getattr(LazyTensor, attr, None)
+        if method is not None:
+            return method
+    owner = _OWNERS.get(owner)
+    return None if owner is None else getattr(owner, attr, None)
+
+
+def _numpy_number(x) -> bool:
+    """A NumPy integer, or a NumPy float64: eager's parser reads either as
+    the Python number of its value wherever it reads an int (a float64 is a
+    Python float).  Not a NumPy bool (eager promotes it as no Python bool
+    is promoted), nor the other floating types (eager refuses to assign a
+    float32 with x[i] = v, where it takes a Python float)."""
+    return type(x).__module__ == "numpy" and isinstance(x, (float, numbers.Integral))
+
+
+def _holds_numpy_number(x) -> bool:
+    t = type(x)
+    if t is tuple or t is list:
+        return any(_holds_numpy_number(v) for v in x)
+    if t is dict:
+        return any(_holds_numpy_number(v) for v in x.values())
+    if t is slice:
+        return _holds_numpy_number((x.start, x.stop, x.step))
+    return _numpy_number(x)
+
+
+def _python_numbers(x):
+    """x with every NumPy number in it (in tuples, lists, dicts, slices)
+    made the Python number of its value."""
+    t = type(x)
+    if t is tuple or t is list:
+        return t(_python_numbers(v) for v in x)
+    if t is dict:
+        return {k: _python_numbers(v) for k, v in x.items()}
+    if t is slice:
+        return slice(*_python_numbers((x.start, x.stop, x.step)))
+    return x.item() if _numpy_number(x) else x
 
 # Calls whose int arguments after the tensor are sizes (or a place: narrow's
 # start and length, as_strided's offset), which eager's parser also takes as

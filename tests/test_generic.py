@@ -4,6 +4,7 @@ pin the mechanism).  The tests taking `device` run on the CPU and on CUDA;
 those about eager's value checks (binary_cross_entropy's range, integer
 division by zero) are CPU-only: CUDA checks them in the kernel, with an
 assert that leaves the CUDA context unusable."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -477,3 +478,41 @@ def test_sizes_held_in_0_dim_integer_tensors_are_read_as_eager_reads_them():
     # 0-dim tensors that are operands stay tensors
     stacked = torch.stack([fastlazy.lazy(torch.tensor(3)), n, n + 4])
     assert torch.equal(stacked.to_eager(), torch.tensor([3, 2, 6]))
+
+
+def _set_columns(value):
+    def f(t):
+        t = t.clone()
+        t[:, np.int64(1):np.int64(3)] = value
+        return t
+    return f
+
+
+@pytest.mark.parametrize("call, recorded", [
+    (lambda x: x * np.float64(2.0), True),
+    (lambda x: x / np.sqrt(64), True),                   # attention's 1 / sqrt(d)
+    (lambda x: np.float64(3.0) - x, True),
+    (lambda x: x * np.int64(2), True),
+    (lambda x: x.int() * np.int8(3), True),
+    (lambda x: x[np.int64(1):np.int64(3), np.int32(2)], True),   # timm Mixup's cut
+    (lambda x: x.reshape(np.int64(6), np.int64(4)), True),
+    (lambda x: x.roll(np.int32(2), 1), True),
+    (lambda x: torch.full_like(x, np.float64(2.5)), True),
+    (_set_columns(np.int64(5)), True),
+    (_set_columns(np.float32(5.0)), False),              # eager raises TypeError
+    (lambda x: x * np.float32(2.0), False),              # (still run eagerly)
+    (lambda x: x * np.bool_(True), False),               # promoted as no Python bool is
+], ids=lambda v: "" if isinstance(v, bool) else None)
+def test_numpy_numbers_are_recorded_as_the_python_numbers_eager_reads(call, recorded):
+    x = torch.rand(4, 6)
+    try:
+        want, raised = call(x), None
+    except TypeError as exc:
+        want, raised = None, exc
+    if raised is not None:
+        with pytest.raises(type(raised)):
+            call(fastlazy.lazy(x))
+    else:
+        got = call(fastlazy.lazy(x))
+        assert got.dtype == want.dtype and torch.equal(got.to_eager(), want)
+    assert (counters()["fallbacks"] == 0) is recorded, fastlazy.explain()
