@@ -124,7 +124,13 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
 
 def run_eagerly(func, name, args, kwargs, inplace, reason):
     """Run the call eagerly (counted, with `reason`): a write through
-    mutation.py, anything else through fallback.py."""
+    mutation.py, anything else through fallback.py.  (A call a C rule
+    refused for a NumPy number in it, an in-place method's, is the call
+    again with the Python number instead: see call.)"""
+    if _holds_numpy_number((args, kwargs)):
+        entry = _entry_point(name, args)
+        if entry is not None:
+            return entry(*_python_numbers(args), **_python_numbers(kwargs))
     fallback.count(name, reason)
     out = kwargs.get("out")
     if type(out) is LazyTensor or (type(out) in (tuple, list)

@@ -499,6 +499,8 @@ def _set_columns(value):
     (lambda x: x.roll(np.int32(2), 1), True),
     (lambda x: torch.full_like(x, np.float64(2.5)), True),
     (_set_columns(np.int64(5)), True),
+    (lambda x: x.clone().add_(np.float64(1.5)), True),   # a C rule's in-place call
+    (lambda x: x.clone().clamp_(np.float64(0.2), np.float64(0.5)), True),
     (_set_columns(np.float32(5.0)), False),              # eager raises TypeError
     (lambda x: x * np.float32(2.0), False),              # (still run eagerly)
     (lambda x: x * np.bool_(True), False),               # promoted as no Python bool is
