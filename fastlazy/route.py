@@ -34,7 +34,7 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         if native is not None:
             # torch.Tensor.size(x) called unbound: LazyTensor's own method
             return native(*args, **kwargs)
-    if _holds_numpy_number((args, kwargs)):
+    if _holds_numpy_number(args, kwargs):
         # NumPy's scalars as the Python numbers eager's parser reads them as
         # (`x / np.sqrt(d)`, a slice `x[:, np.int64(2):]` such as timm's
         # Mixup cuts): the call again with those, through its entry point,
@@ -127,7 +127,7 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
     mutation.py, anything else through fallback.py.  (A call a C rule
     refused for a NumPy number in it, an in-place method's, is the call
     again with the Python number instead: see call.)"""
-    if _holds_numpy_number((args, kwargs)):
+    if _holds_numpy_number(args, kwargs):
         entry = _entry_point(name, args)
         if entry is not None:
             return entry(*_python_numbers(args), **_python_numbers(kwargs))
@@ -169,14 +169,31 @@ def _numpy_number(x) -> bool:
     return type(x).__module__ == "numpy" and isinstance(x, (float, numbers.Integral))
 
 
-def _holds_numpy_number(x) -> bool:
+# argument types that are never, and hold no, NumPy number (checked first:
+# the check runs on every call that comes up to Python)
+_PLAIN = frozenset({LazyTensor, torch.Tensor, torch.nn.Parameter, int, float, bool, str,
+                    type(None), torch.dtype, torch.device})
+
+
+def _holds_numpy_number(args, kwargs) -> bool:
+    for v in args:
+        if type(v) not in _PLAIN and _holds(v):
+            return True
+    if kwargs:
+        for v in kwargs.values():
+            if type(v) not in _PLAIN and _holds(v):
+                return True
+    return False
+
+
+def _holds(x) -> bool:
     t = type(x)
     if t is tuple or t is list:
-        return any(_holds_numpy_number(v) for v in x)
+        return any(type(v) not in _PLAIN and _holds(v) for v in x)
     if t is dict:
-        return any(_holds_numpy_number(v) for v in x.values())
+        return any(_holds(v) for v in x.values())
     if t is slice:
-        return _holds_numpy_number((x.start, x.stop, x.step))
+        return _holds((x.start, x.stop, x.step))
     return _numpy_number(x)
 
 
