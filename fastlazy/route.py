@@ -34,15 +34,9 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         if native is not None:
             # torch.Tensor.size(x) called unbound: LazyTensor's own method
             return native(*args, **kwargs)
-    if _holds_numpy_number(args, kwargs):
-        # NumPy's scalars as the Python numbers eager's parser reads them as
-        # (`x / np.sqrt(d)`, a slice `x[:, np.int64(2):]` such as timm's
-        # Mixup cuts): the call again with those, through its entry point,
-        # where a C rule takes what it takes (the generic path's signature
-        # refuses them: the call ran eagerly, a graph split)
-        entry = _entry_point(name, args)
-        if entry is not None:
-            return entry(*_python_numbers(args), **_python_numbers(kwargs))
+    out = _with_python_numbers(name, args, kwargs)
+    if out is not _NO_NUMPY:
+        return out
     if func in _SIZE_TAKERS:
         sizes = _sizes_read(args)
         if sizes is not None:
@@ -126,11 +120,10 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
     """Run the call eagerly (counted, with `reason`): a write through
     mutation.py, anything else through fallback.py.  (A call a C rule
     refused for a NumPy number in it, an in-place method's, is the call
-    again with the Python number instead: see call.)"""
-    if _holds_numpy_number(args, kwargs):
-        entry = _entry_point(name, args)
-        if entry is not None:
-            return entry(*_python_numbers(args), **_python_numbers(kwargs))
+    again with the Python number instead.)"""
+    out = _with_python_numbers(name, args, kwargs)
+    if out is not _NO_NUMPY:
+        return out
     fallback.count(name, reason)
     out = kwargs.get("out")
     if type(out) is LazyTensor or (type(out) in (tuple, list)
@@ -142,6 +135,24 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
 
 
 _FLAG_SETTERS = frozenset({"Tensor.requires_grad_"})
+
+
+_NO_NUMPY = object()
+
+
+def _with_python_numbers(name, args, kwargs):
+    """NumPy's scalars as the Python numbers eager's parser reads them as
+    (`x / np.sqrt(d)`, a slice `x[:, np.int64(2):]` such as timm's Mixup
+    cuts): the call again with those, through its entry point, where a C
+    rule takes what it takes (the generic path's signature refuses them:
+    the call ran eagerly, a graph split).  _NO_NUMPY where the arguments
+    hold no NumPy number (or the entry point is not known)."""
+    if not _holds_numpy_number(args, kwargs):
+        return _NO_NUMPY
+    entry = _entry_point(name, args)
+    if entry is None:
+        return _NO_NUMPY
+    return entry(*_python_numbers(args), **_python_numbers(kwargs))
 
 
 _OWNERS = {"torch": torch, "Tensor": torch.Tensor, "F": torch.nn.functional, "": torch}
