@@ -117,6 +117,32 @@ PROGRAMS = {
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0, 0)
     """,
+    # the collector frees a garbage cycle holding pending tensors while a
+    # flush that fails runs (an eager write to an input ran it), one of them
+    # read by a __del__ in the middle of the flush; the write's recovery
+    # then computes the segment's other tensors one by one (it once read
+    # the freed tensors: a crash)
+    "drop_during_failed_flush": """
+        class Box:
+            def __init__(self, t):
+                self.t, self.me = t, self
+        gc.set_threshold(1)
+        for i in range(40):
+            base = torch.arange(8.0)
+            x = fastlazy.lazy(base)
+            Box(x * 3)
+            Reader(x + i, 28.0 + 8 * i)
+            bad = x.index_select(0, torch.tensor([100]))
+            keep = x * 2
+            base.add_(1)
+            assert torch.equal(keep.to_eager(), torch.arange(8.0) * 2)
+            try:
+                bad.to_eager()
+            except IndexError:
+                pass
+            else:
+                raise AssertionError("an index out of range gave a value")
+    """,
 }
 
 EPILOGUE = textwrap.dedent("""

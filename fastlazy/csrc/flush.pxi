@@ -384,6 +384,7 @@ cdef int run_segment_for(LazyTensor t) except -1:
             flush_reasons[REASON_OTHER_THREAD] += 1
             set_value(t, _hooks.recover(seg, t.idx, None))
             t.seg = None
+            leave_node(seg, t.idx, t)
             return 0
         # Another thread is running it: wait for its result.
         flush_reasons[REASON_OTHER_THREAD] += 1
@@ -407,6 +408,7 @@ cdef int run_segment_for(LazyTensor t) except -1:
             raise failure
         set_value(t, value)
         t.seg = None
+        leave_node(seg, t.idx, t)
     elif t.seg is seg:
         raise SystemError("fastlazy: a flushed segment left a LazyTensor without its value")
     return 0

@@ -178,14 +178,20 @@ cdef class Segment:
         return self.nslots - 1
 
     cdef void drop_owner(self, int32_t idx) noexcept:
-        """The LazyTensor of node idx is gone.  A node that nothing
-        consumes is dead (kill), and dead nodes at the end of the buffer
-        are dropped: code that records and discards (a trace-only loop, a
-        result never read) keeps the buffer empty instead of filling it,
-        and holds none of the eager tensors it read."""
-        if self.state != SEG_RECORDING:
-            return      # a running segment's nodes are read: never changed
+        """The LazyTensor of node idx is gone, or holds something else now.
+        Its owner pointer is cleared whatever the state: a failed segment
+        outlives its handles, and its recovery (_recover_all) walks the
+        owners, so a pointer left to a freed handle would be read.  In a
+        recording segment a node that nothing consumes is dead too (kill),
+        and dead nodes at the end of the buffer are dropped: code that
+        records and discards (a trace-only loop, a result never read) keeps
+        the buffer empty instead of filling it, and holds none of the eager
+        tensors it read."""
+        if idx >= self.n:
+            return      # released after its run: no node is read again
         self.nodes[idx].owner = NULL
+        if self.state != SEG_RECORDING:
+            return      # a running or failed segment's nodes are read: kept
         if self.nodes[idx].uses == 0:
             self.kill(idx)
 
@@ -608,9 +614,14 @@ cdef void retarget(LazyTensor t, Segment seg, int32_t idx) noexcept:
     t.idx = idx
     t.slot_epoch = 0
     value, t.value = t.value, None
-    if (old is not None and old.state == SEG_RECORDING
-            and old.nodes[old_idx].owner == <PyObject*>t):
-        old.drop_owner(old_idx)
+    leave_node(old, old_idx, t)
+
+
+cdef inline void leave_node(Segment seg, int32_t idx, LazyTensor t) noexcept:
+    """t no longer holds node idx of seg (None: it held no node): the node
+    loses its owner if t still is it (in a recording segment it may die)."""
+    if seg is not None and idx < seg.n and seg.nodes[idx].owner == <PyObject*>t:
+        seg.drop_owner(idx)
 
 
 # How many torch.inference_mode contexts are open, over all threads (kept by

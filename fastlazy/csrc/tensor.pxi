@@ -116,9 +116,7 @@ cdef void detach_handle(LazyTensor t, object value) noexcept:
     t.slot_epoch = 0
     previous = t.value
     set_value(t, value)
-    if (old is not None and old.state == SEG_RECORDING
-            and old.nodes[idx].owner == <PyObject*>t):
-        old.drop_owner(idx)
+    leave_node(old, idx, t)
 
 
 cdef object materialize(LazyTensor t):
@@ -286,9 +284,7 @@ cdef class LazyTensor:
         PyObject_GenericSetAttr(self, name, NULL)
 
     def __dealloc__(self):
-        if (self.seg is not None and self.seg.state == SEG_RECORDING
-                and self.seg.nodes[self.idx].owner == <PyObject*>self):
-            self.seg.drop_owner(self.idx)
+        leave_node(self.seg, self.idx, self)
 
     # -- metadata, known without running anything --
 
