@@ -94,9 +94,14 @@ class Signature:
     structseq (torch.topk's) where `spec` is that sequence
     of leaves (results rebuilt without pytree), else None; `retypes_held`:
     a result is a dtype view of a held argument (views.held), placed at
-    each call (generic.record)."""
+    each call (generic.record); `result_strides`: {index in `recorded`'s
+    numbering: the strides eager gives that result} where a real kernel's
+    run showed them, its tensor arguments laid out as `operand_layouts`
+    ((shape, strides) each) -- generic.Lowering keeps them for
+    fastlazy.layouts."""
     __slots__ = ("reason", "written", "lowering", "kinds", "recorded", "spec", "detach",
-                 "nested", "constants", "draws", "sequence", "retypes_held")
+                 "nested", "constants", "draws", "sequence", "retypes_held",
+                 "operand_layouts", "result_strides")
 
     def __init__(self, reason=None, written=()):
         self.retypes_held = False   # a result is a dtype view of a held argument
@@ -106,6 +111,8 @@ class Signature:
         self.constants = ()
         self.draws = ()
         self.sequence = None
+        self.operand_layouts = ()
+        self.result_strides = {}
 
 
 def substitute(x, it, floats=None):
@@ -378,10 +385,20 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     # transformer layer's -- gave its results without the casts, as the
     # recorded program, run without autocast, will; eager's kernel casts.)
     trial_under_autocast = trial is not None and _core.autocast_depth()
+    real = None
     if (trial is None and (not templated or ruled)) or trial_under_autocast:
-        _run_small(func, args, kwargs, tensors, results, ruled,
-                   "the fake kernel's result metadata differs from eager's" if trial is None
-                   else "its kernel casts inside itself under autocast")
+        real = _run_small(func, args, kwargs, tensors, results, ruled,
+                          "the fake kernel's result metadata differs from eager's"
+                          if trial is None else "its kernel casts inside itself under autocast")
+    if real is None and trial is not None and not trial_under_autocast:
+        real = results              # (the trial run's: the real kernel's)
+    if real is not None:
+        # a result's strides as the real kernel laid it out, from arguments
+        # laid out as the fake or trial ones were (fastlazy.layouts: a
+        # pending result's stride() then needs no value)
+        sig.operand_layouts = tuple((tuple(f.shape), tuple(f.stride())) for f in fakes)
+        sig.result_strides = {index: tuple(real[index].stride())
+                              for index, *_ in sig.recorded}
     if trial is not None and not templated:
         _forget_values(gm.graph)
     if not templated and erased is not None and not (
@@ -719,7 +736,8 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled,
     row's C rule does not take (these are the corners where fake kernels
     and eager part ways) runs eagerly.  Under autocast the run is made
     whatever the size: a kernel that casts inside itself gives its dtypes
-    in no other run (and a signature is analysed once)."""
+    in no other run (and a signature is analysed once).  The real results,
+    or None where the call was too large to run."""
     if sum(t.numel() for t in tensors) > REAL_CHECK_NUMEL and not _core.autocast_depth():
         if ruled:
             raise Unsafe("its C rule does not take these arguments, and they are too "
@@ -735,6 +753,7 @@ def _run_small(func, args, kwargs, tensors, fakes, ruled,
     real = [v for v in pytree.tree_leaves(out) if v is not None]
     if [(v.dtype, v.shape) for v in real] != [(v.dtype, v.shape) for v in fakes]:
         raise Unsafe(differs)
+    return real
 
 
 # Exceptions to _REFUSED_TAGS: an attention kernel tagged random for its

@@ -32,6 +32,7 @@ from fastlazy.capture import MAX_INPUTS, Signature, Unsafe, WritesInputs
 
 MAX_SIGNATURES = 20_000       # signatures kept before the cache starts over
 MAX_LOWERINGS = 1 << _core.ATTR_GENERIC_OUT_SHIFT   # programs a node can name
+MAX_LAYOUTS = 256             # result layouts kept per program output
 
 # argument types that stand for themselves in a signature (the core's
 # signature_key handles tensors, containers, floats and slices)
@@ -50,9 +51,35 @@ class Lowering:
         nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in nodes if n.op == "placeholder"]
         self.outputs = list(nodes[-1].args[0])
+        # output index -> {number of tensor arguments -> {their (shape,
+        # strides) each: the strides eager gives that output}}, from the real
+        # runs of the signatures analysed with this program (capture.Signature)
+        self.result_strides = {}
+        self._layouts_kept = 0
 
     generic = True
     lower = None
+
+    def note_layouts(self, sig):
+        """Keep what the real run of signature sig showed of its results'
+        layouts (a few hundred layouts per program at most: a loop over
+        ever-new shapes is no reason to grow)."""
+        for index, strides in sig.result_strides.items():
+            if self._layouts_kept < MAX_LAYOUTS:
+                self._layouts_kept += 1
+                known = self.result_strides.setdefault(index, {})
+                known.setdefault(len(sig.operand_layouts), {})[sig.operand_layouts] = strides
+
+    def strides_of(self, index, operands):
+        """The strides eager gives output `index` of a call whose node reads
+        `operands` ((shape, strides) of each input, None where not known or
+        not a tensor; its tensor arguments come first), where a real run
+        showed them; else None."""
+        for n, known in self.result_strides.get(index, {}).items():
+            strides = known.get(tuple(operands[:n]))
+            if strides is not None:
+                return strides
+        return None
 
     def __repr__(self):
         return f"<generic lowering {self.index}: {self.name}>"
@@ -392,6 +419,7 @@ def _analyse(func, args, kwargs, tensors, name, ruled):
             _sequence(args, kwargs)     # Unsafe unless a plain list of tensors
         elif program is not None:
             sig.lowering = _intern(program, name)
+            sig.lowering.note_layouts(sig)
         return sig
     except WritesInputs as exc:
         return Signature(str(exc), exc.written)

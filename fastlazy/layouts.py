@@ -8,14 +8,16 @@ returns the tensor itself where eager's is contiguous and a copy where it
 is not (the core's view rules).  The layout is worked out from the
 recorded producers: TensorIterator's rule for elementwise ops, the
 contiguous results of matmuls and normalizations, the memory format
-convolutions and pooling keep; where the producers do not tell (a generic
-call, which may be a view), None.
+convolutions and pooling keep, a generic call's as its signature's real
+run laid it out; where the producers do not tell, None.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from fastlazy import _core, generic, optable, views
+from fastlazy import _core, generic, node_program, optable, views
 from fastlazy._core import Rule
 
 # ops whose eager result is laid out as their operands are (TensorIterator's)
@@ -54,7 +56,11 @@ def pending_strides(x):
     last; only 4-D and 5-D tensors have another); attention gives a
     contiguous result of contiguous operands; a view that no tensor holds
     any more is followed only where it keeps a contiguous input
-    contiguous.  Any other op -- a generic call, which may be a view --
+    contiguous; a generic call's result is laid out as the real run of its
+    signature's first call laid it out, where its operands are laid out as
+    they were there (a kernel lays its result out by its operands' shapes
+    and strides, never their values).  Any other op -- a generic call too
+    large for a real run, one whose operands are laid out otherwise --
     does not tell."""
     seg, index = _core.pending_in(x)
     return _Layouts(seg).strides(index)
@@ -83,11 +89,23 @@ class _Layouts:
             return tuple(where[1])                      # a live view
         row = optable.OPS[node.op] if 0 <= node.op < len(optable.OPS) else None
         rule = None if row is None else row.rule
-        if node.op == _core.GENERIC_OP and _preserves_layout(node.attr):
-            # empty_like(x), zeros_like(x), x.clone()...: dense in x's order
-            kind, k = node.inputs[0]
-            operand = self._operand(kind, k)
-            return None if operand is None else iterator_strides(node.shape, [operand])
+        if row is not None and row.aliases:
+            # a view no tensor holds any more: its strides follow from its
+            # input's alone, as its own program gives them on meta tensors
+            strides = self._view_strides(node)
+            if strides is not None:
+                return strides
+        if node.op == _core.GENERIC_OP:
+            if _preserves_layout(node.attr):
+                # empty_like(x), zeros_like(x), x.clone()...: dense in x's order
+                kind, k = node.inputs[0]
+                operand = self._operand(kind, k)
+                return None if operand is None else iterator_strides(node.shape, [operand])
+            # any other call: as the real run of its signature laid it out,
+            # where its operands are laid out as they were there
+            lowering = generic.lowering(node.attr & ((1 << _core.ATTR_GENERIC_OUT_SHIFT) - 1))
+            return lowering.strides_of(node.attr >> _core.ATTR_GENERIC_OUT_SHIFT,
+                                       [self._operand(kind, k) for kind, k in node.inputs])
         if rule in _CONTIGUOUS_RESULTS or (rule in _FORMAT_FOLLOWING and len(node.shape) < 4):
             return views.contiguous_strides(node.shape)
         elementwise = rule in _ELEMENTWISE or (row is not None and row.name in _GENERIC_ELEMENTWISE)
@@ -113,6 +131,31 @@ class _Layouts:
                 return _channels_last_strides(node.shape)
         return None
 
+    def _view_strides(self, node):
+        """The strides of view node `node` where its operands' layouts are
+        known: its program run on meta tensors laid out as they are."""
+        inputs = []
+        for kind, k in node.inputs:
+            value = self.seg.slot(k)[1] if kind == "slot" else None
+            if kind == "node" or isinstance(value, torch.Tensor):
+                operand = self._operand(kind, k)
+                if operand is None:
+                    return None
+                dtype = self.seg.node(k).dtype if kind == "node" else value.dtype
+                value = torch.empty_strided(*operand, dtype=dtype, device="meta")
+            inputs.append(value)
+        program, output = node_program.of_record(node.op, node.attr, node.dtype)[1:]
+        values = []
+        try:
+            for call in program.calls:
+                values.append(call.fn(*[_meta_argument(a, inputs, values) for a in call.args],
+                                      **{name: _meta_argument(a, inputs, values)
+                                         for name, a in call.kwargs}))
+            out = _meta_argument(program.outputs[output], inputs, values)
+        except Exception:       # noqa: BLE001 - eager would raise: not told here
+            return None
+        return tuple(out.stride()) if tuple(out.shape) == tuple(node.shape) else None
+
     def _operand(self, kind, k):
         """(shape, strides) of a node's input: a node's as worked out, a
         tensor slot's own; None where not known (or not a tensor)."""
@@ -123,6 +166,20 @@ class _Layouts:
         if isinstance(value, torch.Tensor):
             return tuple(value.shape), value.stride()
         return None
+
+
+def _meta_argument(template, inputs, values):
+    """A node program's call argument (node_program's templates), with the
+    node's inputs and its calls' values so far."""
+    if isinstance(template, node_program.Input):
+        return inputs[template.k]
+    if isinstance(template, node_program.Value):
+        return values[template.k]
+    if isinstance(template, node_program.Sizes):
+        return list(_meta_argument(template.of, inputs, values).shape[-template.count:])
+    if isinstance(template, (list, tuple)) and node_program.holds_refs(template):
+        return type(template)(_meta_argument(t, inputs, values) for t in template)
+    return template
 
 
 # aten calls whose result eager lays out as its first argument is laid out
@@ -140,7 +197,14 @@ def _preserves_layout(attr) -> bool:
     input contiguous first -- the generic path computes on contiguous
     copies of pending operands -- but eager's result takes the input's
     layout.)"""
-    lowering = generic.lowering(attr & ((1 << _core.ATTR_GENERIC_OUT_SHIFT) - 1))
+    return _program_preserves_layout(attr & ((1 << _core.ATTR_GENERIC_OUT_SHIFT) - 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _program_preserves_layout(index) -> bool:
+    """_preserves_layout of lowering `index` (a program never changes; its
+    walk cost microseconds at every dropout of a generic result)."""
+    lowering = generic.lowering(index)
     calls = [n for n in lowering.gm.graph.nodes
              if n.op == "call_function" and n.target not in _LAYOUT_FREE]
     return (len(calls) == 1 and calls[0].target in _LIKE
