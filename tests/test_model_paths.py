@@ -215,9 +215,14 @@ def test_dropout_probabilities_the_core_leaves_to_python_keep_eagers_result(p):
 _KEPT = []
 _PERMUTED = torch.randn(2, 5, 6)
 LAID_OUT = {
-    # an audio encoder's front: conv, permute, position added (Whisper's)
-    "permuted-plus-contiguous": (lambda x, pos: x.permute(0, 2, 1) + pos, False),
-    "through-two-elementwise-ops": (lambda x, pos: (x.permute(0, 2, 1) * 2 + pos).relu(), False),
+    # an audio encoder's front: conv, permute, position added (Whisper's);
+    # a view no tensor holds is laid out as its program lays it out
+    "permuted-plus-contiguous": (lambda x, pos: x.permute(0, 2, 1) + pos, True),
+    "through-two-elementwise-ops": (lambda x, pos: (x.permute(0, 2, 1) * 2 + pos).relu(), True),
+    # generic calls: as the real run of their signatures laid them out
+    "generic-of-a-permuted-view": (lambda x, pos: torch.flip(x.permute(0, 2, 1), [1]) * pos,
+                                   True),
+    "generic-reshape-copy": (lambda x, pos: x.transpose(1, 2).reshape(2, 5, 6) - pos, True),
     # a view a tensor still holds: its strides are known, nothing computed
     "transposed-kept-alive": (lambda x, pos: _KEPT.append(x.transpose(1, 2)) or _KEPT[-1] - pos,
                               True),
