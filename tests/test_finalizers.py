@@ -143,6 +143,37 @@ PROGRAMS = {
             else:
                 raise AssertionError("an index out of range gave a value")
     """,
+    # a weakref callback on a pending tensor runs in its deallocation,
+    # before it lets its node go, and computes the segment (a read of a
+    # sibling, mark_step, an eager write that runs a failing graph): the
+    # dying tensor was taken for a live one and freed twice (a crash)
+    "weakref_on_a_dying_tensor": """
+        for i in range(20):
+            base = torch.arange(4.0)
+            x = fastlazy.lazy(base)
+            y, z = x * 2, x + i
+            bad = x.index_select(0, torch.tensor([100]))
+            if i % 3 == 0:
+                weakref.finalize(y, lambda z=z, i=i: (seen.append(z.tolist()),
+                                                      want.append([float(i + k) for k in range(4)])))
+            elif i % 3 == 1:
+                weakref.ref(y, lambda w: fastlazy.mark_step())
+            else:
+                weakref.finalize(y, lambda base=base: base.add_(1))
+            del y
+            assert z.tolist() == [float(i + k) for k in range(4)]
+    """,
+    # a callback run by a flush writes the tensor being read in place: the
+    # read gives the written value (it gave None)
+    "rebound_during_its_own_flush": """
+        for i in range(20):
+            x = fastlazy.lazy(torch.arange(4.0))
+            e = torch.ones(4)
+            t = x * e + i                   # the segment holds e until it runs
+            weakref.finalize(e, lambda t=t: t.add_(1))
+            del e
+            assert t.tolist() == [float(i + 1 + k) for k in range(4)], t.tolist()
+    """,
 }
 
 EPILOGUE = textwrap.dedent("""

@@ -166,7 +166,7 @@ cdef int run_live(Segment seg, int reason, list owners, list outs) except -1:
     cdef int inference = 0
     for i in range(seg.n):
         detached |= seg.nodes[i].flags & NODE_DETACH
-        if seg.nodes[i].owner != NULL:
+        if owner_of(seg, i) != NULL:
             owners.append(<object>seg.nodes[i].owner)
             outs.append(i)
             grad |= seg.nodes[i].meta.requires_grad
@@ -529,7 +529,7 @@ cdef void _recover_all(Segment seg):
     cdef list owners = []
     cdef int32_t i
     for i in range(seg.n):
-        if seg.nodes[i].owner != NULL:
+        if owner_of(seg, i) != NULL:
             owners.append(<object>seg.nodes[i].owner)
     for t in owners:
         try:

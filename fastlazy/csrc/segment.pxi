@@ -361,7 +361,7 @@ cdef class Segment:
 
     def live(self):
         """Indices of the nodes a LazyTensor still holds."""
-        return [i for i in range(self.n) if self.nodes[i].owner != NULL]
+        return [i for i in range(self.n) if owner_of(self, i) != NULL]
 
     cdef NodeRecord record_of(self, int32_t i):
         cdef Node *nd = &self.nodes[i]
@@ -374,7 +374,7 @@ cdef class Segment:
         rec.flags = nd.flags
         rec.dtype = DTYPES[nd.meta.dtype]
         rec.shape = tuple([nd.meta.shape[k] for k in range(nd.meta.ndim)])
-        rec.live = nd.owner != NULL
+        rec.live = owner_of(self, i) != NULL
         rec.requires_grad = nd.meta.requires_grad
         rec.uses = nd.uses
         return rec
@@ -389,7 +389,7 @@ cdef class Segment:
         """The LazyTensor holding node i's value, or None."""
         if not 0 <= i < self.n:
             raise IndexError(f"node {i} of a segment of {self.n}")
-        owner = self.nodes[i].owner
+        owner = owner_of(self, <int32_t>i)
         return None if owner == NULL else <object>owner
 
     def slot(self, Py_ssize_t k):
@@ -615,6 +615,18 @@ cdef void retarget(LazyTensor t, Segment seg, int32_t idx) noexcept:
     t.slot_epoch = 0
     value, t.value = t.value, None
     leave_node(old, old_idx, t)
+
+
+cdef inline PyObject *owner_of(Segment seg, int32_t idx) noexcept:
+    """The LazyTensor holding node idx of seg, or NULL: none does, or the
+    one that does is being freed.  A weakref callback on a handle runs in
+    its deallocation before it lets its node go (leave_node), and may
+    flush the segment; taking the handle as a live owner then would bring
+    it back from the dead, and free it twice."""
+    cdef PyObject *owner = seg.nodes[idx].owner
+    if owner != NULL and refcount(owner) <= 0:
+        return NULL
+    return owner
 
 
 cdef inline void leave_node(Segment seg, int32_t idx, LazyTensor t) noexcept:

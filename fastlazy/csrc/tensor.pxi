@@ -120,9 +120,21 @@ cdef void detach_handle(LazyTensor t, object value) noexcept:
 
 
 cdef object materialize(LazyTensor t):
+    cdef int rebound = 0
     if t.value is None:
         counters[C_MATERIALIZATIONS] += 1
         run_segment_for(t)
+        # Python the flush ran (a finalizer, weakref callback or signal
+        # handler) may have written t in place: t then holds a node of a
+        # newer segment, computed in turn
+        while t.value is None:
+            rebound += 1
+            if rebound > 100:
+                raise RuntimeError(
+                    "fastlazy: this LazyTensor was written in place by a callback each "
+                    "time its value was computed (100 times); read it where no "
+                    "finalizer or signal handler writes it")
+            run_segment_for(t)
     return t.value
 
 
