@@ -101,7 +101,7 @@ class Signature:
     fastlazy.layouts."""
     __slots__ = ("reason", "written", "lowering", "kinds", "recorded", "spec", "detach",
                  "nested", "constants", "draws", "sequence", "retypes_held",
-                 "operand_layouts", "result_strides")
+                 "operand_layouts", "result_strides", "transient")
 
     def __init__(self, reason=None, written=()):
         self.retypes_held = False   # a result is a dtype view of a held argument
@@ -113,6 +113,7 @@ class Signature:
         self.sequence = None
         self.operand_layouts = ()
         self.result_strides = {}
+        self.transient = False      # a refusal not kept for the signature (generic.py)
 
 
 def substitute(x, it, floats=None):

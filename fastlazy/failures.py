@@ -52,17 +52,24 @@ def _op_name(node):
 
 
 def graph_failed(eager, seg, outputs, error):
-    """The exception to raise for the graph of `outputs` that raised `error`
-    (the core calls this, with `eager` the eager backend bound by the boot;
-    `error` is returned when the eager replay does not fail: the backend's
-    own failure)."""
+    """(the exception to raise for the graph of `outputs` that raised
+    `error`, each output's value or None) -- the core calls this, with
+    `eager` the eager backend bound by the boot.  The graph is replayed node
+    by node: the first node that raises gives eager's exception (`error`
+    itself where none does: the backend's own failure), and every output
+    that does not depend on a failing node gets its value, as eager computed
+    it at its call (a write to an input after this must not reach it)."""
     if not isinstance(error, Exception):
-        return error                            # KeyboardInterrupt...
+        return error, [None] * len(outputs)     # KeyboardInterrupt...
     view = GraphView(seg, outputs)
-    program = eager.compile(view, diagnose=True)
     order = view.slot_order()
+    values, exc = eager.replay_tolerant(view, [seg.inputs[k] for k in order])
+    if exc is None or not getattr(exc, _NOTED, False):
+        exc = error
+    # an input written since its node was recorded: the error the whole
+    # graph's run raised stands, and no value is taken from the new contents
     try:
-        program.run([seg.inputs[order[p]] for p in program.slots])
-    except Exception as exc:
-        return exc if getattr(exc, _NOTED, False) else error
-    return error
+        seg._check_versions(order)
+    except Exception:                           # noqa: BLE001 - the run's error stands
+        return exc, [None] * len(outputs)
+    return exc, values

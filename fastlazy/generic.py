@@ -21,6 +21,7 @@ bakes sizes in (a reshape to (4, -1) traced as view(4, 6)) gets one per shape.
 from __future__ import annotations
 
 import operator
+import os
 import threading
 
 import torch
@@ -167,7 +168,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
                     # a loop over ever-new shapes: start over rather than grow
                     _signatures.clear()
                     _core.forget_generic()
-                _signatures[key] = sig
+                if not sig.transient:
+                    _signatures[key] = sig
             if loose is not None and sig.reason is None:
                 lifted_floats.observe(loose[0], loose[1], func, args, kwargs, tensors, sig,
                                       lambda gm: _intern(gm, title))
@@ -424,7 +426,40 @@ def _analyse(func, args, kwargs, tensors, name, ruled):
     except WritesInputs as exc:
         return Signature(str(exc), exc.written)
     except Unsafe as exc:
-        return Signature(str(exc))
+        sig = Signature(str(exc))
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None and _ran_other_code(cause):
+            # Python outside torch and fastlazy ran in the middle of the
+            # analysis (a signal handler, a finalizer, a library's own op)
+            # and raised: no verdict kept for the signature.  An exception
+            # of a type of its own (a handler's timeout) belongs to this
+            # call, as in eager; another one runs the call eagerly, where
+            # eager judges it
+            if not _torch_or_builtin(type(cause)):
+                raise cause from None
+            sig.transient = True
+        return sig
+
+
+# where the code of torch, of fastlazy and of Python's own library lives
+_LIBRARY_FILES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                       for m in (torch, _core, os))
+
+
+def _ran_other_code(exc) -> bool:
+    """Was `exc` raised in, or did it pass through, code outside torch,
+    fastlazy and Python's library?"""
+    tb = exc.__traceback__
+    while tb is not None:
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_LIBRARY_FILES):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _torch_or_builtin(kind) -> bool:
+    module = kind.__module__ or ""
+    return module == "builtins" or module == "torch" or module.startswith("torch.")
 
 
 def _intern(gm, name):

@@ -174,6 +174,36 @@ PROGRAMS = {
             del e
             assert t.tolist() == [float(i + 1 + k) for k in range(4)], t.tolist()
     """,
+    # a signal handler raises in the middle of the first analysis of a
+    # signature (a timeout): the call raises the handler's exception, as
+    # eager's does, and the signature is analysed anew next time (the
+    # exception was kept as its verdict, and every later write through a
+    # view of that geometry raised fastlazy's internal Unsafe)
+    "handler_raises_during_an_analysis": """
+        class Alarm(Exception):
+            pass
+        armed = [True]
+        def tracer(frame, event, arg):
+            if armed[0] and event == "call" and frame.f_code.co_name == "_scatter_into":
+                armed[0] = False
+                signal.raise_signal(signal.SIGALRM)
+        def handler(signum, frame):
+            raise Alarm()
+        signal.signal(signal.SIGALRM, handler)
+        y = fastlazy.lazy(torch.arange(6.0)) * 3
+        sys.settrace(tracer)
+        try:
+            y[1:].mul_(2)
+            raise AssertionError("the handler's exception was lost")
+        except Alarm:
+            pass
+        finally:
+            sys.settrace(None)
+        for i in range(3):
+            z = fastlazy.lazy(torch.arange(6.0)) * 3
+            z[1:].mul_(2)
+            assert z.tolist() == [0.0, 6.0, 12.0, 18.0, 24.0, 30.0], z.tolist()
+    """,
 }
 
 EPILOGUE = textwrap.dedent("""

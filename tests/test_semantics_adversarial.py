@@ -1062,6 +1062,41 @@ def test_deferred_error_does_not_surface_at_another_tensors_read():
             t.to_eager()
 
 
+READS = {
+    "the failing tensor": lambda bad, good: bad.to_eager(),
+    "another tensor": lambda bad, good: good.to_eager(),
+    "mark_step": lambda bad, good: fastlazy.mark_step(),
+}
+WRITES = {
+    "add_": lambda base: base.add_(1),
+    ".data.add_": lambda base: base.data.add_(1),       # (no version bump)
+}
+
+
+@pytest.mark.parametrize("write", WRITES.values(), ids=WRITES.keys())
+@pytest.mark.parametrize("read", READS.values(), ids=READS.keys())
+def test_a_write_after_a_failed_graph_leaves_its_other_results_eagers(read, write):
+    """A graph fails at a read; its other results that do not depend on the
+    failing op keep the values eager computed at their calls, whatever is
+    written to their inputs afterwards (they read the new contents, or
+    raised for the write, while left pending)."""
+    base = torch.arange(8.0)
+    x = fastlazy.lazy(base)
+    keep, last = x * 2, x.sum()
+    bad = x.index_select(0, torch.tensor([100]))
+    doomed = bad + keep[:1]
+    try:
+        read(bad, keep)
+    except IndexError:
+        pass
+    write(base)
+    assert torch.equal(keep.to_eager(), torch.arange(8.0) * 2)
+    assert last.item() == 28.0
+    for t in (bad, doomed):
+        with pytest.raises((IndexError, RuntimeError)):
+            t.to_eager()
+
+
 def test_deferred_error_does_not_surface_at_a_threshold_flush():
     before = fastlazy._core.get_flush_threshold()
     fastlazy._core.set_flush_threshold(3)

@@ -137,7 +137,11 @@ cdef int flush(Segment seg, int reason) except -1:
         # Its traceback's frames hold LazyTensors, which hold the segment:
         # a cycle the collector frees (both types take part in it).
         seg.error = exc
-        failure = _hooks.graph_failed(seg, outs, exc)
+        failure, values = _hooks.graph_failed(seg, outs, exc)
+        # the results that do not depend on the failing op have their
+        # values now, as eager computed them at their calls: a write to an
+        # input from here on must not reach them
+        _take_values(seg, owners, outs, values)
         if failure is exc:
             raise
     finally:
@@ -151,6 +155,21 @@ cdef int flush(Segment seg, int reason) except -1:
     if failure is not None:
         # eager's exception alone, not chained to the backend's own report
         raise failure from None
+    return 0
+
+
+cdef int _take_values(Segment seg, list owners, list outs, list values) except -1:
+    """Give each owner of a failed segment its value where `values` has one
+    (graph_failed's replay), unless it left its node while the flush ran."""
+    cdef LazyTensor t
+    cdef Py_ssize_t k
+    for k in range(len(owners)):
+        t = <LazyTensor>owners[k]
+        if values[k] is not None and t.seg is seg and t.idx == <int32_t>outs[k]:
+            set_value(t, values[k])
+            t.seg = None
+            t.slot_epoch = 0
+            leave_node(seg, <int32_t>outs[k], t)
     return 0
 
 
@@ -370,6 +389,8 @@ cdef int run_segment_for(LazyTensor t) except -1:
         try:
             return flush(seg, REASON_VALUE)
         except Exception as exc:
+            if t.value is not None and seg.state == SEG_FAILED:
+                return 0        # another result failed; this one's value is eager's
             if t.seg is not seg or seg.state != SEG_FAILED:
                 raise
             failure = exc       # (computed alone below)
