@@ -19,6 +19,7 @@ import torch
 
 from fastlazy import _core, generic, node_program, optable, views
 from fastlazy._core import Rule
+from fastlazy.backends.base import argument_reader
 
 # ops whose eager result is laid out as their operands are (TensorIterator's)
 _ELEMENTWISE = frozenset(rule for rule in Rule if _core.is_elementwise_rule(rule))
@@ -148,10 +149,10 @@ class _Layouts:
         values = []
         try:
             for call in program.calls:
-                values.append(call.fn(*[_meta_argument(a, inputs, values) for a in call.args],
-                                      **{name: _meta_argument(a, inputs, values)
+                values.append(call.fn(*[argument_reader(a)(inputs, values) for a in call.args],
+                                      **{name: argument_reader(a)(inputs, values)
                                          for name, a in call.kwargs}))
-            out = _meta_argument(program.outputs[output], inputs, values)
+            out = argument_reader(program.outputs[output])(inputs, values)
         except Exception:       # noqa: BLE001 - eager would raise: not told here
             return None
         return tuple(out.stride()) if tuple(out.shape) == tuple(node.shape) else None
@@ -166,20 +167,6 @@ class _Layouts:
         if isinstance(value, torch.Tensor):
             return tuple(value.shape), value.stride()
         return None
-
-
-def _meta_argument(template, inputs, values):
-    """A node program's call argument (node_program's templates), with the
-    node's inputs and its calls' values so far."""
-    if isinstance(template, node_program.Input):
-        return inputs[template.k]
-    if isinstance(template, node_program.Value):
-        return values[template.k]
-    if isinstance(template, node_program.Sizes):
-        return list(_meta_argument(template.of, inputs, values).shape[-template.count:])
-    if isinstance(template, (list, tuple)) and node_program.holds_refs(template):
-        return type(template)(_meta_argument(t, inputs, values) for t in template)
-    return template
 
 
 # aten calls whose result eager lays out as its first argument is laid out

@@ -22,15 +22,13 @@ class EagerBackend(Backend):
         and the line that recorded it (fastlazy.failures; the view's sites
         are those of this recording, so such a program is not cached)."""
         keys = [("slot", s.index) for s in view.slots]
-        written = as_written(view)
-        steps = [(("node", node.index), _closure(node, *written_form(node, written)),
-                  node.dtype if node.cast else None) for node in view.nodes]
+        steps = _steps(view)
         outputs = [("node", i) for i in view.outputs]
         nodes, sites = view.nodes, view.segment_sites
 
         def run(*inputs):
             env = dict(zip(keys, inputs))
-            for k, (key, compute, cast) in enumerate(steps):
+            for k, (key, _, compute, cast) in enumerate(steps):
                 try:
                     value = compute(env)
                 except Exception as exc:
@@ -49,24 +47,30 @@ class EagerBackend(Backend):
         computed node by node: (each output's value, or None where it failed
         or read a node that did; the first exception raised, with its note).
         For a graph whose run failed: its other results are eager's."""
-        written = as_written(view)
         nodes, sites = view.nodes, view.segment_sites
         env = {("slot", s.index): v for s, v in zip(view.slots, inputs)}
         failed, first = set(), None
-        for k, node in enumerate(nodes):
-            key = ("node", node.index)
-            if any(i in failed for i in node.inputs):
+        for k, (key, reads, compute, cast) in enumerate(_steps(view)):
+            if any(i in failed for i in reads):
                 failed.add(key)
                 continue
             try:
-                value = _closure(node, *written_form(node, written))(env)
+                value = compute(env)
             except Exception as exc:    # noqa: BLE001 - the nodes after it go on
-                failures.note(exc, node, sites[k])
+                failures.note(exc, nodes[k], sites[k])
                 first = first or exc
                 failed.add(key)
                 continue
-            env[key] = value if not node.cast else value.to(node.dtype)
+            env[key] = value if cast is None else value.to(cast)
         return [env.get(("node", i)) for i in view.outputs], first
+
+
+def _steps(view):
+    """Per node of `view`, in order: (its env key, the keys it reads, env ->
+    its value, the dtype it is cast to or None)."""
+    written = as_written(view)
+    return [(("node", node.index), node.inputs, _closure(node, *written_form(node, written)),
+             node.dtype if node.cast else None) for node in view.nodes]
 
 
 def _closure(node, program, inplace=False):

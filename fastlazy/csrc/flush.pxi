@@ -166,10 +166,7 @@ cdef int _take_values(Segment seg, list owners, list outs, list values) except -
     for k in range(len(owners)):
         t = <LazyTensor>owners[k]
         if values[k] is not None and t.seg is seg and t.idx == <int32_t>outs[k]:
-            set_value(t, values[k])
-            t.seg = None
-            t.slot_epoch = 0
-            leave_node(seg, <int32_t>outs[k], t)
+            detach_handle(t, values[k])
     return 0
 
 
@@ -403,9 +400,7 @@ cdef int run_segment_for(LazyTensor t) except -1:
             # apart, node by node, from the nodes the running flush reads
             # too (they stay intact until it ends).
             flush_reasons[REASON_OTHER_THREAD] += 1
-            set_value(t, _hooks.recover(seg, t.idx, None))
-            t.seg = None
-            leave_node(seg, t.idx, t)
+            detach_handle(t, _hooks.recover(seg, t.idx, None))
             return 0
         # Another thread is running it: wait for its result.
         flush_reasons[REASON_OTHER_THREAD] += 1
@@ -427,9 +422,7 @@ cdef int run_segment_for(LazyTensor t) except -1:
                 raise
         if not computed:
             raise failure
-        set_value(t, value)
-        t.seg = None
-        leave_node(seg, t.idx, t)
+        detach_handle(t, value)
     elif t.seg is seg:
         raise SystemError("fastlazy: a flushed segment left a LazyTensor without its value")
     return 0
