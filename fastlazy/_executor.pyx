@@ -46,6 +46,7 @@ cdef extern from "step_executor.h" namespace "fastlazy" nogil:
         long long direct_steps()
         long long direct_calls()
         long long boxed_calls()
+        long long reused_buffers()
         bint read_fast()
         bint releases_gil()
 
@@ -117,9 +118,13 @@ cdef class StepProgram:
     @property
     def calls(self):
         """Steps called over all runs: {"direct": calling the CPU kernel,
-        "boxed": through the dispatcher}."""
+        "boxed": through the dispatcher, "reused": of the direct ones, a
+        clone or scatter that took over the buffer of an input read for the
+        last time, which nothing else could see (csrc/step_executor.h
+        sole_owner)}."""
         return {"direct": self.program.get().direct_calls(),
-                "boxed": self.program.get().boxed_calls()}
+                "boxed": self.program.get().boxed_calls(),
+                "reused": self.program.get().reused_buffers()}
 
 
 cdef extern from "cpu_pool_scope.h":

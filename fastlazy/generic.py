@@ -213,9 +213,12 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             views.attach_result(t, tensors[sig.kinds[0][1]], sig.kinds[0][2], sig.kinds[0][3])
         if view and sig.kinds[0][3] & _CONJ:
             _resolve_conj(t)
-        elif prepared and len(sig.recorded) == 1 and not sig.draws:
-            # the core records this signature's later calls itself
-            _publish(prepared, sig, sig.kinds[0])
+        elif (prepared and len(sig.recorded) == 1 and not sig.draws
+              and (not written or sig.kinds[0][0] == "new")):
+            # the core records this signature's later calls itself (an
+            # in-place call's functional form: its fresh result, which the
+            # core moves the written tensor onto)
+            _publish(prepared, sig, sig.kinds[0], written=written)
         return t
     resolves = getattr(func, "__name__", None) in _RESOLVERS
     if resolves and sig.kinds[0][0] == "input" and _has_bit(tensors[sig.kinds[0][1]]):
@@ -334,13 +337,13 @@ def _physical(t):
     return torch.conj_physical(t.conj())
 
 
-def _publish(prepared, sig, kind, form=None):
+def _publish(prepared, sig, kind, form=None, written=False):
     """Hand the signature's one recorded result (`kind`: new, or a view and
     its place) to the core, which records its later calls itself."""
     view = kind[0] == "view"
     _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
                           tuple(sig.constants or ()), kind[1] if view else -1,
-                          kind[2] if view else None, kind[3] if view else 0, form)
+                          kind[2] if view else None, kind[3] if view else 0, form, written)
 
 
 def _places(sig):

@@ -27,11 +27,17 @@ from fastlazy.fallback import materialize
 from fastlazy.views import Member
 
 
-def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
+def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=None):
     """An in-place call on a LazyTensor, functionalized: its out-of-place
     version is recorded and the LazyTensor rebound to the result (then the
     write is carried to its views, or to its base).  Raises Unsafe for a
     call it does not take.
+
+    prepared: the in-place call's (signature key, tensors), which the core
+    built for a write to a pending result no view shares (csrc
+    record_inplace_by_signature): the functional form's signature is kept
+    under that key, and published to the core, which records the later
+    calls itself.
 
     flag: the position of the `inplace=True` argument of a call that has
     one (torch.nn.functional's activations): its out-of-place version is the
@@ -58,7 +64,8 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None):
         _leave_storage_to_views(target)
     if flag is None:
         value = generic.record(_functional(func), args, kwargs, name, track_views=False,
-                               ruled=ruled, written=not reshaping)
+                               ruled=ruled, written=not reshaping,
+                               prepared=None if reshaping else prepared)
     else:
         if flag == "inplace":
             kwargs = dict(kwargs, inplace=False)

@@ -38,13 +38,14 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
     if out is not _NO_NUMPY:
         return out
     if func in _SIZE_TAKERS:
-        sizes = _sizes_read(args)
+        sizes = _sizes_read(args, kwargs)
         if sizes is not None:
             # sizes given as 0-dim integer tensors: read, as eager's parser
             # reads them, so that the call is recorded as with ints (a view
             # recorded generically from a tensor size ran eagerly, and lost
             # its place in its base: as_strided on it read other elements)
             method = _SIZE_TAKERS[func]
+            sizes, kwargs = sizes
             if method:        # through the entry point, which records ints
                 return getattr(sizes[0], func.__name__)(*sizes[1:], **kwargs)
             return getattr(torch, func.__name__)(*sizes, **kwargs)
@@ -97,7 +98,8 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
         if out is not running_stats.NOT_HANDLED:
             return out
         if inplace:
-            out = mutation.record_inplace(func, args, kwargs, name, ruled=ruled, flag=flag)
+            out = mutation.record_inplace(func, args, kwargs, name, ruled=ruled, flag=flag,
+                                          prepared=prepared)
         else:
             out = generic.record(func, args, kwargs, name, ruled=ruled, prepared=prepared)
     except Unsafe as exc:
@@ -200,11 +202,17 @@ def _holds_numpy_number(args, kwargs) -> bool:
 def _holds(x) -> bool:
     t = type(x)
     if t is tuple or t is list:
-        return any(type(v) not in _PLAIN and _holds(v) for v in x)
+        for v in x:
+            if type(v) not in _PLAIN and _holds(v):
+                return True
+        return False
+    if t is slice:
+        # (x[:, :3, :, 4:] = ...: every write through an index comes here)
+        return ((type(x.start) not in _PLAIN and _numpy_number(x.start))
+                or (type(x.stop) not in _PLAIN and _numpy_number(x.stop))
+                or (type(x.step) not in _PLAIN and _numpy_number(x.step)))
     if t is dict:
         return any(_holds(v) for v in x.values())
-    if t is slice:
-        return _holds((x.start, x.stop, x.step))
     return _numpy_number(x)
 
 
@@ -226,7 +234,7 @@ def _python_numbers(x):
 # a Tensor method).
 _SIZE_TAKERS = {**{getattr(torch.Tensor, name): True
                    for name in ("view", "reshape", "expand", "repeat", "as_strided",
-                                "narrow", "unflatten")},
+                                "narrow", "unflatten", "new_zeros", "new_ones", "new_empty")},
                 **{getattr(torch, name): False
                    for name in ("reshape", "as_strided", "narrow", "unflatten")}}
 
@@ -236,20 +244,24 @@ def _size_tensor(x):
             and not x.dtype.is_complex and x.dtype is not torch.bool)
 
 
-def _sizes_read(args):
-    """args with each 0-dim integer tensor after the first argument (at the
-    top or in a list of sizes) read as an int, or None if there is none."""
-    if not any(_size_tensor(a) or (type(a) in (tuple, list) and any(map(_size_tensor, a)))
-               for a in args[1:]):
-        return None
-    read = [args[0]]
-    for a in args[1:]:
+def _sizes_read(args, kwargs):
+    """(args, kwargs) with each 0-dim integer tensor after the first
+    argument (at the top or in a list of sizes, positional or a keyword:
+    `x.as_strided(size=(b, n, w, d), ...)`) read as an int, or None if
+    there is none."""
+    def holds(a):
+        return _size_tensor(a) or (type(a) in (tuple, list) and any(map(_size_tensor, a)))
+
+    def read(a):
         if _size_tensor(a):
-            a = int(a)
-        elif type(a) in (tuple, list):
-            a = type(a)(int(v) if _size_tensor(v) else v for v in a)
-        read.append(a)
-    return tuple(read)
+            return int(a)
+        if type(a) in (tuple, list):
+            return type(a)(int(v) if _size_tensor(v) else v for v in a)
+        return a
+    if not args or not any(map(holds, args[1:])) and not any(map(holds, kwargs.values())):
+        return None
+    return (args[0], *map(read, args[1:])), {k: read(v) for k, v in kwargs.items()}
+
 
 _inplace_params: dict = {}
 

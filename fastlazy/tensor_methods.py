@@ -187,11 +187,16 @@ def _layout_query(name):
     computing it (eager_strides), else by the value, as any other method."""
     on_value = _core.make_entry(getattr(torch.Tensor, name), f"Tensor.{name}", -1, FORM_CALL)
     on_meta = getattr(torch.Tensor, name)
+    stride = name == "stride"
 
     def query(self, *args, **kwargs):
         strides = eager_strides(self)
         if strides is None:
             return on_value(self, *args, **kwargs)
+        if not args and not kwargs:
+            # the common questions, answered without a meta tensor
+            # (HuggingFace's chunking asks x.stride() at every call)
+            return tuple(strides) if stride else views.contiguous(tuple(self.shape), strides)
         # (the meta tensor answers with eager's own checks and errors:
         # a dim out of range, a memory format)
         return on_meta(torch.empty_strided(tuple(self.shape), strides, dtype=self.dtype,

@@ -173,11 +173,18 @@ def check_write(target, operands, index=None):
 
 def _basic_index(index) -> bool:
     """Ints, slices, None and Ellipsis only (a view, not a gather)."""
-    items = index if type(index) is tuple else (index,)
-    return all(i is None or i is Ellipsis or type(i) is int
-               or (type(i) is slice and all(type(v) in (int, type(None))
-                                             for v in (i.start, i.stop, i.step)))
-               for i in items)
+    for i in (index if type(index) is tuple else (index,)):
+        t = type(i)
+        if t is slice:
+            if not (type(i.start) in _BOUNDS and type(i.stop) in _BOUNDS
+                    and type(i.step) in _BOUNDS):
+                return False
+        elif not (t is int or i is None or i is Ellipsis):
+            return False
+    return True
+
+
+_BOUNDS = (int, type(None))
 
 
 def _indexed(target, size, stride, offset, index):
@@ -186,10 +193,33 @@ def _indexed(target, size, stride, offset, index):
     index_put_ reads its values apart from the written elements)."""
     if not _basic_index(index):
         return size, stride, offset
-    span = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride) if n > 0)
-    region = torch.empty(span, dtype=target.dtype, device="meta").as_strided(
-        size, stride, offset)[index]
-    return tuple(region.shape), region.stride(), region.storage_offset()
+    key = (tuple(size), tuple(stride), offset, _index_key(index))
+    found = _indexed_places.get(key)
+    if found is None:
+        # eager's own indexing on a meta tensor of the geometry (tens of
+        # microseconds: a model's x[:, :3] = ... writes meet the same few
+        # geometries at every call)
+        span = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride) if n > 0)
+        region = torch.empty(span, dtype=target.dtype, device="meta").as_strided(
+            size, stride, offset)[index]
+        found = (tuple(region.shape), region.stride(), region.storage_offset())
+        if len(_indexed_places) >= _MAX_INDEXED_PLACES:
+            _indexed_places.clear()
+        _indexed_places[key] = found
+    return found
+
+
+# (size, stride, offset, _index_key) -> the indexed region's place
+_indexed_places: dict = {}
+_MAX_INDEXED_PLACES = 4096
+
+
+def _index_key(index):
+    """A basic index as a hashable value (slices are not, before Python
+    3.12); an int and a slice never compare equal."""
+    items = index if type(index) is tuple else (index,)
+    return (type(index) is tuple,) + tuple(
+        (i.start, i.stop, i.step) if type(i) is slice else i for i in items)
 
 
 def lazy_operands(*items):

@@ -389,3 +389,101 @@ def test_an_autocast_state_change_is_a_new_signature(change):
             thread.join()
     assert got["lazy"].dtype == got["eager"].dtype != torch.bfloat16
     torch.testing.assert_close(got["lazy"].to_eager(), got["eager"])
+
+
+# -- in-place writes to a pending result that no view shares: the functional
+# form's signature is published under the in-place call's key, and the core
+# records the write and moves the tensor onto it (generic_record.pxi
+# record_inplace_by_signature) --
+
+def _band(z, x):
+    z[:, 1:3] = x[:, :2]
+    return z
+
+
+WRITES = {
+    "setitem": _band,
+    "setitem_number": lambda z, x: z.__setitem__((0, slice(2, None)), 1.5) or z,
+    "masked_fill_": lambda z, x: z.masked_fill_(x > 0.5, -float("inf")),
+    "index_fill_": lambda z, x: z.index_fill_(1, torch.tensor([0, 3]), 2.0),
+    "scatter_": lambda z, x: z.scatter_(1, torch.tensor([[0], [2], [1]]), x[:, :1]),
+    "index_put_": lambda z, x: z.index_put_((torch.tensor([0, 2]),), x[:2]),
+}
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+def test_a_write_to_a_pending_result_is_recorded_without_python(monkeypatch, name):
+    write = WRITES[name]
+    x = torch.rand(3, 5)
+    lx = fastlazy.lazy(x)
+    for _ in range(2):
+        write(lx * 2, lx)
+    from fastlazy import mutation
+    monkeypatch.setattr(mutation, "record_inplace",
+                        lambda *a, **k: pytest.fail("went up into Python"))
+    z = lx * 2
+    before = hits()
+    returned = write(z, lx)
+    assert hits() == before + 1
+    assert returned is z
+    assert type(z) is fastlazy.LazyTensor and not z.is_materialized
+    torch.testing.assert_close(z.to_eager(), write(x * 2, x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", ["with a view", "materialized", "inference", "a view"])
+def test_a_published_write_leaves_other_targets_to_the_generic_path(target):
+    """The same call on a target the core may not write by itself -- a base
+    of a live view, a computed value, an inference tensor, a view -- goes up
+    to the generic path, which keeps eager's semantics: the view sees the
+    write, the value is not written in place, an inference tensor is
+    refused outside inference mode, a view's root sees the write."""
+    x = torch.rand(3, 5)
+    lx = fastlazy.lazy(x)
+    for _ in range(3):
+        _band(lx * 2, lx)                   # published
+    ez = x * 2
+    if target == "with a view":
+        z = lx * 2
+        v = z[1]
+        _band(z, lx)
+        _band(ez, x)
+        assert torch.equal(v.to_eager(), ez[1])
+    elif target == "materialized":
+        value = x * 2
+        z = fastlazy.lazy(value)
+        _band(z, lx)
+        _band(ez, x)
+        assert torch.equal(value, x * 2)     # the tensor it was made from
+    elif target == "inference":
+        with torch.inference_mode():
+            z = lx * 2
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+            _band(z, lx)
+        return
+    else:
+        root = lx * 2
+        z = root[:, 1:]
+        _band(z, lx)
+        eroot = x * 2
+        _band(eroot[:, 1:], x)
+        assert torch.equal(root.to_eager(), eroot)
+        ez = eroot[:, 1:]
+    assert torch.equal(z.to_eager(), ez)
+
+
+def test_a_published_write_in_training_gives_eagers_gradients():
+    """A write to a pending result that requires grad (the pending result
+    of a leaf's op): recorded by the core from the third call on, with
+    eager's gradients."""
+    w0 = torch.rand(3, 5)
+    for k in range(4):
+        w = fastlazy.lazy(w0.clone()).requires_grad_()
+        h = w * 2
+        h[:, 1:3] = w[:, :2] ** 2
+        (h * h).sum().backward()
+    ew = w0.clone().requires_grad_()
+    eh = ew * 2
+    eh[:, 1:3] = ew[:, :2] ** 2
+    (eh * eh).sum().backward()
+    torch.testing.assert_close(w.grad.to_eager() if isinstance(w.grad, fastlazy.LazyTensor)
+                               else w.grad, ew.grad, rtol=0, atol=0)

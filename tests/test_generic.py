@@ -480,6 +480,37 @@ def test_sizes_held_in_0_dim_integer_tensors_are_read_as_eager_reads_them():
     assert torch.equal(stacked.to_eager(), torch.tensor([3, 2, 6]))
 
 
+SIZED_BY_TENSORS = {
+    "new_zeros": lambda x, n: x.new_zeros((2, n + 1, 4)),
+    "new_ones": lambda x, n: x.new_ones([n, 3]),
+    "new_empty": lambda x, n: x.new_empty((n, 2)).fill_(1.5),
+    "as_strided_keywords": lambda x, n: x.as_strided(size=[2, n, 4], stride=[32, 4, 1]),
+    "as_strided_offset": lambda x, n: x.as_strided((2, 4), (1, 4), n),
+    "view": lambda x, n: x.view(2, n, 16),
+    "reshape_list": lambda x, n: x.reshape([n, -1]),
+}
+
+
+@pytest.mark.parametrize("name", list(SIZED_BY_TENSORS))
+def test_sizes_held_in_0_dim_integer_tensors_are_recorded_as_ints_by_the_core(
+        monkeypatch, name):
+    """The sizes are read where the call comes up (route.py), and the call
+    made again with ints through its entry point: once its signature is
+    published, the core records it without the generic path."""
+    call = SIZED_BY_TENSORS[name]
+    x0 = torch.randn(2, 8, 4)
+    x = fastlazy.lazy(x0) * 1
+    n = torch.div(8, 4, rounding_mode="trunc")
+    for _ in range(2):
+        call(x, n)
+    monkeypatch.setattr(generic, "record", lambda *a, **k: pytest.fail("went up into generic"))
+    got = call(x, n)
+    monkeypatch.undo()
+    want = call(x0, n)
+    assert type(got) is fastlazy.LazyTensor and got.shape == want.shape
+    torch.testing.assert_close(got.to_eager(), want, rtol=0, atol=0)
+
+
 def _set_columns(value):
     def f(t):
         t = t.clone()

@@ -171,7 +171,7 @@ def test_the_chain_runs_directly_through_fastlazy():
         program = next(reversed(graph_cache.programs.values())).call
         assert isinstance(program, step_executor._module.StepProgram)
         assert program.direct_steps == program.steps == 4
-        assert program.calls == {"direct": 12, "boxed": 0}
+        assert program.calls == {"direct": 12, "boxed": 0, "reused": 0}
     finally:
         fastlazy.mark_step()
         fastlazy.set_backend(before)
@@ -301,6 +301,107 @@ def test_dead_intermediates_are_released_during_the_run():
         expected = expected + b
     assert torch.equal(out, expected * b)
     assert max(peak) <= 6, max(peak)
+
+
+# contiguous, clone and as_strided_scatter, called directly: (IR body over
+# %a and %b, eager's computation).  %c is a 6x6 intermediate each may take
+# over (nothing else reads it), %ct its transpose, %e one read again after.
+_MADE = ("  %one : int = prim::Constant[value=1]()\n"
+         "  %zero : int = prim::Constant[value=0]()\n"
+         "  %none : NoneType = prim::Constant()\n"
+         "  %cf : int = prim::Constant[value=0]()\n"
+         "  %pf : int = prim::Constant[value=1]()\n"
+         "  %c : Tensor = aten::mul(%a, %b)\n")
+_PLACE = ("  %size : int[] = prim::Constant[value=[2, 3]]()\n"
+          "  %stride : int[] = prim::Constant[value=[6, 2]]()\n"
+          "  %off : int = prim::Constant[value=7]()\n")
+OWNED = [
+    # (body, eager, buffers the run takes over)
+    ("  %out : Tensor = aten::clone(%c, %none)", lambda a, b: (a * b).clone(), 1),
+    ("  %out : Tensor = aten::clone(%c, %cf)", lambda a, b: (a * b).clone(), 1),
+    # a view keeps its base (eager's _base), so its storage is shared
+    ("  %ct : Tensor = aten::transpose(%c, %zero, %one)\n"
+     "  %out : Tensor = aten::clone(%ct, %pf)",
+     lambda a, b: (a * b).t().clone(memory_format=torch.preserve_format), 0),
+    ("  %ct : Tensor = aten::transpose(%c, %zero, %one)\n"
+     "  %out : Tensor = aten::clone(%ct, %cf)",
+     lambda a, b: (a * b).t().clone(memory_format=torch.contiguous_format), 0),
+    ("  %ct : Tensor = aten::transpose(%c, %zero, %one)\n"
+     "  %out : Tensor = aten::contiguous(%ct, %cf)", lambda a, b: (a * b).t().contiguous(), 0),
+    ("  %out : Tensor = aten::contiguous(%c, %cf)", lambda a, b: (a * b).contiguous(), 0),
+    # read again after the clone: the clone is a copy, the write its own
+    ("  %k : Tensor = aten::clone(%c, %none)\n  %w : Tensor = aten::mul_(%k, %b)\n"
+     "  %out : Tensor = aten::add(%w, %c, %one)",
+     lambda a, b: (a * b).clone().mul_(b) + a * b, 0),
+    # a view of an intermediate read later: its storage is shared
+    ("  %r : Tensor = aten::select(%c, %zero, %one)\n  %k : Tensor = aten::clone(%r, %none)\n"
+     "  %w : Tensor = aten::mul_(%k, %k)\n  %out : Tensor = aten::add(%c, %w, %one)",
+     lambda a, b: a * b + (a * b)[1].clone().mul_((a * b)[1]), 0),
+    # a graph input is always held by its caller
+    ("  %out : Tensor = aten::clone(%a, %none)", lambda a, b: a.clone(), 0),
+    (_PLACE + "  %s : Tensor = aten::slice(%b, %zero, %zero, %one, %one)\n"
+     "  %v : Tensor = aten::reshape(%s, %size)\n"
+     "  %out : Tensor = aten::as_strided_scatter(%c, %v, %size, %stride, %off)",
+     lambda a, b: torch.as_strided_scatter(a * b, b[:1].reshape(2, 3), (2, 3), (6, 2), 7), 1),
+    (_PLACE + "  %s : Tensor = aten::slice(%b, %zero, %zero, %one, %one)\n"
+     "  %v : Tensor = aten::reshape(%s, %size)\n"
+     "  %out : Tensor = aten::as_strided_scatter(%a, %v, %size, %stride, %off)",
+     lambda a, b: torch.as_strided_scatter(a, b[:1].reshape(2, 3), (2, 3), (6, 2), 7), 0),
+    # a scatter whose source views the very buffer: a copy first
+    (_PLACE + "  %s : Tensor = aten::slice(%c, %zero, %zero, %one, %one)\n"
+     "  %v : Tensor = aten::reshape(%s, %size)\n"
+     "  %out : Tensor = aten::as_strided_scatter(%c, %v, %size, %stride, %off)",
+     lambda a, b: torch.as_strided_scatter(a * b, (a * b)[:1].reshape(2, 3), (2, 3), (6, 2), 7),
+     0),
+]
+
+
+@pytest.mark.parametrize("body,eager,reused", OWNED,
+                         ids=[f"{k}-{o[2]}" for k, o in enumerate(OWNED)])
+def test_a_dead_buffer_is_taken_over_only_where_nothing_else_sees_it(body, eager, reused):
+    """clone and as_strided_scatter of an intermediate read for the last
+    time, held nowhere else, laid out as the copy would be: the buffer
+    itself is the result; in every other case a copy.  Either way eager's
+    values and strides, and the inputs untouched."""
+    a, b = torch.rand(6, 6) + 0.5, torch.rand(6, 6) + 0.5
+    a0, b0 = a.clone(), b.clone()
+    expected = eager(a, b)
+    program = step_executor.compile(graph(_MADE + body))
+    for _ in range(2):
+        out = program(a, b)
+        assert torch.equal(out, expected) and out.stride() == expected.stride()
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+    assert program.calls["reused"] == 2 * reused
+
+
+def test_writes_to_a_fresh_tensor_take_over_its_buffer_through_fastlazy():
+    """x[...] = v and masked_fill_ on a fresh result, as a model builds a
+    band or a mask: each functional write clones the tensor, and every
+    clone of a tensor nobody else holds takes it over; eager's values."""
+    before = fastlazy.backend()
+    fastlazy.set_backend("torchscript")
+    try:
+        a = torch.randn(2, 9, 8, 17)
+
+        def band(x):
+            z = x.new_zeros((2, 9, 8, 17))
+            z[:, :-1, :, 8:] = x[:, :-1, :8, :9]
+            z[:, -1, :, 8:] = x[:, -1, :, :9]
+            z[:, 1:, :, :8] = x[:, :-1, :, 9:]
+            z.masked_fill_(z > 1, -float("inf"))
+            return z
+
+        lz = fastlazy.lazy(a)
+        for _ in range(3):
+            got = band(lz).to_eager()
+        assert torch.equal(got, band(a))
+        program = next(reversed(graph_cache.programs.values())).call
+        assert isinstance(program, step_executor._module.StepProgram)
+        # the three writes' clones and the masked fill's, at each of 3 runs
+        assert program.calls["reused"] == 3 * 4
+    finally:
+        fastlazy.mark_step()
+        fastlazy.set_backend(before)
 
 
 def test_a_run_lets_go_of_the_gil_only_where_the_last_run_was_long():

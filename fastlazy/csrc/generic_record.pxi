@@ -177,14 +177,19 @@ memset(_hit_cache, 0, sizeof(_hit_cache))
 
 
 def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple constants,
-                    int view_of, where, int view_flags, tuple tuple_form=None):
+                    int view_of, where, int view_flags, tuple tuple_form=None,
+                    bint written=False):
     """Record later calls of the signature the core described as `prepared`
     (the key, tensors and flat key it handed to fastlazy.generic) in C.
     tuple_form: (length, position) of a call that returns a tuple holding
-    its one result and Nones (F.multi_head_attention_forward's (out, None))."""
+    its one result and Nones (F.multi_head_attention_forward's (out, None)).
+    written: the signature is an in-place call's, recorded as its
+    functional form (NODE_WRITTEN; record_inplace_by_signature)."""
     if len(outs) != 1:
         raise ValueError("generic call out of range")
     cdef GenericHit hit = result_hit(lowering, outs[0], detach, view_of, where, view_flags)
+    if written:
+        hit.flags |= NODE_WRITTEN
     hit.constants = constants
     if tuple_form is not None:
         hit.tuple_len, hit.tuple_at = tuple_form
@@ -383,6 +388,38 @@ cdef object record_by_signature(object func, object name, tuple pos, dict kw, bi
     if out is not None:
         return out
     return _hooks.record_call(func, name, pos, kw, False, ruled, (key, tensors, fast))
+
+
+cdef inline bint writes_own_pending(LazyTensor target):
+    """Is an in-place call on target one whose functional form the generic
+    path may publish (fastlazy.mutation.record_inplace): a pending result
+    that no view shares and no inference mode made -- eager's refusals of
+    a write (a leaf, an inference tensor, overlapping views) cannot apply
+    to it, and the write is the node alone, with nothing to carry to views."""
+    return target.value is None and target.family is None and not target.meta.inference
+
+
+cdef object record_inplace_by_signature(object func, object name, tuple pos, dict kw,
+                                        bint ruled):
+    """An in-place call on a LazyTensor that writes_own_pending: its
+    functional form's node recorded from the signature the generic path
+    published under the in-place call's key, and the target moved onto
+    it; on a miss, handed to the generic path with that key and the
+    tensors (which publishes it)."""
+    cdef list tensors = []
+    try:
+        key = signature_key(func, pos, kw, tensors, ruled,
+                            autocast_key_now() if fl_autocast else None)
+    except Exception:
+        return _hooks.record_call(func, name, pos, kw, True, ruled)
+    found = _generic_hits.get(key)
+    if found is not None and len(tensors) <= MAX_IN:
+        value = record_published(<GenericHit>found, tensors)
+        if value is not None:
+            adopt(<LazyTensor>pos[0], value)
+            # (x[i] = v returns None, as eager's __setitem__)
+            return None if name.endswith("__setitem__") else pos[0]
+    return _hooks.record_call(func, name, pos, kw, True, ruled, (key, tensors))
 
 
 cdef object record_by_key(object key, list tensors, object fast):

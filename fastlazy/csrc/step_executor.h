@@ -40,6 +40,8 @@
 #include "ir_reader.h"
 
 #include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/as_strided_scatter.h>
+#include <ATen/ops/clone.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
@@ -90,6 +92,7 @@ struct Step {
 
 struct Frame {
   std::vector<IValue> regs;
+  int64_t reused = 0;            // steps that took over their input's buffer
   const std::vector<IValue>* consts;
   const IValue& at(int32_t k) const { return k >= 0 ? regs[k] : (*consts)[~k]; }
   const at::Tensor& tensor(const Step& s, int i) const { return at(s.ins[i]).toTensor(); }
@@ -133,6 +136,75 @@ inline at::Tensor max_pool2d_step(const at::Tensor& x, const IValue& kernel, con
         .contiguous();
   }
   return at::max_pool2d(x, k, st, p, d, ceil);
+}
+
+// -- a dead intermediate's buffer taken over.  A graph that writes into a
+// tensor it computed (x[:, :3] = v on a fresh new_zeros, masked_fill_ on
+// a result: the functional forms clone the tensor, then write the clone)
+// copies it once per write.  Where the step reads the tensor for the last
+// time and nothing else can see its memory -- this register holds the
+// only reference to it and it is its storage's only tensor, no weak
+// reference, the whole storage from offset 0, laid out as the copy would
+// be -- the copy could not be told from the tensor itself, so the tensor
+// is the result.  (Graph inputs and constants are always held elsewhere.)
+
+inline bool sole_owner(const Frame& f, const Step& s, int i) {
+  if (s.ins[i] < 0 || !s.moves[i]) return false;
+  const at::Tensor& t = f.tensor(s, i);
+  const c10::Storage& storage = t.storage();
+  return t.use_count() == 1 && t.weak_use_count() == 1 && storage.use_count() == 1 &&
+         t.storage_offset() == 0 && !t.unsafeGetTensorImpl()->is_wrapped_number() &&
+         storage.nbytes() == static_cast<size_t>(t.numel()) * t.itemsize();
+}
+
+inline std::optional<c10::MemoryFormat> memory_format_of(const IValue& v) {
+  if (v.isNone()) return std::nullopt;
+  return v.toMemoryFormat();
+}
+
+// contiguous(x): x itself where it is contiguous in the format asked
+// (ATen's own first check), without a call through the dispatcher
+inline void contiguous_step(Frame& f, const Step& s) {
+  const at::Tensor& t = f.tensor(s, 0);
+  const c10::MemoryFormat format = f.at(s.ins[1]).toMemoryFormat();
+  f.regs[s.outs[0]] = t.is_contiguous(format) ? t : t.contiguous(format);
+}
+
+// clone(x, memory_format): x's buffer where x dies here and no one else
+// sees it, and the clone would lay it out as it is
+inline void clone_step(Frame& f, const Step& s) {
+  const at::Tensor& t = f.tensor(s, 0);
+  const std::optional<c10::MemoryFormat> format = memory_format_of(f.at(s.ins[1]));
+  const bool same_layout = !format || *format == c10::MemoryFormat::Preserve
+                               ? t.is_non_overlapping_and_dense()
+                               : t.is_contiguous(*format);
+  if (same_layout && sole_owner(f, s, 0)) {
+    f.regs[s.outs[0]] = std::move(f.regs[s.ins[0]]);
+    f.reused++;
+    return;
+  }
+  set_out(f, s, at::clone(t, format));
+}
+
+// as_strided_scatter(self, src, size, stride, offset): ATen clones self
+// (preserving its layout) and copies src into the clone's place; where
+// self may be taken over, src is copied into self's own place instead
+inline void as_strided_scatter_step(Frame& f, const Step& s) {
+  const at::Tensor& self = f.tensor(s, 0);
+  const at::Tensor& src = f.tensor(s, 1);
+  const std::vector<int64_t> size = f.at(s.ins[2]).toIntVector();
+  const std::vector<int64_t> stride = f.at(s.ins[3]).toIntVector();
+  const IValue& offset_value = f.at(s.ins[4]);
+  const std::optional<int64_t> offset =
+      offset_value.isNone() ? std::nullopt : std::optional<int64_t>(offset_value.toInt());
+  if (self.is_non_overlapping_and_dense() && src.sizes().equals(size) && sole_owner(f, s, 0)) {
+    at::Tensor out = std::move(f.regs[s.ins[0]]).toTensor();
+    out.as_strided(size, stride, offset).copy_(src);
+    set_out(f, s, std::move(out));
+    f.reused++;
+    return;
+  }
+  set_out(f, s, at::as_strided_scatter(self, src, size, stride, offset));
 }
 
 // A Python number operand of a binary op, as the 0-dim "wrapped number"
@@ -226,6 +298,9 @@ inline const std::vector<DirectOp>& direct_ops() {
     {"aten::mm", "", FL_FUNCTIONAL(at::cpu::mm(FL_T(0), FL_T(1)))},
     {"aten::bmm", "", FL_FUNCTIONAL(at::cpu::bmm(FL_T(0), FL_T(1)))},
     {"aten::addmm", "", FL_FUNCTIONAL(at::cpu::addmm(FL_T(0), FL_T(1), FL_T(2), FL_S(3), FL_S(4)))},
+    {"aten::contiguous", "", contiguous_step},
+    {"aten::clone", "", clone_step},
+    {"aten::as_strided_scatter", "", as_strided_scatter_step},
     {"aten::max_pool2d", "", FL_FUNCTIONAL(max_pool2d_step(FL_T(0), f.at(s.ins[1]), f.at(s.ins[2]),
                                                            f.at(s.ins[3]), f.at(s.ins[4]),
                                                            f.at(s.ins[5])))},
@@ -288,6 +363,7 @@ class StepProgram {
   int64_t direct_steps() const { return direct_steps_; }
   int64_t direct_calls() const { return direct_calls_; }
   int64_t boxed_calls() const { return boxed_calls_; }
+  int64_t reused_buffers() const { return reused_; }
 
   // Will the next run let go of the GIL (RELEASE_GIL_AFTER_NS)?
   bool releases_gil() const {
@@ -347,6 +423,7 @@ class StepProgram {
       execute(f, direct);
     }
     out = std::move(f.regs[output_]);
+    reused_ += f.reused;
     last_run_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now() - start).count(),
                        std::memory_order_relaxed);
@@ -366,6 +443,7 @@ class StepProgram {
   // program at once: a statistic)
   int64_t direct_calls_ = 0;
   int64_t boxed_calls_ = 0;
+  int64_t reused_ = 0;           // steps that took over a dead input's buffer
   bool read_fast_ = false;
   std::atomic<int64_t> last_run_ns_{-1};   // -1: never run
 
@@ -442,6 +520,15 @@ class StepProgram {
         bool once = std::count(step.ins.begin(), step.ins.end(), k) == 1;
         step.moves.push_back(dies && once);
         if (dies && std::find(step.release.begin(), step.release.end(), k) == step.release.end()) {
+          step.release.push_back(k);
+        }
+      }
+      // a result nothing reads (copy_'s, an in-place op's: its written
+      // input returned) goes at once: it may be a view whose base a later
+      // step could otherwise take over (sole_owner)
+      for (int32_t k : step.outs) {
+        if (k != output_ && last[k] < 0 &&
+            std::find(step.release.begin(), step.release.end(), k) == step.release.end()) {
           step.release.push_back(k);
         }
       }
@@ -532,6 +619,11 @@ class StepProgram {
         for (size_t i = 0; i < step.outs.size(); i++) {
           f.regs[step.outs[i]] = std::move(stack[i]);
         }
+        // (what the call left on the stack -- an input it did not consume
+        // -- is let go now, not at the next boxed step: a view's base
+        // read for the last time here must not look shared to the steps
+        // in between)
+        stack.clear();
       }
       for (int32_t k : step.release) f.regs[k] = IValue();
     }

@@ -43,8 +43,12 @@ cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
     (dispatch.pxi call_generic), without Python."""
     cdef PyObject *argv[2]
     func = getattr(TensorType, name)
-    if (inplace or len(args) > 1
-            or (fl_saved_hooks or fl_dual_levels) and eager_only_now()):
+    if (fl_saved_hooks or fl_dual_levels) and eager_only_now():
+        return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
+    if inplace and writes_own_pending(self):
+        # x[i] = v on a pending result: from its published signature too
+        return record_inplace_by_signature(func, qualname, (self,) + args, {}, False)
+    if inplace or len(args) > 1:
         return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
     argv[0] = <PyObject*>self
     if args:
