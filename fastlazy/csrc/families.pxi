@@ -37,6 +37,12 @@ cdef class Family:
                      if PyWeakref_GetObject(r) != <PyObject*>view
                      and PyWeakref_GetObject(r) != <PyObject*>None]
 
+    cdef bint has_live_views(self):
+        for r in self.refs:
+            if PyWeakref_GetObject(r) != <PyObject*>None:
+                return True
+        return False
+
     @property
     def members(self):
         """The live views (a list, taken now)."""

@@ -393,10 +393,15 @@ cdef object record_by_signature(object func, object name, tuple pos, dict kw, bi
 cdef inline bint writes_own_pending(LazyTensor target):
     """Is an in-place call on target one whose functional form the generic
     path may publish (fastlazy.mutation.record_inplace): a pending result
-    that no view shares and no inference mode made -- eager's refusals of
-    a write (a leaf, an inference tensor, overlapping views) cannot apply
-    to it, and the write is the node alone, with nothing to carry to views."""
-    return target.value is None and target.family is None and not target.meta.inference
+    that is no view, has no live view (`m[:, :n] = m[:, :n].masked_fill(..)`:
+    the view read is gone by the write) and no inference mode made --
+    eager's refusals of a write (a leaf, an inference tensor, overlapping
+    views) cannot apply to it, and the write is the node alone, with
+    nothing to carry to views."""
+    if target.value is not None or target.meta.inference:
+        return False
+    family = target.family
+    return family is None or type(family) is Family and not (<Family>family).has_live_views()
 
 
 cdef object record_inplace_by_signature(object func, object name, tuple pos, dict kw,
