@@ -291,9 +291,10 @@ cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object
             return fast
         pos, kw = split_arguments(args, nargs, kwnames)
         return record_by_signature(func, entry.qualname, pos, kw, ruled, fast)
+    if nargs and type(<object>args[0]) is LazyTensor and writes_own_pending(<LazyTensor>args[0]):
+        # a write to a pending result: from its published signature too
+        return record_inplace(func, entry.qualname, args, nargs, kwnames, ruled)
     pos, kw = split_arguments(args, nargs, kwnames)
-    if nargs and type(pos[0]) is LazyTensor and writes_own_pending(<LazyTensor>pos[0]):
-        return record_inplace_by_signature(func, entry.qualname, pos, kw, ruled)
     return _hooks.record_call(func, entry.qualname, pos, kw, True, ruled)
 
 

@@ -404,13 +404,17 @@ cdef inline bint writes_own_pending(LazyTensor target):
     return family is None or type(family) is Family and not (<Family>family).has_live_views()
 
 
-cdef object record_inplace_by_signature(object func, object name, tuple pos, dict kw,
-                                        bint ruled):
+cdef object record_inplace(object func, object name, PyObject **args, Py_ssize_t nargs,
+                           object kwnames, bint ruled):
     """An in-place call on a LazyTensor that writes_own_pending: its
     functional form's node recorded from the signature the generic path
-    published under the in-place call's key, and the target moved onto
-    it; on a miss, handed to the generic path with that key and the
-    tensors (which publishes it)."""
+    published under the in-place call's flat key (or, on a miss there,
+    its signature key), and the target moved onto it; on a miss, handed to
+    the generic path with both keys and the tensors (which publishes it)."""
+    fast = fast_generic_hit(func, args, nargs, kwnames, ruled)
+    if type(fast) is LazyTensor:
+        return wrote(name, <LazyTensor>args[0], <LazyTensor>fast)
+    pos, kw = split_arguments(args, nargs, kwnames)
     cdef list tensors = []
     try:
         key = signature_key(func, pos, kw, tensors, ruled,
@@ -420,11 +424,18 @@ cdef object record_inplace_by_signature(object func, object name, tuple pos, dic
     found = _generic_hits.get(key)
     if found is not None and len(tensors) <= MAX_IN:
         value = record_published(<GenericHit>found, tensors)
-        if value is not None:
-            adopt(<LazyTensor>pos[0], value)
-            # (x[i] = v returns None, as eager's __setitem__)
-            return None if name.endswith("__setitem__") else pos[0]
-    return _hooks.record_call(func, name, pos, kw, True, ruled, (key, tensors))
+        if type(value) is LazyTensor:
+            if fast is not None:
+                add_fast_hit(<FastKey>fast, <GenericHit>found)
+            return wrote(name, <LazyTensor>pos[0], <LazyTensor>value)
+    return _hooks.record_call(func, name, pos, kw, True, ruled, (key, tensors, fast))
+
+
+cdef object wrote(object name, LazyTensor target, LazyTensor value):
+    """target moved onto the node of its written value; what the call
+    returns (x[i] = v: None, as eager's __setitem__; else the target)."""
+    adopt(target, value)
+    return None if name.endswith("__setitem__") else target
 
 
 cdef object record_by_key(object key, list tensors, object fast):

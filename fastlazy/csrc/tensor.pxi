@@ -41,18 +41,19 @@ cdef object python_operator(str name, str qualname, LazyTensor self, tuple args,
     `~mask`, `ids // n`, `ids % n`: HuggingFace's generate calls these per
     token) is recorded from its flat key, as an entry's call is
     (dispatch.pxi call_generic), without Python."""
-    cdef PyObject *argv[2]
+    cdef PyObject *argv[3]
+    cdef Py_ssize_t i
     func = getattr(TensorType, name)
-    if (fl_saved_hooks or fl_dual_levels) and eager_only_now():
-        return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
-    if inplace and writes_own_pending(self):
-        # x[i] = v on a pending result: from its published signature too
-        return record_inplace_by_signature(func, qualname, (self,) + args, {}, False)
-    if inplace or len(args) > 1:
+    if (fl_saved_hooks or fl_dual_levels) and eager_only_now() or len(args) > 2:
         return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
     argv[0] = <PyObject*>self
-    if args:
-        argv[1] = <PyObject*>args[0]
+    for i in range(len(args)):
+        argv[1 + i] = <PyObject*>args[i]
+    if inplace and writes_own_pending(self):
+        # x[i] = v on a pending result: from its published signature too
+        return record_inplace(func, qualname, argv, 1 + len(args), None, False)
+    if inplace or len(args) > 1:
+        return _hooks.record_call(func, qualname, (self,) + args, {}, inplace, False)
     fast = fast_generic_hit(func, argv, 1 + len(args), None, False)
     if fast is not None and type(fast) is not FastKey:
         return fast
