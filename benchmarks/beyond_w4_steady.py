@@ -26,6 +26,36 @@ import w4_interleaved
 import workloads
 import zoo
 
+def _longformer():
+    """Longformer's sliding-window attention builds its band by writes into
+    fresh tensors (x[:, :3] = ..., masked_fill_) and chunks by as_strided:
+    64 tokens, four windows of 8."""
+    import transformers
+    cfg = transformers.LongformerConfig(
+        vocab_size=beyond_w4.VOCAB, hidden_size=beyond_w4.HIDDEN,
+        num_hidden_layers=beyond_w4.LAYERS, num_attention_heads=beyond_w4.HEADS,
+        intermediate_size=beyond_w4.INTERMEDIATE, attention_window=8,
+        max_position_embeddings=beyond_w4.POSITIONS + 2)
+    tokens = torch.randint(0, beyond_w4.VOCAB, (1, 64), generator=torch.Generator().manual_seed(0))
+    return transformers.LongformerModel(cfg), (tokens,), lambda out: out.last_hidden_state
+
+
+def _led():
+    """LED, Longformer's encoder-decoder."""
+    import transformers
+    cfg = transformers.LEDConfig(
+        vocab_size=beyond_w4.VOCAB, d_model=beyond_w4.HIDDEN, encoder_layers=beyond_w4.LAYERS,
+        decoder_layers=beyond_w4.LAYERS, encoder_attention_heads=beyond_w4.HEADS,
+        decoder_attention_heads=beyond_w4.HEADS, encoder_ffn_dim=beyond_w4.INTERMEDIATE,
+        decoder_ffn_dim=beyond_w4.INTERMEDIATE, attention_window=8,
+        max_encoder_position_embeddings=beyond_w4.POSITIONS,
+        max_decoder_position_embeddings=beyond_w4.POSITIONS)
+    model = transformers.LEDForConditionalGeneration(cfg).eval()     # (measure sees a lambda)
+    n = beyond_w4.LENGTH
+    return (lambda x: model(input_ids=x, decoder_input_ids=x[:, :n // 2]), (beyond_w4._tokens(),),
+            lambda out: out.logits)
+
+
 # beyond_w4's models and a few more of torchvision's and HuggingFace's
 MODELS = dict(
     beyond_w4.MODELS,
@@ -39,6 +69,8 @@ MODELS = dict(
     qwen2=beyond_w4._causal_lm("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=2,
                                intermediate_size=128),
     phi=beyond_w4._causal_lm("PhiConfig", "PhiForCausalLM", intermediate_size=128),
+    longformer=_longformer,
+    led=_led,
 )
 
 
