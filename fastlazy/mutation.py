@@ -33,11 +33,11 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
     write is carried to its views, or to its base).  Raises Unsafe for a
     call it does not take.
 
-    prepared: the in-place call's (signature key, tensors), which the core
-    built for a write to a pending result no view shares (csrc
-    record_inplace_by_signature): the functional form's signature is kept
-    under that key, and published to the core, which records the later
-    calls itself.
+    prepared: the in-place call's (signature key, tensors, flat key), which
+    the core built for a write to a pending result no view shares (csrc
+    generic_record.pxi record_inplace): the functional form's signature is
+    kept under that key, and published to the core under both keys, which
+    records the later calls itself.
 
     flag: the position of the `inplace=True` argument of a call that has
     one (torch.nn.functional's activations): its out-of-place version is the

@@ -394,7 +394,7 @@ def test_an_autocast_state_change_is_a_new_signature(change):
 # -- in-place writes to a pending result that no view shares: the functional
 # form's signature is published under the in-place call's key, and the core
 # records the write and moves the tensor onto it (generic_record.pxi
-# record_inplace_by_signature) --
+# record_inplace) --
 
 def _band(z, x):
     z[:, 1:3] = x[:, :2]

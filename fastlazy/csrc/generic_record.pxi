@@ -184,7 +184,7 @@ def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple 
     tuple_form: (length, position) of a call that returns a tuple holding
     its one result and Nones (F.multi_head_attention_forward's (out, None)).
     written: the signature is an in-place call's, recorded as its
-    functional form (NODE_WRITTEN; record_inplace_by_signature)."""
+    functional form (NODE_WRITTEN; record_inplace)."""
     if len(outs) != 1:
         raise ValueError("generic call out of range")
     cdef GenericHit hit = result_hit(lowering, outs[0], detach, view_of, where, view_flags)
@@ -421,13 +421,9 @@ cdef object record_inplace(object func, object name, PyObject **args, Py_ssize_t
                             autocast_key_now() if fl_autocast else None)
     except Exception:
         return _hooks.record_call(func, name, pos, kw, True, ruled)
-    found = _generic_hits.get(key)
-    if found is not None and len(tensors) <= MAX_IN:
-        value = record_published(<GenericHit>found, tensors)
-        if type(value) is LazyTensor:
-            if fast is not None:
-                add_fast_hit(<FastKey>fast, <GenericHit>found)
-            return wrote(name, <LazyTensor>pos[0], <LazyTensor>value)
+    value = record_by_key(key, tensors, fast)
+    if type(value) is LazyTensor:
+        return wrote(name, <LazyTensor>pos[0], <LazyTensor>value)
     return _hooks.record_call(func, name, pos, kw, True, ruled, (key, tensors, fast))
 
 

@@ -113,8 +113,9 @@ cdef void track_all(list handles) noexcept:
 
 cdef void detach_handle(LazyTensor t, object value) noexcept:
     # The handle leaves its node and holds `value` (an in-place op run
-    # eagerly; a value computed apart from its segment's run).  It is whole before its old node is dropped: dropping may run
-    # finalizers (Segment.kill), which may read it.
+    # eagerly; a value computed apart from its segment's run).  It is
+    # whole before its old node is dropped: dropping may run finalizers
+    # (Segment.kill), which may read it.
     cdef Segment old = t.seg
     cdef int32_t idx = t.idx
     t.seg = None
