@@ -7,10 +7,12 @@ and the pool of large CPU buffers for graph runs and recorded backwards
 was built (see fastlazy/step_executor.py, which loads it)."""
 from cpython.object cimport PyObject
 from cpython.pycapsule cimport PyCapsule_New
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
 from libcpp.memory cimport shared_ptr, make_shared
 from libcpp.string cimport string
 from libcpp.vector cimport vector
+
+from torch import Tensor as torch_Tensor
 
 
 cdef extern from *:
@@ -125,6 +127,60 @@ cdef class StepProgram:
         return {"direct": self.program.get().direct_calls(),
                 "boxed": self.program.get().boxed_calls(),
                 "reused": self.program.get().reused_buffers()}
+
+
+cdef extern from "graph_inputs.h" namespace "fastlazy":
+    cdef cppclass InputLayout "fastlazy::InputLayout":
+        uintptr_t address
+    bint read_input_layout(PyObject *obj, InputLayout *layout) noexcept
+    bint same_input_layout(PyObject *obj, const InputLayout &want) noexcept
+
+
+cdef class InputLayouts:
+    """InputLayouts(inputs, in_place): what a captured CUDA graph needs of
+    a call's inputs (fastlazy/cuda_graphs.py).  `inputs` is the tuple the
+    graph was captured for; `in_place`, the positions of the tensors it
+    reads where they lay (their addresses must recur), the other tensors
+    being copied into its own buffers (their layouts must recur).  A
+    position that holds no tensor must hold an equal value of the same
+    type: the capture baked it into the graph.  `layouts.matches(inputs)`
+    checks a call's inputs in C++; ValueError where a tensor cannot be
+    captured (not a dense strided CUDA tensor)."""
+    cdef vector[InputLayout] layouts
+    cdef vector[Py_ssize_t] positions       # of the tensors, as in layouts
+    cdef list others                        # (position, value) of the rest
+    cdef Py_ssize_t length
+
+    def __cinit__(self, tuple inputs, in_place):
+        cdef InputLayout layout
+        cdef Py_ssize_t k
+        self.length = len(inputs)
+        self.others = []
+        in_place = frozenset(in_place)
+        for k in range(self.length):
+            value = inputs[k]
+            if not isinstance(value, torch_Tensor):
+                self.others.append((k, type(value), value))
+                continue
+            if not read_input_layout(<PyObject *>value, &layout):
+                raise ValueError(f"input {k} is not a dense strided CUDA tensor")
+            if k not in in_place:
+                layout.address = 0
+            self.layouts.push_back(layout)
+            self.positions.push_back(k)
+
+    def matches(self, tuple inputs):
+        if len(inputs) != self.length:
+            return False
+        cdef size_t i
+        for i in range(self.layouts.size()):
+            if not same_input_layout(<PyObject *>inputs[self.positions[i]], self.layouts[i]):
+                return False
+        for k, kind, value in self.others:
+            got = inputs[k]
+            if type(got) is not kind or not (got == value):
+                return False
+        return True
 
 
 cdef extern from "cpu_pool_scope.h":

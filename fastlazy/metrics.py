@@ -41,7 +41,8 @@ _TIER_EVENTS = ("tier_compiles_queued", "tier_compiles_done", "tier_compiles_fai
                 "tier_candidate_errors",
                 "tier_dynamic_kept", "tier_dynamic_dropped",
                 "packed_conv_trials", "packed_conv_graphs", "packed_conv_repacks",
-                "packed_conv_failures")
+                "packed_conv_failures",
+                "cuda_graph_captures", "cuda_graph_failures", "cuda_graph_misses")
 
 
 def count_fallback(name: str, reason: str = "") -> None:
@@ -127,7 +128,9 @@ def counters() -> dict:
         # convolutions' packed weights were tried on the fast tier and
         # kept, weights packed again after a write, and failures
         # (fastlazy.packed_convs); dynamic-shape versions of hot graphs kept
-        # or dropped after their trial against the fast tier
+        # or dropped after their trial against the fast tier; CUDA-graph
+        # twins captured, not captured, and their calls that ran the
+        # program itself (inputs unlike the capture's: fastlazy.cuda_graphs)
         for name in _TIER_EVENTS:
             d[name] = _events[name]
     d["kernel_layers"] = _steps.kernel_calls()
@@ -142,7 +145,9 @@ def tiers() -> list:
     timed from one of its runs to the next, its backward included), any
     compile error, and `dynamic_shapes`: which tier serves the shapes a hot
     graph has no static version for once its dynamic-shape version was
-    tried, and the two times (None before)."""
+    tried, and the two times (None before); `cuda_graph`: on a GPU, each
+    candidate's CUDA-graph twin's probed time or why it was not captured
+    (None for a graph that had none)."""
     return tier_listing()
 
 

@@ -37,6 +37,9 @@ A graph's life:
    step with it 1.5-4 % slower or faster as the backward went).  (A fused
    graph is not always faster: convolutions on CPU are often slower under
    inductor than in eager's oneDNN calls.)
+   On a GPU, each candidate of an inference graph also has a twin on
+   probation that replays it from a CUDA graph (fastlazy.cuda_graphs:
+   one launch in place of the graph's kernel launches).
 4. hot, or fast for good -- the winner is called directly from then on.
    A compile that fails leaves the graph on the fast tier (counted in
    `compile_failures`, the reason in `fastlazy.metrics.tiers()`).
@@ -72,7 +75,8 @@ import weakref
 
 import torch
 
-from fastlazy import _core, backends, compile_worker, fx_threads, metrics, packed_convs, watch
+from fastlazy import (_core, backends, compile_worker, cuda_graphs, fx_threads, metrics,
+                      packed_convs, watch)
 from fastlazy.backends.torchscript import TorchScriptProgram
 from fastlazy.graph import Slot, describe_input, example_input
 
@@ -181,6 +185,10 @@ class TieredProgram:
         self._constants = {}
         self._dtypes = None         # the fast tier's results' (compiled ones must agree)
         self._dispatchers = []      # the candidates' shape dispatchers (inductor's)
+        # why the graph's candidates get no CUDA-graph twin (cuda_graphs), or
+        # None where they do; what became of the twins (metrics.tiers())
+        self._no_cuda_graph = "not judged yet"
+        self.cuda_graph = None
         # an inference graph with convolutions may get its weights packed
         # on the fast tier (fastlazy.packed_convs) at its PLAN_AT-th run
         self._packable = packed_convs.has_convs(view)
@@ -267,6 +275,7 @@ class TieredProgram:
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
         frozen = _frozen_inputs(inputs)
+        self._no_cuda_graph = cuda_graphs.unsuitable(inputs, self.grad)
         self._share = self.fast_seconds / max(time.perf_counter() - self._born, 1e-9)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
@@ -357,6 +366,13 @@ class TieredProgram:
         # compile thread was busy were slowed by it
         self._fast_candidate = _Candidate("fast", self._fast, False)
         self._candidates.append(self._fast_candidate)
+        if self._no_cuda_graph is None:
+            # each candidate also replayed from a CUDA graph: on a GPU a
+            # small graph's run is mostly its kernel launches
+            self._candidates += [
+                _Candidate(f"{c.name}, CUDA graph", cuda_graphs.GraphedCall(c.call, _results_differ),
+                           c.frozen)
+                for c in list(self._candidates)]
         self.tier = "probation"
         self.call = self._probe
 
@@ -383,6 +399,12 @@ class TieredProgram:
         replays = dispatch.replays if dispatch is not None else 0
         try:
             out = candidate.call(*inputs)
+        except cuda_graphs.NotCaptured as exc:
+            # the candidate itself stays on probation
+            candidate.stale = True
+            candidate.note = f"not captured: {exc}"[:300]
+            metrics.count_event("cuda_graph_failures")
+            return self._fast(*inputs)
         except Exception as exc:      # noqa: BLE001 - the fast tier's run decides
             if candidate is self._fast_candidate:
                 raise
@@ -439,6 +461,9 @@ class TieredProgram:
                         if c is not self._fast_candidate and not c.stale
                         and len(c.times) > PROBE_WARMUP)
         self.fast_run_seconds = fast
+        graphed = [c for c in self._candidates if isinstance(c.call, cuda_graphs.GraphedCall)]
+        if graphed:
+            self.cuda_graph = "; ".join(f"{c.name}: {_outcome(c)}" for c in graphed)
         if ranked and ranked[0][0] <= fast:
             compiled, _, best = ranked[0]
             self.tier = "hot" if best is self._candidates[0] else f"hot ({best.name})"
@@ -535,6 +560,7 @@ class _Candidate:
         self.runs = 0
         self.times: list[float] = []      # of its runs, or a training graph's periods
         self.stale = False
+        self.note = None                  # why a CUDA-graph twin was left out
 
 
 class _Frozen:
@@ -669,8 +695,21 @@ def forget_training_graphs_stay_fast() -> None:
 
 
 def probe_calls() -> int:
-    """Calls after a compile is done by which the graph's tier is chosen."""
-    return (PROBE_WARMUP + PROBE_RUNS) * CANDIDATES + 1
+    """Calls after a compile is done by which the graph's tier is chosen
+    (twice as many where CUDA is available: each candidate of a graph on
+    a GPU has a CUDA-graph twin)."""
+    twins = 2 if torch.cuda.is_available() else 1
+    return (PROBE_WARMUP + PROBE_RUNS) * CANDIDATES * twins + 1
+
+
+def _outcome(candidate):
+    """What probation found of a candidate: why it was left out, or its
+    typical run."""
+    if candidate.note is not None:
+        return candidate.note
+    if len(candidate.times) <= PROBE_WARMUP:
+        return "not timed"
+    return f"{_typical(candidate.times[PROBE_WARMUP:]) * 1e6:.1f} us a run"
 
 
 def _always():
@@ -834,6 +873,7 @@ def describe(program) -> dict:
             "timed": "period" if program.grad else "run",
             "fast_run_seconds": program.fast_run_seconds,
             "compiled_run_seconds": program.compiled_run_seconds, "error": program.error,
+            "cuda_graph": program.cuda_graph,
             "dynamic_shapes": next((d.dynamic_verdict for d in program._dispatchers
                                     if d.dynamic_verdict is not None), None)}
 

@@ -19,8 +19,8 @@ benchmarks/zoo.py's, moved to the device:
 Contenders: eager, torch._lazy (its TorchScript backend, on CUDA with
 LTC_TS_CUDA=1), torch.jit.trace, torch.compile (default and
 mode="reduce-overhead"), fastlazy with TorchScript+NNC, with inductor and
-with its default engine; CUDA-graph replay is a column marked "skip: not
-built".  W4 runs eager, torch.compile and fastlazy's default engine and
+with its default engine (whose hot inference graphs may settle on a
+CUDA-graph replay: the report lists the tier each graph settled on).  W4 runs eager, torch.compile and fastlazy's default engine and
 TorchScript backend.
 
 Each (workload, contender) unit: the first call (timed, compilation
@@ -72,7 +72,6 @@ W4_MODELS = ("resnet18", "bert")
 BUDGET_S = 240.0
 TABLES = ("W1", "trace", "W4", "W2")
 INPUTS_READ = 9                   # W1's inputs a ... i, each read once
-SKIP_NOT_BUILT = "skip: not built"
 COMPILE_WAIT_S = 60.0             # at most, before each unit, for the compile thread to idle
 
 
@@ -171,20 +170,10 @@ class CompileReduceOverhead(workloads.Compile):
                 functools.partial(zoo.state, module))
 
 
-class NotBuilt(workloads.Contender):
-    """A contender fastlazy does not have yet (CUDA-graph replay of hot
-    graphs, which needs a GPU to be built and tested): a column that says
-    so, never run."""
-
-    def __init__(self, name):
-        self.name = name
-
-
-CUDA_GRAPHS = NotBuilt("fastlazy CUDA-graph replay")
 LABELS = {"eager": "eager", "torch._lazy": "torch._lazy", "torch.jit": "torch.jit.trace",
           "torch.compile": "torch.compile", "torch.compile reduce-overhead":
           "torch.compile reduce-overhead", "fastlazy[torchscript]": "fastlazy TorchScript+NNC",
-          "fastlazy[inductor]": "fastlazy inductor", CUDA_GRAPHS.name: CUDA_GRAPHS.name,
+          "fastlazy[inductor]": "fastlazy inductor",
           "fastlazy[auto]": "fastlazy default engine", "fastlazy": "fastlazy"}
 COMPILING = ("torch.compile", "torch.compile reduce-overhead", "fastlazy[inductor]",
              "fastlazy[auto]")
@@ -193,18 +182,18 @@ COMPILING = ("torch.compile", "torch.compile reduce-overhead", "fastlazy[inducto
 def w1_contenders(device: Device) -> list:
     return [workloads.Contender(), LazyTS(device), workloads.Jit(), workloads.Compile(),
             CompileReduceOverhead(), workloads.FastLazy("torchscript"),
-            workloads.FastLazy("inductor"), CUDA_GRAPHS, workloads.FastLazy("auto")]
+            workloads.FastLazy("inductor"), workloads.FastLazy("auto")]
 
 
 def w2_contenders(device: Device) -> list:
     return [workloads.Contender(), LazyTS(device), workloads.Compile(),
             CompileReduceOverhead(), workloads.FastLazy("torchscript"),
-            workloads.FastLazy("inductor"), CUDA_GRAPHS, workloads.FastLazy("auto")]
+            workloads.FastLazy("inductor"), workloads.FastLazy("auto")]
 
 
 def w4_contenders() -> list:
     return [workloads.Contender(), workloads.Compile(), workloads.FastLazy("torchscript"),
-            CUDA_GRAPHS, workloads.FastLazy("auto")]
+            workloads.FastLazy("auto")]
 
 
 # -- units ---------------------------------------------------------------------
@@ -268,7 +257,7 @@ def w1_exec(s: Settings, n: int, contender):
             fusion = fastlazy.metrics.fusion() if isinstance(contender, workloads.FastLazy) \
                 else None
             seconds = time_per_call(device, calls[0], s.target_s, s.rounds)
-        return {"seconds": seconds, "first_call_s": first,
+        return {"seconds": seconds, "first_call_s": first, "tiers": _tiers(contender),
                 "fusion": [{k: g[k] for k in ("state", "groups", "fused", "unfused")}
                            for g in fusion] if fusion else None}
     return run
@@ -338,8 +327,18 @@ def w4_infer(s: Settings, model: zoo.ZooModel, contender):
             for _ in range(workloads.WARMUP_CALLS):
                 step()
             seconds = time_per_call(device, step, s.target_s, s.rounds)
-        return {"seconds": seconds, "first_call_s": first}
+        return {"seconds": seconds, "first_call_s": first, "tiers": _tiers(contender)}
     return run
+
+
+def _tiers(contender):
+    """The default engine's graphs, as they settled: each one's tier and
+    what its CUDA-graph twins did (fastlazy.metrics.tiers()); None for
+    another contender."""
+    if not (isinstance(contender, workloads.FastLazy) and contender.backend == "auto"):
+        return None
+    return [{"tier": t["tier"], "runs": t["runs"], "cuda_graph": t["cuda_graph"],
+             "error": t["error"]} for t in fastlazy.metrics.tiers()]
 
 
 # (table, contender) pairs the targets read, by priority: C1, C2, C4, C3
@@ -365,9 +364,7 @@ def plan(s: Settings) -> list:
     units = []
 
     def add(table, row, row_n, contender, run):
-        if isinstance(contender, NotBuilt):
-            run = None
-        elif not s.compile and contender.name in COMPILING:
+        if not s.compile and contender.name in COMPILING:
             run = "skip: --no-compile"
         units.append(Unit(table, row, contender, run, _priority(table, row_n, contender.name, s)))
 
@@ -398,9 +395,6 @@ def run_units(units, budget_s: float, log) -> dict:
     results = {}
     start = time.perf_counter()
     for unit in sorted(units, key=lambda u: u.priority):
-        if unit.run is None:
-            results[unit.key] = {"skip": SKIP_NOT_BUILT}
-            continue
         if isinstance(unit.run, str):
             results[unit.key] = {"skip": unit.run}
             continue
@@ -613,6 +607,17 @@ def report(results, units, s: Settings, bandwidth: float, elapsed: float, argv) 
                 left = ", ".join(f"{k} ×{v}" for k, v in g["unfused"].items()) or "none"
                 lines.append(f"- W1 {row}: {g['state']}, {g['groups']} fusion group(s) "
                              f"covering {g['fused']} aten ops; outside: {left}")
+    tiers = [(u.table, u.row, (results.get(u.key) or {}).get("tiers")) for u in units]
+    tiers = [(table, row, t) for table, row, t in tiers if t]
+    if tiers:
+        lines += ["", "fastlazy default engine, the tier each graph settled on "
+                  "(fastlazy.metrics.tiers(); a CUDA-graph twin's probed run or why it "
+                  "was not captured):", ""]
+        for table, row, graphs in tiers:
+            for g in graphs:
+                extra = f"; CUDA graph: {g['cuda_graph']}" if g["cuda_graph"] else ""
+                extra += f"; error: {g['error']}" if g["error"] else ""
+                lines.append(f"- {table} {row}: {g['tier']}, {g['runs']} runs{extra}")
     lines += ["", f"## W1 trace only ({OPS} ops recorded, nothing run)", ""]
     lines += _table(results, units, "W1 trace")
     if s.w4_models:
