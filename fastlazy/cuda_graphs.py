@@ -101,7 +101,11 @@ class GraphedCall:
                 return self._observe(inputs)
             if self._refused is not None:
                 raise NotCaptured(self._refused)
-            self._capture(inputs)
+            try:
+                self._capture(inputs)
+            except NotCaptured as exc:
+                self._refused = str(exc)
+                raise
         if not self._layouts.matches(inputs) or not self._lock.acquire(False):
             self.misses += 1
             metrics.count_event("cuda_graph_misses")
