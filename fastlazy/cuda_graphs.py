@@ -168,6 +168,7 @@ class GraphedCall:
                 with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
                     outputs = tuple(self._call(*static))
             except Exception as exc:     # noqa: BLE001 - the tiered engine leaves it out
+                _end_capture_mode(device)
                 raise NotCaptured(f"{type(exc).__name__}: {exc}"[:300]) from None
         _check_outputs(outputs, tensors)
         self._graph, self._layouts, self._outputs = graph, layouts, outputs
@@ -179,6 +180,19 @@ class GraphedCall:
         if why is not None:
             self._graph = None
             raise NotCaptured(f"its replay's results differ from the program's ({why})")
+
+
+def _end_capture_mode(device):
+    """After a capture that failed: torch takes the device's default random
+    generator out of its capture mode only when a capture ends well, and
+    every random draw on the device raises ("Offset increment outside graph
+    capture encountered unexpectedly") until one does.  A capture of one
+    small kernel (on torch's own capture stream) ends well."""
+    with torch.cuda.device(device):
+        scratch = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            scratch.add_(1)
 
 
 def _check_outputs(outputs, inputs):

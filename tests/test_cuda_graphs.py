@@ -126,7 +126,11 @@ def test_what_cannot_be_captured_is_refused_and_the_device_stays_usable(case):
         graphed(x)
     if case == "writes its input":
         torch.testing.assert_close(x, x0 + 1)       # by the first call alone
+    # random draws on the device still work, and follow the seed as eager's
+    torch.manual_seed(3)
     y = torch.randn(4, 4, device="cuda")
+    torch.manual_seed(3)
+    torch.testing.assert_close(torch.randn(4, 4, device="cuda"), y, rtol=0, atol=0)
     torch.testing.assert_close((y @ y).sum(), (y.cpu() @ y.cpu()).sum().cuda(),
                                rtol=1e-4, atol=1e-4)
     torch.cuda.synchronize()
