@@ -478,7 +478,8 @@ def _seconds(results, key):
 def targets(results, s: Settings, bandwidth: float) -> list:
     """[id, measure, target, measured, verdict] for C1-C4; a measure whose
     units did not run is "not measured"."""
-    first_n, last_n = s.ns[0], s.ns[-1]
+    # (the targets' sizes, whichever --ns ran: a size not run is "not measured")
+    first_n, last_n = (DRY_NS if s.dry else CUDA_NS)[0], (DRY_NS if s.dry else CUDA_NS)[-1]
     rows = []
 
     def verdict(ok):
