@@ -19,7 +19,7 @@ on:
   capture's in dtype, device, sizes or strides, in such an address, or in
   the value of a non-tensor input (the capture baked it into the graph)
   runs the program itself (`misses`), as does a call made while another
-  thread replays the graph.
+  thread replays or captures the graph.
 - the outputs are the graph's own buffers, rewritten by the next replay:
   each call returns clones of them.
 - the program must not write its inputs (checked by their version counters
@@ -96,24 +96,31 @@ class GraphedCall:
         self.misses = 0
 
     def __call__(self, *inputs):
-        if self._graph is None:
-            if self._seen is None:
-                return self._observe(inputs)
-            if self._refused is not None:
-                raise NotCaptured(self._refused)
-            try:
-                self._capture(inputs)
-            except NotCaptured as exc:
-                self._refused = str(exc)
-                raise
-        if not self._layouts.matches(inputs) or not self._lock.acquire(False):
-            self.misses += 1
-            metrics.count_event("cuda_graph_misses")
-            return self._call(*inputs)
+        if not self._lock.acquire(False):
+            # another thread is replaying or capturing the graph (its
+            # buffers are in use): this call runs the program itself
+            return self._miss(inputs)
         try:
+            if self._graph is None:
+                if self._seen is None:
+                    return self._observe(inputs)
+                if self._refused is not None:
+                    raise NotCaptured(self._refused)
+                try:
+                    self._capture(inputs)
+                except NotCaptured as exc:
+                    self._refused = str(exc)
+                    raise
+            if not self._layouts.matches(inputs):
+                return self._miss(inputs)
             return self._replay(inputs)
         finally:
             self._lock.release()
+
+    def _miss(self, inputs):
+        self.misses += 1
+        metrics.count_event("cuda_graph_misses")
+        return self._call(*inputs)
 
     def _replay(self, inputs):
         for k, buffer in self._copied:

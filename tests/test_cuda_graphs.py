@@ -151,3 +151,27 @@ def test_a_hot_gpu_inference_graph_gets_a_cuda_graph_twin(auto):
     assert entry["cuda_graph"] is not None and "us a run" in entry["cuda_graph"], entry
     assert entry["tier"] not in ("compiling", "probation"), entry
     assert fastlazy.metrics.counters()["cuda_graph_captures"] >= 1
+
+
+@cuda
+def test_threads_calling_one_graph_each_get_their_own_values():
+    """A call made while another thread replays (or captures) the graph
+    runs the program itself: the graph's buffers serve one call at a time."""
+    import threading
+    w = torch.randn(8, 8, device="cuda")
+    graphed = cuda_graphs.GraphedCall(program, _differ)
+    wrong = []
+
+    def work(seed):
+        for k in range(50):
+            x = torch.full((4, 8), float(seed * 100 + k), device="cuda")
+            got = graphed(x, w, 0.5)
+            if not all(torch.equal(g, e) for g, e in zip(got, program(x, w, 0.5))):
+                wrong.append((seed, k))
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    assert graphed.replays + graphed.misses == 4 * 50 - 1      # (the first call observed)
