@@ -3,10 +3,11 @@
 On a GPU a small graph is bound by its kernel launches: BERT at batch 1
 launches some 400 kernels a call, each costing the CPU a few microseconds
 however little the GPU does.  A CUDA graph records those launches once and
-replays them with one.  The tiered engine (fastlazy.tiering) puts a
-GraphedCall of each candidate on probation beside the candidate itself, for
-an inference graph whose tensor inputs are all on one CUDA device, and
-keeps whichever runs fastest.
+replays them with one.  For an inference graph whose tensor inputs are all
+on one CUDA device, the tiered engine (fastlazy.tiering) puts the fast
+tier's GraphedCall on trial against it once the graph is hot, and a
+GraphedCall of each compiled candidate on probation beside it, keeping
+whichever runs fastest.
 
 A GraphedCall watches its first call, captures the program on its second
 (after WARMUP_RUNS runs on the capture stream), and replays it from then

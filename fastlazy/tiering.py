@@ -39,7 +39,10 @@ A graph's life:
    inductor than in eager's oneDNN calls.)
    On a GPU, each candidate of an inference graph also has a twin on
    probation that replays it from a CUDA graph (fastlazy.cuda_graphs:
-   one launch in place of the graph's kernel launches).
+   one launch in place of the graph's kernel launches).  The fast tier's
+   twin goes on trial against it as soon as the graph is hot (_TwinTrial),
+   so that the replay serves while inductor compiles, and serves a graph
+   whose runs are too short to compile at all.
 4. hot, or fast for good -- the winner is called directly from then on.
    A compile that fails leaves the graph on the fast tier (counted in
    `compile_failures`, the reason in `fastlazy.metrics.tiers()`).
@@ -188,7 +191,8 @@ class TieredProgram:
         # why the graph's candidates get no CUDA-graph twin (cuda_graphs), or
         # None where they do; what became of the twins (metrics.tiers())
         self._no_cuda_graph = "not judged yet"
-        self.cuda_graph = None
+        self.cuda_graph = None      # the probation's twins
+        self._fast_twin = None      # the fast tier's trial (_TwinTrial)
         # an inference graph with convolutions may get its weights packed
         # on the fast tier (fastlazy.packed_convs) at its PLAN_AT-th run
         self._packable = packed_convs.has_convs(view)
@@ -226,6 +230,8 @@ class TieredProgram:
         self.fast_seconds += time.perf_counter() - start
         window = self.fast_seconds - self._window[1]
         if self.runs >= ENGINE.hot_after and window >= ENGINE.hot_seconds:
+            if self._no_cuda_graph == "not judged yet":
+                self._try_fast_twin(inputs)
             if window < ENGINE.hot_min_run * (self.runs - self._window[0]):
                 # too short to repay a compile: judged again after the next window
                 self._window = (self.runs, self.fast_seconds)
@@ -234,6 +240,15 @@ class TieredProgram:
                 self._dtypes = _dtypes(out)
                 self._submit(inputs)
         return out
+
+    def _try_fast_twin(self, inputs):
+        """On a GPU, once the graph is hot: the fast tier on trial beside
+        its CUDA-graph twin (_TwinTrial), whatever becomes of the compile
+        -- a graph too short to compile gets one too, and the twin serves
+        while inductor compiles."""
+        self._no_cuda_graph = cuda_graphs.unsuitable(inputs, self.grad)
+        if self._no_cuda_graph is None:
+            self._fast = _TwinTrial(self, self._fast)
 
     def _pack(self, inputs):
         """The fast tier with packed convolutions on trial, where the
@@ -275,7 +290,8 @@ class TieredProgram:
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
         frozen = _frozen_inputs(inputs)
-        self._no_cuda_graph = cuda_graphs.unsuitable(inputs, self.grad)
+        if self._no_cuda_graph == "not judged yet":
+            self._no_cuda_graph = cuda_graphs.unsuitable(inputs, self.grad)
         self._share = self.fast_seconds / max(time.perf_counter() - self._born, 1e-9)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
@@ -364,15 +380,18 @@ class TieredProgram:
         self._compiled = self._candidates[0].call
         # the fast tier is timed again beside them: its runs while the
         # compile thread was busy were slowed by it
-        self._fast_candidate = _Candidate("fast", self._fast, False)
+        graphed = isinstance(self._fast, cuda_graphs.GraphedCall)
+        self._fast_candidate = _Candidate("fast, CUDA graph" if graphed else "fast", self._fast,
+                                          False)
         self._candidates.append(self._fast_candidate)
         if self._no_cuda_graph is None:
             # each candidate also replayed from a CUDA graph: on a GPU a
             # small graph's run is mostly its kernel launches
+            # (the fast tier's own twin may have won its trial already)
             self._candidates += [
                 _Candidate(f"{c.name}, CUDA graph", cuda_graphs.GraphedCall(c.call, _results_differ),
                            c.frozen)
-                for c in list(self._candidates)]
+                for c in list(self._candidates) if not _graphed(c.call)]
         self.tier = "probation"
         self.call = self._probe
 
@@ -461,7 +480,9 @@ class TieredProgram:
                         if c is not self._fast_candidate and not c.stale
                         and len(c.times) > PROBE_WARMUP)
         self.fast_run_seconds = fast
-        graphed = [c for c in self._candidates if isinstance(c.call, cuda_graphs.GraphedCall)]
+        # (the fast tier's own twin reports its trial: _fast_twin)
+        graphed = [c for c in self._candidates
+                   if _graphed(c.call) and c is not self._fast_candidate]
         if graphed:
             self.cuda_graph = "; ".join(f"{c.name}: {_outcome(c)}" for c in graphed)
         if ranked and ranked[0][0] <= fast:
@@ -546,6 +567,66 @@ class TieredProgram:
         self.tier = tier
         self.call = self._counting(self._fast)
         self._view = self._compiled = None
+
+
+def _graphed(call) -> bool:
+    """Is `call` a CUDA-graph replay, or a trial of one?"""
+    return isinstance(call, (cuda_graphs.GraphedCall, _TwinTrial))
+
+
+class _TwinTrial:
+    """The fast tier of a hot GPU inference graph and its CUDA-graph twin
+    (cuda_graphs.GraphedCall), called in turn and timed, PROBE_WARMUP +
+    PROBE_RUNS runs each, as probation times candidates; then the faster
+    becomes the program's fast tier.  A twin that cannot be captured
+    leaves the fast tier as it was, the reason in the program's
+    `cuda_graph`.  Calls during the trial get the values of whichever ran
+    (the twin's first replay was checked against the program's own run)."""
+
+    def __init__(self, program, fast):
+        self._program = program
+        self._plain = _Candidate("fast", fast, False)
+        self._twin = _Candidate("fast, CUDA graph",
+                                cuda_graphs.GraphedCall(fast, _results_differ), False)
+        self._winner = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *inputs):
+        if self._winner is not None:
+            # (a caller that took the trial before it settled)
+            return self._winner(*inputs)
+        plain, twin = self._plain, self._twin
+        candidate = twin if twin.runs < plain.runs else plain
+        candidate.runs += 1
+        start = time.perf_counter()
+        try:
+            out = candidate.call(*inputs)
+        except cuda_graphs.NotCaptured as exc:
+            metrics.count_event("cuda_graph_failures")
+            self._settle(plain, f"fast, CUDA graph: not captured: {exc}"[:500])
+            return plain.call(*inputs)
+        candidate.times.append(time.perf_counter() - start)
+        if min(plain.runs, twin.runs) >= PROBE_WARMUP + PROBE_RUNS:
+            fast = _typical(plain.times[PROBE_WARMUP:])
+            graphed = _typical(twin.times[PROBE_WARMUP:])
+            verdict = "kept" if graphed < fast else "left out"
+            self._settle(twin if graphed < fast else plain,
+                         f"fast, CUDA graph: {verdict} ({graphed * 1e6:.1f} us a run against "
+                         f"the fast tier's {fast * 1e6:.1f} us)")
+        return out
+
+    def _settle(self, winner, outcome):
+        with self._lock:
+            if self._winner is not None:        # (settled by another thread)
+                return
+            self._winner = winner.call
+            program = self._program
+            program._fast_twin = outcome
+            if program._fast is self:
+                program._fast = winner.call
+            if program.tier.startswith("fast") and program.call != program._run_fast:
+                # a graph left on the fast tier for good calls it directly
+                program.call = program._counting(winner.call)
 
 
 class _Candidate:
@@ -873,7 +954,8 @@ def describe(program) -> dict:
             "timed": "period" if program.grad else "run",
             "fast_run_seconds": program.fast_run_seconds,
             "compiled_run_seconds": program.compiled_run_seconds, "error": program.error,
-            "cuda_graph": program.cuda_graph,
+            "cuda_graph": "; ".join(o for o in (program._fast_twin, program.cuda_graph) if o)
+                          or None,
             "dynamic_shapes": next((d.dynamic_verdict for d in program._dispatchers
                                     if d.dynamic_verdict is not None), None)}
 

@@ -4,11 +4,13 @@ cannot capture is refused at the capture, and the CUDA device stays usable;
 the tiered engine puts a CUDA-graph twin of each candidate of a GPU
 inference graph on probation.  Most tests need a CUDA device; the input
 guard's scalar rules and the engine's choice on CPU graphs run anywhere."""
+import time
+
 import pytest
 import torch
 
 import fastlazy
-from fastlazy import cuda_graphs, graph_cache, tiering
+from fastlazy import backends, cuda_graphs, graph_cache, tiering
 
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
 
@@ -175,3 +177,135 @@ def test_threads_calling_one_graph_each_get_their_own_values():
         t.join()
     assert not wrong
     assert graphed.replays + graphed.misses == 4 * 50 - 1      # (the first call observed)
+
+
+# -- the fast tier's twin on trial, with a stand-in for the CUDA graph -----------
+
+class StandIn:
+    """Stands in for cuda_graphs.GraphedCall on the CPU: calls the program,
+    `delay` seconds slower, or refuses its capture (its second call)."""
+    made = []
+    delay = 0.0
+    refuse = False
+
+    def __init__(self, call, differ):
+        self.call, self.calls = call, 0
+        StandIn.made.append(self)
+
+    def __call__(self, *inputs):
+        self.calls += 1
+        if StandIn.refuse and self.calls == 2:
+            raise cuda_graphs.NotCaptured("the stand-in refuses")
+        _inside[0] = True
+        try:
+            time.sleep(StandIn.delay)
+            return self.call(*inputs)
+        finally:
+            _inside[0] = False
+
+
+_inside = [False]
+
+
+@pytest.fixture
+def twins(auto, monkeypatch):
+    """The tiered engine treating CPU inference graphs as a GPU's, with
+    StandIn for the CUDA graph, and the fast tier 2 ms slower a run
+    outside a StandIn where `fast_delay` says so."""
+    from test_tiering import Scripted, _slow_fast_tier
+    monkeypatch.setattr(cuda_graphs, "unsuitable",
+                        lambda inputs, grad: "a training graph" if grad else None)
+    monkeypatch.setattr(cuda_graphs, "GraphedCall", StandIn)
+    monkeypatch.setattr(StandIn, "made", [])
+    monkeypatch.setattr(StandIn, "delay", 0.0)
+    monkeypatch.setattr(StandIn, "refuse", False)
+    compiler = {}
+
+    def use(fast_delay=0.0, compile_fails=True, **stand_in):
+        for k, v in stand_in.items():
+            setattr(StandIn, k, v)
+        _slow_fast_tier(monkeypatch, lambda: 0.0 if _inside[0] else fast_delay)
+        stand = Scripted(fail=RuntimeError("no compile here") if compile_fails else None)
+        real_get = backends.get
+        monkeypatch.setattr(backends, "get",
+                            lambda name: stand if name == "inductor" else real_get(name))
+        compiler["stand"] = stand
+    return use
+
+
+def chain(a, k):
+    return ((a * 2 + k).relu() - a).sum(1)
+
+
+def _calls(n, a):
+    for k in range(n):
+        torch.testing.assert_close(chain(fastlazy.lazy(a), float(k)).to_eager(),
+                                   chain(a, float(k)))
+
+
+TRIAL = 2 * (tiering.PROBE_WARMUP + tiering.PROBE_RUNS)
+
+
+def test_a_faster_twin_becomes_the_fast_tier(twins):
+    twins(fast_delay=0.002)
+    a = torch.randn(4, 5)
+    _calls(TRIAL + 2, a)
+    tiering.wait(60)
+    _calls(3, a)
+    (entry,) = graph_cache.tiers()
+    assert entry["cuda_graph"].startswith("fast, CUDA graph: kept"), entry
+    (twin,) = StandIn.made
+    before = twin.calls
+    _calls(5, a)
+    assert twin.calls == before + 5        # every call replays now
+
+
+def test_a_slower_twin_is_left_out(twins):
+    twins(delay=0.002)
+    a = torch.randn(4, 5)
+    _calls(TRIAL + 2, a)
+    (entry,) = graph_cache.tiers()
+    assert entry["cuda_graph"].startswith("fast, CUDA graph: left out"), entry
+    (twin,) = StandIn.made
+    before = twin.calls
+    _calls(5, a)
+    assert twin.calls == before
+
+
+def test_a_twin_that_cannot_be_captured_leaves_the_fast_tier(twins):
+    twins(refuse=True)
+    a = torch.randn(4, 5)
+    _calls(TRIAL + 2, a)
+    (entry,) = graph_cache.tiers()
+    assert entry["cuda_graph"] == \
+        "fast, CUDA graph: not captured: the stand-in refuses", entry
+    assert fastlazy.metrics.counters()["cuda_graph_failures"] == 1
+    (twin,) = StandIn.made
+    assert twin.calls == 2
+
+
+def test_a_graph_too_short_to_compile_gets_a_twin(twins, monkeypatch):
+    monkeypatch.setattr(tiering.ENGINE, "hot_min_run", 1.0)
+    twins(fast_delay=0.002)
+    a = torch.randn(4, 5)
+    _calls(TRIAL + 2, a)
+    (entry,) = graph_cache.tiers()
+    assert entry["tier"] == tiering._TOO_SHORT, entry
+    assert entry["cuda_graph"].startswith("fast, CUDA graph: kept"), entry
+    assert fastlazy.metrics.counters()["tier_compiles_queued"] == 0
+    (twin,) = StandIn.made
+    before = twin.calls
+    _calls(5, a)
+    assert twin.calls == before + 5        # the fast tier replays now
+
+
+def test_probation_twins_the_compiled_program_not_a_graphed_fast_tier(twins):
+    twins(fast_delay=0.002, compile_fails=False)
+    a = torch.randn(4, 5)
+    _calls(TRIAL + 2, a)
+    assert tiering.wait(60)
+    _calls(tiering.probe_calls() + 2, a)
+    (entry,) = graph_cache.tiers()
+    assert entry["tier"] not in ("compiling", "probation"), entry
+    assert len(StandIn.made) == 2, [t.call for t in StandIn.made]     # the fast tier's, the compiled
+    assert "compiled, CUDA graph" in entry["cuda_graph"], entry
