@@ -419,7 +419,7 @@ class TieredProgram:
         try:
             out = candidate.call(*inputs)
         except cuda_graphs.NotCaptured as exc:
-            # the candidate itself stays on probation
+            # the twin is left out; the program it replays stays on probation
             candidate.stale = True
             candidate.note = f"not captured: {exc}"[:300]
             metrics.count_event("cuda_graph_failures")
