@@ -596,6 +596,8 @@ class _TwinTrial:
             # (a caller that took the trial before it settled)
             return self._winner(*inputs)
         plain, twin = self._plain, self._twin
+        if plain is None:           # (settled by another thread meanwhile)
+            return self._winner(*inputs)
         candidate = twin if twin.runs < plain.runs else plain
         candidate.runs += 1
         start = time.perf_counter()
@@ -620,6 +622,8 @@ class _TwinTrial:
             if self._winner is not None:        # (settled by another thread)
                 return
             self._winner = winner.call
+            # the loser let go: a CUDA graph holds its intermediates' memory
+            self._plain = self._twin = None
             program = self._program
             program._fast_twin = outcome
             if program._fast is self:

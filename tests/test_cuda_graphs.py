@@ -4,7 +4,9 @@ cannot capture is refused at the capture, and the CUDA device stays usable;
 the tiered engine puts a CUDA-graph twin of each candidate of a GPU
 inference graph on probation.  Most tests need a CUDA device; the input
 guard's scalar rules and the engine's choice on CPU graphs run anywhere."""
+import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -270,6 +272,11 @@ def test_a_slower_twin_is_left_out(twins):
     before = twin.calls
     _calls(5, a)
     assert twin.calls == before
+    # the losing twin is let go (a CUDA graph holds its intermediates' memory)
+    made, StandIn.made = weakref.ref(twin), []
+    del twin
+    gc.collect()
+    assert made() is None
 
 
 def test_a_twin_that_cannot_be_captured_leaves_the_fast_tier(twins):
