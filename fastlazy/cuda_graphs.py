@@ -24,8 +24,9 @@ on:
 - the outputs are the graph's own buffers, rewritten by the next replay:
   each call returns clones of them.
 - the program must not write its inputs (checked by their version counters
-  over the warm-up runs: a write would land in the graph's copy of the
-  input, not the caller's tensor), and its outputs must not share memory
+  on the first call, before any extra run, and again over the warm-up
+  runs: a write would land in the graph's copy of the input, not the
+  caller's tensor), and its outputs must not share memory
   with its inputs or with each other (a clone would undo the aliasing).
 - the first replay is checked against the program's own run on the same
   inputs (`differ`); a capture that fails, for one of those reasons or
@@ -35,7 +36,7 @@ on:
 
 The graph's memory pool is its own: the capture's intermediates are kept
 for the graph's replays, and freed with it (the tiered engine drops the
-candidates that lose their probation).  Random draws never reach a graph
+twins that lose their trial or probation).  Random draws never reach a graph
 (fastlazy.random_ops draws them eagerly), so a replay draws nothing.
 """
 from __future__ import annotations
