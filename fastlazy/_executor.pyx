@@ -148,7 +148,7 @@ cdef class InputLayouts:
     captured (not a dense strided CUDA tensor)."""
     cdef vector[InputLayout] layouts
     cdef vector[Py_ssize_t] positions       # of the tensors, as in layouts
-    cdef list others                        # (position, value) of the rest
+    cdef list others                        # (position, type, value) of the rest
     cdef Py_ssize_t length
 
     def __cinit__(self, tuple inputs, in_place):

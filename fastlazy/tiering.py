@@ -290,8 +290,6 @@ class TieredProgram:
         self._constants = {s.position: s.value for s in view.slots
                            if s.position not in self.fast.slots}
         frozen = _frozen_inputs(inputs)
-        if self._no_cuda_graph == "not judged yet":
-            self._no_cuda_graph = cuda_graphs.unsuitable(inputs, self.grad)
         self._share = self.fast_seconds / max(time.perf_counter() - self._born, 1e-9)
         self.tier = "compiling"
         metrics.count_event("tier_compiles_queued")
