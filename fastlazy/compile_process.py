@@ -121,6 +121,7 @@ class _View:
                       if s.kind == "tensor" else s for s in view.slots]
         self.nodes = [dataclasses.replace(n, op=None) for n in view.nodes]
         self.outputs = list(view.outputs)
+        self.device_types = view.device_types
 
 
 class _TensorLike:

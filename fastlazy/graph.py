@@ -83,6 +83,10 @@ class GraphView:
         self.nodes = _calls_apart(self.nodes, merge_identical=not self.grad)
         self.outputs = list(outputs)
         self.slots = [self._slot(seg, k, p) for p, k in enumerate(slot_order)]
+        # (what a compile later reads of its tensors' devices: the copies
+        # of the view a compile gets hold metadata or meta tensors)
+        self.device_types = frozenset(s.value.device.type for s in self.slots
+                                      if s.kind == "tensor")
         self.segment_sites = [seg.site(n.index) for n in self.nodes]
         if self.grad and any(n.written for n in self.nodes):
             self._clone_written_inputs()

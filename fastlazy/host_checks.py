@@ -23,8 +23,10 @@ binary_cross_entropy raises for an input outside [0, 1] in eager and on
 the fast tier, and inductor's decomposition returns NaN.  Graphs for
 inductor (inductor_graph.py) pass such an input through
 `fastlazy::in_range(x, low, high, message)` first: eager's check, then a
-copy of x.  And a composite function may check its arguments' values on
-the host before any kernel (F.one_hot reads its classes' min and max),
+copy of x; an index that eager's kernel refuses to read from the end
+(`index_select`'s) goes through `fastlazy::int_values_within`.  And a
+composite function may check its arguments' values on the host before
+any kernel (F.one_hot reads its classes' min and max),
 which the program its fake run records lacks: FUNCTION_CHECKS puts the
 same checks at the start of its program.  An integer argument's checks go
 through `fastlazy::int_values_within` instead (one_hot's two in one call):
@@ -100,6 +102,19 @@ def _int_values_within(x: torch.Tensor, low: int, below: str, high: int,
 KERNEL_CHECKS = {
     torch.ops.aten.binary_cross_entropy.default:
         (0, 0.0, 1.0, "all elements of input should be between 0 and 1"),
+}
+
+# aten op -> (the position of its index argument, eager's message): ops
+# whose CPU kernel refuses a negative index, where inductor reads one from
+# the end as Python's x[-1] does (its own bounds check, which it keeps,
+# catches only what still falls outside after that): a compiled program
+# gave `index_select(0, [-1])` the last row where eager raises.  The check
+# raises RuntimeError; reading the result then recomputes the failed node
+# on its own, eagerly (graph_cache.recover), which raises eager's error.
+NON_NEGATIVE_INDICES = {
+    torch.ops.aten.index_select.default: (2, "index out of range in self"),
+    torch.ops.aten.index_add.default: (2, "index_add(): an index is negative"),
+    torch.ops.aten.index_copy.default: (2, "index_copy(): an index is negative"),
 }
 
 
@@ -188,17 +203,28 @@ def _check_calls(checks, values):
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def keep_kernel_checks(graph: torch.fx.Graph) -> None:
-    """Pass the arguments KERNEL_CHECKS names through `fastlazy::in_range`
-    before their ops (in place; for graphs a compiler fuses)."""
+def keep_kernel_checks(graph: torch.fx.Graph, on_cpu: bool = True) -> None:
+    """Pass the arguments KERNEL_CHECKS names through `fastlazy::in_range`,
+    and (`on_cpu`: a graph of CPU tensors) the indices NON_NEGATIVE_INDICES
+    names through `fastlazy::int_values_within`, before their ops (in
+    place; for graphs a compiler fuses).  On a GPU eager's kernel asserts
+    on the device, which no check here could raise as, and a check's read
+    of the values on the host would stall every run."""
     for node in list(graph.nodes):
-        check = KERNEL_CHECKS.get(node.target) if node.op == "call_function" else None
-        if check is None:
+        if node.op != "call_function":
             continue
-        index, low, high, message = check
+        check = KERNEL_CHECKS.get(node.target)
+        if check is not None:
+            index, low, high, message = check
+            call = (torch.ops.fastlazy.in_range.default, low, high, message)
+        elif on_cpu and node.target in NON_NEGATIVE_INDICES:
+            index, message = NON_NEGATIVE_INDICES[node.target]
+            call = (torch.ops.fastlazy.int_values_within.default, 0, message, _INT64_MAX,
+                    message)
+        else:
+            continue
         with graph.inserting_before(node):
-            checked = graph.call_function(torch.ops.fastlazy.in_range.default,
-                                          (node.args[index], low, high, message))
+            checked = graph.call_function(call[0], (node.args[index], *call[1:]))
         node.args = node.args[:index] + (checked,) + node.args[index + 1:]
 
 

@@ -60,7 +60,7 @@ def build_fx(view):
         env[("node", node.index)] = value
         meta[("node", node.index)] = (node.dtype, len(node.shape), None)
     graph.output(tuple(env[("node", i)] for i in view.outputs))
-    host_checks.keep_kernel_checks(graph)
+    host_checks.keep_kernel_checks(graph, view.device_types <= {"cpu"})
     return graph
 
 

@@ -2,6 +2,7 @@
 shares the user's GIL); a job that cannot go there is compiled on the
 compile thread as before, and every value stays eager's."""
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -230,3 +231,34 @@ def test_an_artifact_whose_answer_never_arrived_is_removed_at_exit(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("exiting")
     assert [name for name in os.listdir(tmp_path) if "fastlazy" in name] == []
+
+
+def test_a_hot_program_refuses_a_negative_index_as_eager_does(auto, monkeypatch):
+    """The compile in the child sees a view whose tensors are metadata;
+    the graph's devices travel with it, so a CPU graph keeps its index
+    checks (host_checks.NON_NEGATIVE_INDICES), and once the compiled
+    program serves, `index_select(0, [-1])` raises eager's IndexError where
+    inductor's lowering read the last row."""
+    from test_tiering import _slow_fast_tier
+    _slow_fast_tier(monkeypatch, 0.002)          # (the compiled program wins)
+    views = []
+    real = inductor.InductorBackend.compile
+    monkeypatch.setattr(inductor.InductorBackend, "compile",
+                        lambda self, view, *a, **k: views.append(view) or real(self, view, *a, **k))
+
+    def f(a, index, k):
+        return ((a * k).index_select(0, index) + 1).sum(1)
+
+    a = torch.randn(6, 4)
+    run_until_settled(a, torch.tensor([5, 0, 2]), f)
+    assert graph_cache.tiers()[0]["tier"] == "hot", graph_cache.tiers()
+    assert views and all(v.device_types == {"cpu"} for v in views)
+    assert "int_values_within" in str(inductor_graph.build_fx(
+        pickle.loads(compile_process._pickled_view(views[0]))))
+    bad = torch.tensor([1, -1])
+    with pytest.raises(IndexError, match="index out of range in self"):
+        f(a, bad, 1.0)
+    with pytest.raises(IndexError, match="index out of range in self"):
+        f(fastlazy.lazy(a), fastlazy.lazy(bad), 1.0).to_eager()
+    ok = torch.tensor([3, 4])
+    torch.testing.assert_close(f(fastlazy.lazy(a), fastlazy.lazy(ok), 1.0).to_eager(), f(a, ok, 1.0))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1180,6 +1182,32 @@ def test_one_hot_checks_its_classes_when_read(backend):
         got = F.one_hot(fastlazy.lazy(torch.tensor(bad)) * 1, 3)
         with pytest.raises(RuntimeError, match=message):
             got.to_eager()
+
+
+_NEGATIVE_INDEX_CALLS = {
+    "index_select": lambda x, i: x.index_select(0, i),
+    "index_add": lambda x, i: x.index_add(0, i, torch.ones(len(i), 4)),
+    "index_copy": lambda x, i: x.index_copy(0, i, torch.ones(len(i), 4)),
+}
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "inductor"], indirect=True)
+@pytest.mark.parametrize("name", sorted(_NEGATIVE_INDEX_CALLS))
+def test_negative_index_raises_eagers_error_on_a_fused_backend_too(name, backend):
+    """Eager's kernels refuse a negative index for these ops; inductor's
+    lowering read it from the end, as x[-1] does, and a compiled program
+    gave the last row where eager raises."""
+    f = _NEGATIVE_INDEX_CALLS[name]
+    x = torch.randn(10, 4)
+    ok = torch.tensor([1, 9, 2])
+    torch.testing.assert_close(f(fastlazy.lazy(x) * 2, ok).to_eager(), f(x * 2, ok))
+    for bad in ([1, -1, 2], [1, 10, 2]):
+        with pytest.raises(Exception) as want:
+            f(x * 2, torch.tensor(bad))
+        got = f(fastlazy.lazy(x) * 2, torch.tensor(bad))
+        with pytest.raises(type(want.value), match=re.escape(str(want.value))):
+            got.to_eager()
+    torch.testing.assert_close(f(fastlazy.lazy(x) * 2, ok).to_eager(), f(x * 2, ok))
 
 
 def test_one_hot_checks_in_eagers_order_with_one_lean_call():
