@@ -247,10 +247,14 @@ def _watch_writes():
     """The eager writes no entry above sees (watch.py): watch entries for
     torch's writing functions, Python patches for the rest."""
     taken = {(owner, attr) for owner, attr, *_ in _installed}
+    watched = {}                 # id(original) -> its watch entry
     for owner, attr, name, form in list(watch.watch_entries(taken)):
         original = getattr(owner, attr)
-        _install(owner, attr, original, attr in vars(owner),
-                 _core.make_entry(original, name, -1, form))
+        entry = _core.make_entry(original, name, -1, form)
+        watched.setdefault(id(original), entry)
+        _install(owner, attr, original, attr in vars(owner), entry)
+    for owner, attr, original in list(watch.aliases(taken, watched)):
+        _install(owner, attr, original, True, watched[id(original)])
     for owner, attr, patched in itertools.chain(watch.python_patches(),
                                                 autograd_calls.python_patches(),
                                                 value_calls.python_patches(),

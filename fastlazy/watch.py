@@ -11,10 +11,13 @@ a `.data` alias or another tensor set_ to the same storage counts too):
   entry points of patching.py, FORM_INPLACE;
 - torch functions that write (torch.relu_, torch.index_put_,
   torch._foreach_add_, torch._fused_adam_, torch._C._nn.elu_ -- which
-  F.relu(inplace=True), nn.ReLU(inplace=True) and the optimizers call), and
+  F.relu(inplace=True), nn.ReLU(inplace=True) and the optimizers call, and
+  which torch.nn.functional also holds under its own names, F.relu_), and
   out= of any torch function: watch entries (FORM_WATCH*, csrc/_entry.h),
   which never record, so a LazyTensor argument still reaches
-  LazyTensor.__torch_function__ as before;
+  LazyTensor.__torch_function__ as before; the factories' out=
+  (`torch.zeros(..., out=t)`) through the guard that reads their 0-dim
+  LazyTensor numbers (csrc/guards.h, GUARD_DATA);
 - the rest, patched here in Python: torch.ops (OpOverload and its packet,
   which call the dispatcher directly), `x.data = y`, torch.utils.swap_tensors,
   writes through a storage (UntypedStorage.fill_/copy_/[i] = v), and the
@@ -72,6 +75,23 @@ def watch_entries(taken):
                 yield module, name, f"{prefix}.{name}", FORM_WATCH_INPLACE
             elif "out=" in (func.__doc__ or "") or "out (Tensor" in (func.__doc__ or ""):
                 yield module, name, f"{prefix}.{name}", FORM_WATCH
+
+
+# Modules holding torch's writing functions under their own names, bound
+# when they were imported: F.relu_ is torch.relu_ itself, F.elu_ is
+# torch._C._nn.elu_, F.threshold_ is torch._VF.threshold_ -- and so they
+# kept the original after enable() replaced torch's attribute.
+_ALIAS_MODULES = (torch.nn.functional,)
+
+
+def aliases(taken, watched):
+    """(owner, attribute, original) for every attribute of _ALIAS_MODULES
+    holding an original that a watch entry replaced (`watched`: by id) and
+    not patched already (`taken`): it gets that same entry."""
+    for module in _ALIAS_MODULES:
+        for name, value in sorted(vars(module).items()):
+            if type(value) is _BUILTIN and id(value) in watched and (module, name) not in taken:
+                yield module, name, value
 
 
 def _written_args(schema):

@@ -69,6 +69,22 @@ CASES = {
     "torch.index_put_": lambda e: torch.index_put_(e, (torch.tensor([0]),), torch.tensor(5.0)),
     "torch._foreach_add_": lambda e: torch._foreach_add_([e], 1),
     "torch._foreach_mul_ view": lambda e: torch._foreach_mul_([e[::2]], 3.0),
+    # factories' out= (guarded for their 0-dim tensor numbers, not watched)
+    "torch.zeros out=": lambda e: torch.zeros(4, out=e),
+    "torch.full out=": lambda e: torch.full((4,), 100.0, out=e),
+    "torch.arange out=": lambda e: torch.arange(4.0, out=e),
+    "torch.linspace out=": lambda e: torch.linspace(0, 1, 4, out=e),
+    "torch.rand out=": lambda e: torch.rand(4, out=e),
+    "torch.eye out= of a view": lambda e: torch.eye(2, out=e.view(2, 2)),
+    # torch.nn.functional's own names for torch's writing functions
+    "F.relu_": lambda e: F.relu_(e),
+    "F.elu_": lambda e: F.elu_(e),
+    "F.celu_": lambda e: F.celu_(e),
+    "F.selu_": lambda e: F.selu_(e),
+    "F.hardtanh_": lambda e: F.hardtanh_(e, 0.0, 0.5),
+    "F.leaky_relu_": lambda e: F.leaky_relu_(e, 0.5),
+    "F.rrelu_": lambda e: F.rrelu_(e),
+    "F.threshold_": lambda e: F.threshold_(e, 0.5, 7.0),
     # torch.nn.functional and modules (torch.relu_, torch._C._nn.*_)
     "F.relu inplace": lambda e: F.relu(e, inplace=True),
     "F.elu inplace": lambda e: F.elu(e, inplace=True),
@@ -95,6 +111,21 @@ def test_write_after_read_keeps_recorded_contents(name):
     def f(lz):
         e, y = _pending(lz)
         write(e)
+        return y, e
+    same_as_eager(f)
+
+
+@pytest.mark.parametrize("name", ["torch.zeros out=", "torch.full out=", "F.relu_",
+                                  "F.threshold_", "torch.relu_", "out="])
+def test_write_after_read_under_inference_mode(name):
+    """An inference tensor has no version counter: a write no path sees
+    would go unnoticed until the graph read the new contents."""
+    write = CASES[name]
+
+    def f(lz):
+        with torch.inference_mode():
+            e, y = _pending(lz)
+            write(e)
         return y, e
     same_as_eager(f)
 
@@ -148,6 +179,11 @@ def test_lazy_arguments_still_record_through_watched_functions():
     out = torch.special.erf(x)
     assert type(out) is LazyTensor
     torch.testing.assert_close(out.to_eager(), torch.special.erf(x.to_eager()))
+    for write in (F.relu_, F.elu_, lambda t: F.threshold_(t, 0.5, 7.0)):
+        v = torch.randn(4)
+        lazy = fastlazy.lazy(v.clone())
+        assert write(lazy) is lazy
+        torch.testing.assert_close(lazy.to_eager(), write(v))
 
 
 def test_disable_restores_every_watched_function():

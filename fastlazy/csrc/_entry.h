@@ -82,6 +82,22 @@ fl_flush_written(PyObject *written)
     return fl_flush_pending(written);
 }
 
+/* What the keyword out= names, of a call with n positional arguments,
+ * computed first where pending nodes may read it (fl_flush_written). */
+static int
+fl_flush_out(PyObject *const *args, Py_ssize_t n, PyObject *kwnames)
+{
+    if (kwnames == NULL || kwnames == Py_None)
+        return 0;
+    Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t k = 0; k < nk && FL_CHECK_WRITES; k++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), "out") == 0
+                && fl_flush_written(args[n + k]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* An eager call is about to write: what it writes must not change under a
  * pending node that read it (the graph sees the contents it was recorded
  * with).  Written are self (FORM_INPLACE), every positional argument
@@ -97,15 +113,7 @@ fl_flush_writes(FLEntry *e, PyObject *const *args, Py_ssize_t n, PyObject *kwnam
             if (fl_flush_written(args[i]) < 0)
                 return -1;
     }
-    if (kwnames != NULL) {
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t k = 0; k < nk && FL_CHECK_WRITES; k++) {
-            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), "out") == 0
-                    && fl_flush_written(args[n + k]) < 0)
-                return -1;
-        }
-    }
-    return 0;
+    return fl_flush_out(args, n, kwnames);
 }
 
 static PyObject *

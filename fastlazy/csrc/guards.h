@@ -16,7 +16,10 @@
  *   GUARD_DATA    an argument is a LazyTensor, or a list or tuple with one
  *                 among its items or along its first elements (torch's
  *                 constructors and factories: a list of a million floats
- *                 is not scanned whole, as torch.tensor must stay as cheap)
+ *                 is not scanned whole, as torch.tensor must stay as cheap);
+ *                 otherwise the eager tensor out= names (`torch.zeros(...,
+ *                 out=t)`, a factory no watch entry stands for: this guard
+ *                 does) is written, so pending nodes reading it run first
  *   GUARD_WRITES  the calling thread has nodes pending, or storages are
  *                 watched: slow computes what the call may write first
  *                 (torch.ops calls)
@@ -169,6 +172,9 @@ fl_guard_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
         Py_ssize_t total = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
         for (Py_ssize_t i = 0; i < total && !slow; i++)
             slow = fl_data_lazy(args[i]);
+        if (!slow && FL_CHECK_WRITES
+                && fl_flush_out(args, PyVectorcall_NARGS(nargsf), kwnames) < 0)
+            return NULL;
     } else if (g->when == GUARD_WRITES) {
         if (FL_CHECK_WRITES) {
             slow = fl_writes_matter();

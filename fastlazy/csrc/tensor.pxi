@@ -650,8 +650,10 @@ cdef class LazyTensor:
             # a generic row: its LazyTensors may sit inside a list (torch.cat),
             # where the entry does not look, so take the generic path here --
             # through the core's signature hits, as the entry would
-            if fl_entry_form(entry) != FORM_INPLACE:
+            if fl_entry_form(entry) != FORM_INPLACE and fl_entry_form(entry) != FORM_WATCH_INPLACE:
                 return generic_call_of(entry, args, kwargs)
+            # (a write: torch._C._nn.elu_, whose builtin hands __torch_function__
+            # the watch entry enable() put in its module, returns x itself)
             func = entry.__wrapped__
         name = getattr(func, "__name__", None) or repr(func)
         if name.endswith("_") and not name.endswith("__"):
