@@ -52,6 +52,7 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
         return _detach(target)
     if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
         raise Unsafe("writes through a view whose elements overlap")
+    views.check_no_overlap(target, name.rpartition(".")[2], args[1:], kwargs)
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
     if _leaf_under_no_grad(target):
@@ -202,6 +203,7 @@ def run_inplace(func, name, args, kwargs):
         target = args[0]
         if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
             return write_overlapping(func, name, args, kwargs)
+        views.check_no_overlap(target, name.rpartition(".")[2], args[1:], kwargs)
         value = target.to_eager()
         if target.family is None and value._is_view():
             # The value views another tensor (x[0], x.view(-1) ran eagerly):

@@ -171,6 +171,49 @@ def check_write(target, operands, index=None):
     return False
 
 
+# in-place ops whose kernel refuses any overlap, full or partial, between
+# the tensor written and these operands (ATen's assert_no_overlap): the
+# operand's position after self, and its keyword
+NO_OVERLAP_OPERANDS = {
+    "scatter_": (2, "src"), "scatter_add_": (2, "src"), "scatter_reduce_": (2, "src"),
+    "index_copy_": (2, "source"), "index_add_": (2, "source"), "index_put_": (1, "values"),
+}
+
+
+def check_no_overlap(target, method, args, kwargs):
+    """Eager's refusal of `target.<method>(*args, **kwargs)` where the
+    operand NO_OVERLAP_OPERANDS names shares memory with target at all
+    (`b.scatter_(0, index, b)`): the values a recorded write would compute
+    (read before the write) are not eager's, which has none."""
+    where = NO_OVERLAP_OPERANDS.get(method)
+    if where is None:
+        return
+    position, keyword = where
+    other = args[position] if len(args) > position else kwargs.get(keyword)
+    if type(other) is not LazyTensor:
+        return
+    if other is target:
+        raise RuntimeError(_PARTIAL)
+    root, size, stride, offset = place(target)
+    o_root, o_size, o_stride, o_offset = place(other)
+    if o_root is root and _spans_meet(target.dtype.itemsize, size, stride, offset,
+                                      other.dtype.itemsize, o_size, o_stride, o_offset):
+        raise RuntimeError(_PARTIAL)
+
+
+def _spans_meet(item, size, stride, offset, o_item, o_size, o_stride, o_offset) -> bool:
+    """Do two places in one root's storage reach common bytes (each from
+    its first element to its last: eager's overlap check compares those
+    spans too)?"""
+    def span(item, size, stride, offset):
+        if 0 in size:
+            return None
+        last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+        return offset * item, (last + 1) * item
+    a, b = span(item, size, stride, offset), span(o_item, o_size, o_stride, o_offset)
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+
+
 def _basic_index(index) -> bool:
     """Ints, slices, None and Ellipsis only (a view, not a gather)."""
     for i in (index if type(index) is tuple else (index,)):
