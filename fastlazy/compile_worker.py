@@ -51,6 +51,7 @@ def forget_after_fork():
     global _queue, _thread, _start_lock, _waiting_lock, _waiting
     _queue, _thread = queue.SimpleQueue(), None
     _start_lock, _waiting_lock, _waiting = threading.Lock(), threading.Lock(), 0
+    _beside.clear()             # (their threads stayed behind too)
 
 
 def submit(fn, *args) -> concurrent.futures.Future:
@@ -61,17 +62,49 @@ def submit(fn, *args) -> concurrent.futures.Future:
     return future
 
 
+# the jobs run_beside started that have not finished
+_beside: set = set()
+
+
+def run_beside(fn, *args) -> concurrent.futures.Future:
+    """Run fn(*args) now, on a thread of its own, of lowered priority as
+    the compile thread's, without its queue or throttle: for a short job
+    that spends its time outside the GIL (oneDNN's weight reorders,
+    packed_convs), which queued behind a compile, or throttled, would come
+    long after it could have served (resnet18's reorders and packed
+    program's compile, throttled on the compile thread, took 40 calls'
+    time).  Not a daemon thread: a program that exits waits for it
+    (milliseconds) rather than tear C++ state down under it."""
+    future = concurrent.futures.Future()
+    _beside.add(future)
+    future.add_done_callback(_beside.discard)
+
+    def job():
+        if not future.set_running_or_notify_cancel():
+            return
+        _lower_priority()
+        compile_log.quiet_this_thread()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:      # noqa: BLE001 - reported through the Future
+            future.set_exception(exc)
+    threading.Thread(target=job, name="fastlazy-beside").start()
+    return future
+
+
 def idle(timeout: float | None = None) -> bool:
-    """Wait until every submitted compile has finished (tiering.wait: tests
-    and benchmarks); False if `timeout` passed first."""
+    """Wait until every submitted compile, and every job run beside, has
+    finished (tiering.wait: tests and benchmarks); False if `timeout`
+    passed first."""
     done = submit(lambda: None)
     # the caller blocks meanwhile: nothing to leave the core and GIL for
     with unthrottled():
         try:
             done.result(timeout)
+            concurrent.futures.wait(list(_beside), timeout)
         except concurrent.futures.TimeoutError:
             return False
-    return True
+    return not _beside
 
 
 _waiting = 0                    # threads inside unthrottled()

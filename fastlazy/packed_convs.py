@@ -7,9 +7,11 @@ of at most 3 in a dim takes its im2col + GEMM path, which costs W4's
 resnet18 at 64x64 88 % of its call: a 512-channel 2x2 layer takes 3.1 ms
 there against 0.3 ms in oneDNN with its weight packed.  Where ATen does
 take oneDNN it reorders the weight into oneDNN's layout at every call.
-Packing the weights once is what inductor's freezing does; here it is done
-at a graph's PLAN_AT-th run (milliseconds: a reorder per weight and one
-more fast-tier compile of the graph).
+Packing the weights once is what inductor's freezing does; here it is
+planned and its program compiled at a graph's PLAN_AT-th run (one more
+fast-tier compile of the graph, milliseconds), and the reorders (a
+millisecond or more per weight) done on a thread beside the user's, the
+plain program serving the calls meanwhile.
 
 What is packed: a 2-d convolution of float32 CPU tensors whose weight is an
 nn.Parameter input of the graph, with groups == 1 and a kernel other than
@@ -34,12 +36,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import threading
 import time
 import weakref
 
 import torch
 
-from fastlazy import _core, backends, metrics, step_executor, watch
+from fastlazy import _core, backends, compile_worker, metrics, step_executor, watch
 from fastlazy.graph import Slot
 from fastlazy.node_program import AtenCall, Input, NodeProgram, Value
 
@@ -113,12 +116,17 @@ class _Weight:
             return torch.ops.mkldnn._reorder_convolution_weight(w.detach(), *self.args)
 
 
-def trial(view, positions, inputs, plain, typical):
-    """The fast tier's call for `view` while its packed program is tried
-    (a _Trial), or None where the graph has nothing to pack.  `positions`:
-    the fast tier's input positions; `inputs`: this run's, in that order;
-    `plain`: the fast tier's call (returning a sequence); `typical`: what
-    a list of run times is judged by."""
+def trial(view, positions, inputs, plain, typical, on_error=None):
+    """The fast tier's call for `view` while its packed program is made and
+    tried (a _Trial), or None where the graph has nothing to pack.
+    `positions`: the fast tier's input positions; `inputs`: this run's, in
+    that order; `plain`: the fast tier's call (returning a sequence);
+    `typical`: what a list of run times is judged by; `on_error(message)`:
+    told where packing fails.  What to pack is chosen and the packed
+    program compiled here; the weights are packed on a thread of lowered
+    priority beside the user's (oneDNN's reorders let go of the GIL): the
+    plain program serves meanwhile, so no call waits for them (they took
+    about 30 ms of resnet18's second call, 20 ms of googlenet's)."""
     if view.grad or not enabled() or not all(
             t.device.type == "cpu" for t in inputs if isinstance(t, torch.Tensor)):
         return None
@@ -132,7 +140,7 @@ def trial(view, positions, inputs, plain, typical):
     new_slots = None         # made at the first convolution worth packing
     index = max((s.index for s in view.slots), default=-1) + 1
     position = max((s.position for s in view.slots), default=-1) + 1
-    weights, packed = [], []
+    weights = []             # _Weight, and the slot index its packed copy takes
     seen = {}                # a parameter read by several convolutions is packed once
     for i, node in enumerate(nodes):
         conv = _conv_of(node)
@@ -151,12 +159,10 @@ def trial(view, positions, inputs, plain, typical):
             new_slots = [dataclasses.replace(s, value=given.get(s.position, s.value))
                          for s in view.slots]
         if key not in seen:
-            weight = _Weight(at[w_position], weakref.ref(w), 0, 0,
-                             (padding, stride, dilation, groups, list(x_shape)))
-            new_slots.append(Slot(index, position, "tensor", weight.pack(w)))
+            weights.append((_Weight(at[w_position], weakref.ref(w), 0, 0,
+                                    (padding, stride, dilation, groups, list(x_shape))),
+                            index, position))
             seen[key] = index
-            weights.append(weight)
-            packed.append(new_slots[-1].value)
             index += 1
             position += 1
         channels_last = w.is_contiguous(memory_format=torch.channels_last) \
@@ -167,14 +173,19 @@ def trial(view, positions, inputs, plain, typical):
             inputs=(*node.inputs, ("slot", seen[key])))
     if not weights:
         return None
+    # the program is compiled here (its slots' values are read for their
+    # kind alone: a parameter stands in for its packed copy)
     light = copy.copy(view)
-    light.nodes, light.slots = nodes, new_slots
+    light.nodes = nodes
+    light.slots = new_slots + [Slot(index, position, "tensor", w.ref())
+                               for w, index, position in weights]
     program = backends.get("torchscript").compile(light)
     call = program.call
     if program.single:
         call = (lambda inner: lambda *args: (inner(*args),))(call)
-    metrics.count_event("packed_conv_trials")
-    return _Trial(plain, call, weights, packed, _core.ShapeGuard(inputs), typical)
+    made = _Trial(plain, call, [w for w, _, _ in weights], _core.ShapeGuard(inputs), typical)
+    made.packing = compile_worker.run_beside(made.pack_all, on_error)
+    return made
 
 
 _programs: dict = {}
@@ -195,19 +206,24 @@ def _packed_program(stride, padding, dilation, groups, has_bias, channels_last, 
 
 
 class _Trial:
-    """The fast tier's call of a graph with packed convolutions: first the
-    trial (plain and packed programs in turn, timed), then the winner."""
+    """The fast tier's call of a graph with packed convolutions: the plain
+    program while the weights are packed (pack_all, on a thread beside),
+    then the trial (plain and packed programs in turn, timed), then the
+    winner."""
 
-    def __init__(self, plain, packed_call, weights, packed, shapes, typical):
+    def __init__(self, plain, packed_call, weights, shapes, typical):
         self.plain = plain
         self.packed_call = packed_call
         self.weights = weights
-        self.packed = packed
+        self.packed = None             # the packed weights, once built
         self.shapes = shapes
         self.typical = typical
         self.times = ([], [])          # the plain program's runs, the packed one's
         self.written = False
         self.foreign_runs = 0
+        self.packing = None            # pack_all's Future
+        self._given_up = False
+        self._lock = threading.Lock()  # between pack_all and give_up
         self._on_write = _Notice(weakref.ref(self), "written")
         _core.watch_writes([w.ref() for w in weights], self._on_write)
         weakref.finalize(self, _core.unwatch_writes, self._on_write)
@@ -216,7 +232,31 @@ class _Trial:
         for w in weights:
             w.ref = weakref.ref(w.ref(), died)
         _live.add(self)
-        self.call = self._try
+        self.call = plain
+
+    def pack_all(self, on_error):
+        """Beside the user's thread: every weight packed; the trial begins
+        at the next call.  A failure (or a give_up meanwhile) leaves the
+        plain program."""
+        try:
+            packed = []
+            for weight in self.weights:
+                w = weight.ref()
+                if w is None or self._given_up:
+                    return
+                packed.append(weight.pack(w))
+        except Exception as exc:     # noqa: BLE001 - the plain program stands
+            metrics.count_event("packed_conv_failures")
+            self.give_up()
+            if on_error is not None:
+                on_error(f"packed convolutions: {type(exc).__name__}: {exc}"[:500])
+            return
+        with self._lock:
+            if self._given_up:
+                return
+            self.packed = packed
+            metrics.count_event("packed_conv_trials")
+            self.call = self._try
 
     def __call__(self, *inputs):
         return self.call(*inputs)
@@ -263,14 +303,17 @@ class _Trial:
             return self.plain(*inputs)
 
     def give_up(self):
-        """The plain program from now on; the packed weights let go."""
-        self.call = self.plain
-        self.packed = None
-        self.weights = []
+        """The plain program from now on; the packed weights let go (a
+        packing under way stops)."""
+        with self._lock:
+            self._given_up = True
+            self.call = self.plain
+            self.packed = None
+            self.weights = []
         _core.unwatch_writes(self._on_write)
 
     def forget(self, tensors) -> None:
-        if self.packed is not None and any(w.ref() is t for w in self.weights for t in tensors):
+        if not self._given_up and any(w.ref() is t for w in self.weights for t in tensors):
             self.give_up()
 
 
@@ -290,7 +333,7 @@ class _Notice:
             return
         if self.what == "written":
             trial.written = True
-        elif trial.packed is not None:
+        elif not trial._given_up:
             trial.give_up()
 
 

@@ -260,13 +260,18 @@ class TieredProgram:
         if view is None or not isinstance(self.fast, TorchScriptProgram) or self.fast.fuses:
             return
         try:
-            found = packed_convs.trial(view, self.fast.slots, inputs, self._fast, _typical)
+            found = packed_convs.trial(view, self.fast.slots, inputs, self._fast, _typical,
+                                       self._packing_failed)
         except Exception as exc:     # noqa: BLE001 - the plain fast tier stands
-            self.error = f"packed convolutions: {type(exc).__name__}: {exc}"[:500]
+            self._packing_failed(f"packed convolutions: {type(exc).__name__}: {exc}"[:500])
             metrics.count_event("packed_conv_failures")
             return
         if found is not None:
             self._fast = found
+
+    def _packing_failed(self, message):
+        """(the packed program's build failed: on the compile thread)"""
+        self.error = message
 
     def _submit(self, inputs):
         if not fx_threads.install():

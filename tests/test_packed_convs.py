@@ -63,13 +63,16 @@ def _counter(name):
 
 
 def _runs(net, x, n=RUNS):
-    """n runs of net on x (lazy), each checked against eager's."""
+    """n runs of net on x (lazy), each checked against eager's; after the
+    run that plans the packing, its reorders beside the user's thread waited for."""
     with torch.no_grad():
         want = net(x)
-        for _ in range(n):
+        for k in range(n):
             got = net(x.to("lazy")).to_eager()
             torch.testing.assert_close(got, want, **TOLERANCE)
             assert got.stride() == want.stride()
+            if k + 1 == packed_convs.PLAN_AT:
+                assert tiering.wait(120)
     return got
 
 
@@ -90,10 +93,42 @@ def test_a_view_of_a_packed_convolutions_result_has_eagers_strides(packed_wins):
     x = torch.randn(1, 4, 8, 8)
     with torch.no_grad():
         want = conv(x).view(6, -1).sum(1)
-        for _ in range(RUNS):
+        for k in range(RUNS):
             got = conv(x.to("lazy")).view(6, -1).sum(1).to_eager()
             torch.testing.assert_close(got, want, **TOLERANCE)
+            if k + 1 == packed_convs.PLAN_AT:
+                assert tiering.wait(120)
     assert _counter("packed_conv_trials") == 1
+
+
+def test_no_call_waits_for_the_packing(packed_wins, monkeypatch):
+    """The weights are packed on a thread beside the user's: the calls
+    meanwhile run the plain program."""
+    import threading
+    import time
+    release = threading.Event()
+    real_pack = packed_convs._Weight.pack
+
+    def slow_pack(self, w):
+        release.wait(60)
+        return real_pack(self, w)
+    monkeypatch.setattr(packed_convs._Weight, "pack", slow_pack)
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    with torch.no_grad():
+        want = net(x)
+        start = time.perf_counter()
+        for _ in range(packed_convs.PLAN_AT + 3):
+            torch.testing.assert_close(net(x.to("lazy")).to_eager(), want, **TOLERANCE)
+        assert time.perf_counter() - start < 30
+        (program,) = graph_cache.programs.values()
+        trial = program._fast
+        assert trial.call == trial.plain and trial.packed is None
+        assert _counter("packed_conv_trials") == 0
+        release.set()
+        assert tiering.wait(120)
+        assert trial.packed is not None and _counter("packed_conv_trials") == 1
+    _runs(net, x)
+    assert trial.call == trial._packed
 
 
 def test_channels_last_input_and_weight_keep_eagers_layout(packed_wins):
