@@ -15,6 +15,19 @@ looks it up, and with a LazyTensor argument it runs on the values:
 - `torch.utils.dlpack.to_dlpack` exports the value's memory;
 - `torch.vmap` (and functorch's transforms built on `_add_batch_dim`)
   batches the value: the function runs eagerly, as do its results;
+- forward-mode AD (`torch.func.jvp`, `jacfwd`, `torch.autograd.
+  forward_ad.make_dual`) pairs the value with its tangent: the function
+  runs eagerly on the dual tensor (a dual made of a LazyTensor was an
+  empty meta stand-in: jvp returned empty tensors), a call with a
+  LazyTensor inside a dual level runs eagerly (csrc/saved_hooks.pxi) and
+  its result, a LazyTensor holding the dual, is unpacked as that value
+  (`unpack_dual`), and `torch.func.
+  linearize` traces jvp with make_fx (found through functorch's module
+  at each call, however the user imported linearize) on the values of the
+  tangents it made from LazyTensor primals: LazyTensors handed to the
+  trace would have recorded their ops unseen by it, and its linear
+  function returned garbage (it then takes LazyTensor tangents as any
+  function does);
 - `torch.jit.trace` traces on the values of its example inputs;
 - `torch.Tensor._make_subclass` (tensor subclasses' constructors) makes the
   subclass instance around the value;
@@ -46,6 +59,8 @@ _BINDINGS = (
     ("torch", "to_dlpack"),
     ("torch._functorch.vmap", "_add_batch_dim"),
     ("torch._functorch.eager_transforms", "_wrap_for_grad"),
+    ("torch.autograd.forward_ad", "make_dual"),
+    ("torch.autograd.forward_ad", "unpack_dual"),
     ("torch.jit", "trace"),
     ("torch.jit._trace", "trace"),
 )
@@ -64,9 +79,41 @@ def _script_function_call(call):
     return _core.lazy_arguments_first(call, on_values)
 
 
+def _traced_on_values(disallow, make_fx):
+    """functorch's lazy_dynamo_disallow (through which linearize calls
+    make_fx), handing back for make_fx a make_fx whose traced function is
+    called with the values of its LazyTensor arguments (make_fx itself must
+    reach dynamo's disallow_in_graph, which takes only callables it knows)."""
+    @functools.wraps(disallow)
+    def disallowed(func):
+        found = disallow(func)
+        if func is not make_fx:
+            return found
+
+        @functools.wraps(found)
+        def make(*args, **kwargs):
+            traced = found(*args, **kwargs)
+
+            @functools.wraps(traced)
+            def trace(*inputs):
+                return traced(*fallback.materialize(inputs))
+            return trace
+        return make
+    return disallowed
+
+
 def python_patches():
     """(owner, attr, replacement) for each binding this torch has."""
-    patches = [(torch._C.ScriptFunction, "__call__",
+    patches = []
+    try:
+        transforms = importlib.import_module("torch._functorch.eager_transforms")
+    except ImportError:
+        transforms = None
+    if (getattr(transforms, "make_fx", None) is not None
+            and getattr(transforms, "lazy_dynamo_disallow", None) is not None):
+        patches.append((transforms, "lazy_dynamo_disallow",
+                        _traced_on_values(transforms.lazy_dynamo_disallow, transforms.make_fx)))
+    patches += [(torch._C.ScriptFunction, "__call__",
                 _script_function_call(torch._C.ScriptFunction.__call__)),
                (torch.Tensor, "_make_subclass",
                 staticmethod(_on_values(torch.Tensor._make_subclass)))]

@@ -302,3 +302,42 @@ def test_torch_compile_of_eager_code_traces_through_the_guards():
     compiled = torch.compile(f, backend="eager", fullgraph=True)
     x = torch.rand(4)
     assert torch.equal(compiled(x), f(x))
+
+
+def _value(t):
+    return t.to_eager() if type(t) is LazyTensor else t
+
+
+def test_forward_mode_transforms_of_lazy_tensors_give_eagers_values():
+    """torch.func.jvp and jacfwd pair a LazyTensor's value with its tangent
+    (a dual made of the LazyTensor itself was an empty meta stand-in: jvp
+    returned empty tensors); forward_ad.make_dual likewise."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jacfwd, jvp
+    x, v, w = torch.randn(4), torch.randn(4), torch.randn(4)
+    f = lambda a: (a.sin() * w).exp()      # noqa: E731
+    want = jvp(f, (x,), (v,))
+    for primal, tangent in ((fastlazy.lazy(x), fastlazy.lazy(v)), (fastlazy.lazy(x), v),
+                            (x, fastlazy.lazy(v))):
+        got = jvp(f, (primal,), (tangent,))
+        for g, e in zip(got, want):
+            assert g.shape == e.shape
+            torch.testing.assert_close(_value(g), e)
+    torch.testing.assert_close(_value(jacfwd(f)(fastlazy.lazy(x))), jacfwd(f)(x))
+    captured = fastlazy.lazy(w)
+    torch.testing.assert_close(_value(jvp(lambda a: a * captured, (x,), (v,))[1]), v * w)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(fastlazy.lazy(x), fastlazy.lazy(v))
+        tangent = fwAD.unpack_dual(dual.sin()).tangent
+    torch.testing.assert_close(_value(tangent), x.cos() * v)
+
+
+def test_linearize_of_a_lazy_tensor_gives_eagers_linear_function():
+    """linearize traces jvp with make_fx; handed LazyTensor tangents, the
+    trace saw none of their ops and its linear function returned garbage."""
+    from torch.func import linearize      # (bound however the user imports it)
+    x, v = torch.randn(4), torch.randn(4)
+    out, linear = linearize(torch.sin, fastlazy.lazy(x))
+    torch.testing.assert_close(_value(out), x.sin())
+    for tangent in (fastlazy.lazy(v), v):
+        torch.testing.assert_close(_value(linear(tangent)), x.cos() * v)
