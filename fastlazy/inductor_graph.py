@@ -61,7 +61,38 @@ def build_fx(view):
         meta[("node", node.index)] = (node.dtype, len(node.shape), None)
     graph.output(tuple(env[("node", i)] for i in view.outputs))
     host_checks.keep_kernel_checks(graph, view.device_types <= {"cpu"})
+    _narrow_casts_through_int32(graph)
     return graph
+
+
+# dtype casts in an FX graph: the op, and where its dtype argument is
+# (a position, or a keyword)
+_CASTS = {
+    torch.ops.aten._to_copy.default: "dtype",
+    torch.ops.aten.to.dtype: 1,
+    torch.ops.prims.convert_element_type.default: 1,
+}
+_NARROW_INTS = frozenset((torch.int8, torch.uint8, torch.int16))
+
+
+def _narrow_casts_through_int32(graph):
+    """Casts to an integer type narrower than int32 go through int32 first
+    (in place).  Eager's CPU kernels convert a float to int32 and keep the
+    low bits (x.to(torch.int8) of -965.4 is 59); inductor's vectorized
+    conversion to int8 saturates (-128), and its conversion to int32 then
+    to the narrow type keeps the low bits as eager's does.  An integer or
+    bool source converts alike either way (int32's low bits are its own)."""
+    for node in list(graph.nodes):
+        where = _CASTS.get(node.target) if node.op == "call_function" else None
+        if where is None:
+            continue
+        dtype = node.kwargs.get(where) if type(where) is str else (
+            node.args[where] if len(node.args) > where else node.kwargs.get("dtype"))
+        if dtype not in _NARROW_INTS or not node.args:
+            continue
+        with graph.inserting_before(node):
+            wide = graph.call_function(_TO_COPY, (node.args[0],), {"dtype": torch.int32})
+        node.args = (wide, *node.args[1:])
 
 
 def _lower(graph, node, env, meta, cast):

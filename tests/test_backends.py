@@ -220,6 +220,23 @@ def test_inductor_true_division_of_integers_casts_each_operand(program):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_inductor_narrow_integer_casts_keep_eagers_low_bits(dtype):
+    """Eager converts a float to int32 and keeps the low bits of it
+    (-965.4 to int8 is 59); inductor's vectorized conversion to int8
+    saturated (-128), so a graph that went hot gave other values once its
+    inputs left the type's range.  Casts to a narrow integer type go
+    through int32 (inductor_graph)."""
+    x = torch.linspace(-70000, 70000, 4099)
+    want = ((x * 1.5).to(dtype) * 3).to(torch.float32)
+    fastlazy.set_backend("inductor")
+    try:
+        got = ((fastlazy.lazy(x) * 1.5).to(dtype) * 3).to(torch.float32).to_eager()
+    finally:
+        fastlazy.set_backend("torchscript")
+    assert torch.equal(got, want)
+
+
 class _Counting(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the aten calls made while it is active, by op (add_ as add)."""
 
