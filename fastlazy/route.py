@@ -52,6 +52,10 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
     reason = _core.eager_only_reason()
     if reason is not None:
         return run_eagerly(func, name, args, kwargs, inplace, reason)
+    if _on_meta(kwargs.get("device")):
+        # (zeros_like(x, device="meta"), x.new_empty(n, device="meta"): a
+        # meta tensor is no value to compute, and a LazyTensor holds none)
+        return run_eagerly(func, name, args, kwargs, inplace, "makes a meta tensor")
     if func is torch.autograd.grad:
         fallback.count(name, "gradients are computed eagerly")
         return autograd_calls.grad(func, args, kwargs)
@@ -116,6 +120,15 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
     # error) is then the user's alone, not chained "during handling of" our
     # internal Unsafe
     return run_eagerly(func, name, args, kwargs, inplace, reason)
+
+
+def _on_meta(device) -> bool:
+    """Does a call's `device=` name the meta device?"""
+    if device is None or type(device) is int:
+        return False
+    if type(device) is torch.device:
+        return device.type == "meta"
+    return type(device) is str and device.partition(":")[0] == "meta"
 
 
 def run_eagerly(func, name, args, kwargs, inplace, reason):

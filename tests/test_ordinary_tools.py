@@ -341,3 +341,20 @@ def test_linearize_of_a_lazy_tensor_gives_eagers_linear_function():
     torch.testing.assert_close(_value(out), x.sin())
     for tangent in (fastlazy.lazy(v), v):
         torch.testing.assert_close(_value(linear(tangent)), x.cos() * v)
+
+
+@pytest.mark.parametrize("make", [
+    lambda t, d: torch.zeros_like(t, device=d), lambda t, d: torch.empty_like(t, device=d),
+    lambda t, d: torch.full_like(t, 2.0, device=d), lambda t, d: t.new_zeros(2, device=d),
+    lambda t, d: t.new_ones((2, 3), device=d), lambda t, d: t.new_empty(4, device=d)])
+def test_a_like_or_new_tensor_on_the_meta_device_is_eagers_meta_tensor(make):
+    """A meta tensor has no value to compute: made from a LazyTensor it is
+    eager's meta tensor (it was a LazyTensor reporting the cpu device,
+    whose sums with cpu tensors were taken where eager raises)."""
+    t, x = pair()
+    for device in ("meta", torch.device("meta"), "cpu", "meta"):
+        want, got = make(t, device), make(x, device)
+        assert got.device == want.device and got.shape == want.shape
+        assert type(got) is (torch.Tensor if want.is_meta else LazyTensor)
+    with pytest.raises(RuntimeError):
+        make(x, "meta") + torch.ones(2, 3)
