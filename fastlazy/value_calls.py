@@ -15,6 +15,11 @@ looks it up, and with a LazyTensor argument it runs on the values:
 - `torch.utils.dlpack.to_dlpack` exports the value's memory;
 - `torch.vmap` (and functorch's transforms built on `_add_batch_dim`)
   batches the value: the function runs eagerly, as do its results;
+- `torch.func.grad` and `grad_and_value` (their implementations, which
+  torch.func looks up at each call) take the values of LazyTensor
+  arguments before the transform's level opens: a pending one computed
+  inside it had its ops wrapped at that level (an INTERNAL ASSERT in
+  functorch's TensorWrapper);
 - forward-mode AD (`torch.func.jvp`, `jacfwd`, `torch.autograd.
   forward_ad.make_dual`) pairs the value with its tangent: the function
   runs eagerly on the dual tensor (a dual made of a LazyTensor was an
@@ -59,6 +64,8 @@ _BINDINGS = (
     ("torch", "to_dlpack"),
     ("torch._functorch.vmap", "_add_batch_dim"),
     ("torch._functorch.eager_transforms", "_wrap_for_grad"),
+    ("torch._functorch.eager_transforms", "grad_impl"),
+    ("torch._functorch.eager_transforms", "grad_and_value_impl"),
     ("torch.autograd.forward_ad", "make_dual"),
     ("torch.autograd.forward_ad", "unpack_dual"),
     ("torch.jit", "trace"),

@@ -358,3 +358,18 @@ def test_a_like_or_new_tensor_on_the_meta_device_is_eagers_meta_tensor(make):
         assert type(got) is (torch.Tensor if want.is_meta else LazyTensor)
     with pytest.raises(RuntimeError):
         make(x, "meta") + torch.ones(2, 3)
+
+
+def test_grad_of_a_pending_lazy_tensor_gives_eagers_gradient():
+    """torch.func.grad took a LazyTensor's value inside its level, where a
+    pending one's graph ran wrapped at that level: functorch's internal
+    assert (TensorWrapper.cpp)."""
+    from torch.func import grad, grad_and_value
+    x, w = torch.randn(4), torch.randn(4)
+    f = lambda a, b: (a.sin() * b).sum()      # noqa: E731
+    want = grad_and_value(f, argnums=(0, 1))(x * 2, w)
+    for args in ((fastlazy.lazy(x) * 2, w), (fastlazy.lazy(x) * 2, fastlazy.lazy(w) + 0)):
+        (ga, gb), value = grad_and_value(f, argnums=(0, 1))(*args)
+        for got, expected in ((ga, want[0][0]), (gb, want[0][1]), (value, want[1])):
+            torch.testing.assert_close(_value(got), expected)
+        torch.testing.assert_close(_value(grad(f)(*args)), want[0][0])
