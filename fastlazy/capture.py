@@ -454,11 +454,12 @@ def _meta_run(erased, func, args, kwargs, tensors):
         # the checks eager makes of empty inputs (a reduction over an empty
         # dim) are its kernels', which a meta run does not call
         return None
+    warm = program_templates.meta_kernels_warm()
     start = time.perf_counter()
     try:
         return _meta_judged(erased, func, args, kwargs, tensors)
     finally:
-        program_templates.judged(erased, False, time.perf_counter() - start)
+        program_templates.judged(erased, False, time.perf_counter() - start, warm)
 
 
 def _meta_judged(erased, func, args, kwargs, tensors):

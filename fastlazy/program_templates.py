@@ -53,6 +53,7 @@ and read and write out of bounds (first_fit's `real`).
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -354,12 +355,20 @@ META_SLOW_SECONDS = 0.5e-3
 
 class _JudgeCosts:
     """What judging a template cost an erased signature: its latest meta
-    run and its latest trial run, in seconds, and how many meta runs."""
-    __slots__ = ("meta", "trial", "meta_runs")
+    run and its latest trial run, in seconds, how many meta runs, and
+    whether its first imported nothing (meta_kernels_warm: then it tells
+    what the signature's meta runs cost)."""
+    __slots__ = ("meta", "trial", "meta_runs", "warm")
 
     def __init__(self):
         self.meta = self.trial = None
         self.meta_runs = 0
+        self.warm = False
+
+
+# the modules whose import makes a process's first meta calls slow (torch's
+# Python meta kernels and the decompositions they call)
+_META_MODULES = ("torch._meta_registrations", "torch._decomp.decompositions")
 
 
 def judge_by_trial(key) -> bool:
@@ -371,22 +380,32 @@ def judge_by_trial(key) -> bool:
     that computes the convolution twice at the model's sizes (ms).  Judged
     by the latest run of each kind, so a key moves to trial runs when its
     meta runs are slow and back when its trial runs grow slower with the
-    sizes; a key's first meta run does not decide alone (the first meta
-    call of an op in a process imports and warms its kernel: conv2d's took
-    0.4 s)."""
+    sizes; a key's first meta run decides alone only where it imported
+    nothing (the first meta call in a process imports torch's meta kernels
+    and decompositions: conv2d's took 0.3 s, then 0.05 ms; upsample_bilinear2d's
+    Python decomposition takes 8 ms a meta run after that, against
+    0.1-0.2 ms for its kernel on trial values, and a segmentation model
+    meets it at four sizes in its first call)."""
     if key in _meta_rejected:
         return True               # (its meta runs cannot judge it)
     costs = _judge_costs.get(key)
     if costs is None or costs.meta is None:
         return False
     if costs.trial is None:
-        return costs.meta_runs > 1 and costs.meta > META_SLOW_SECONDS
+        return (costs.meta_runs > 1 or costs.warm) and costs.meta > META_SLOW_SECONDS
     return costs.trial < costs.meta
 
 
-def judged(key, by_trial: bool, seconds: float):
+def meta_kernels_warm() -> bool:
+    """Were torch's Python meta kernels imported already (asked before a
+    meta run: one that imports them takes a second)?"""
+    return all(name in sys.modules for name in _META_MODULES)
+
+
+def judged(key, by_trial: bool, seconds: float, warm: bool = False):
     """Note what a meta run (or a trial run, `by_trial`) judging a
-    template of `key` took."""
+    template of `key` took; `warm`: a meta run that imported nothing
+    (meta_kernels_warm before it), whose time tells."""
     with _lock:
         costs = _judge_costs.get(key)
         if costs is None:
@@ -396,6 +415,8 @@ def judged(key, by_trial: bool, seconds: float):
     if by_trial:
         costs.trial = seconds
     else:
+        if not costs.meta_runs:
+            costs.warm = warm
         costs.meta = seconds
         costs.meta_runs += 1
 
