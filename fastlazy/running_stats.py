@@ -86,6 +86,8 @@ def record(func, args, kwargs):
     for t in (mean, var, weight, bias):
         if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != dtype):
             return NOT_HANDLED
+    if not _one_per_channel(x, (mean, var, weight, bias)):
+        return NOT_HANDLED            # (eager raises: the call runs so)
     owner = _owner(mean, var)
     if owner is None:
         return NOT_HANDLED
@@ -105,6 +107,17 @@ def record(func, args, kwargs):
         found = generic.record(_FUNCTIONAL, args, {}, "F.batch_norm", prepared=found)
     _core.rebind_statistics(known, buffers, mean, var, found)
     return found[0]
+
+
+def _one_per_channel(x, tensors) -> bool:
+    """Does each of `tensors` (None aside) hold one value per channel of
+    x, as eager's batch_norm checks (aten's functional kernel does not: it
+    read past statistics of 3 values given 5 channels, and crashed given
+    100)?"""
+    if x.dim() < 2:
+        return False
+    channels = x.shape[1]
+    return all(t is None or t.numel() == channels for t in tensors)
 
 
 def install():

@@ -108,6 +108,30 @@ def test_calls_eager_rejects_raise_eagers_error_at_the_call(call):
         call(fastlazy.lazy(x) * 1, rm, rv)
 
 
+@pytest.mark.parametrize("make", [
+    lambda bn: torch.randn(4, 5),                  # more channels than statistics
+    lambda bn: torch.randn(4, 100),                # (far more: it crashed)
+    lambda bn: torch.randn(4, 2),                  # fewer
+    lambda bn: (setattr(bn, "weight", torch.nn.Parameter(torch.ones(4))), torch.randn(4, 3))[1],
+], ids=["5-channels", "100-channels", "2-channels", "weight-size"])
+def test_a_module_in_training_given_other_channels_raises_eagers_error(make):
+    """aten's functional batch norm, which a training step records, does
+    not check that its statistics hold one value per channel (eager's
+    batch_norm does): it read past them, and crashed given 100 channels.
+    Before and after the module's signature is the core's to record."""
+    bn = torch.nn.BatchNorm1d(3)
+    for _ in range(2):
+        bn(fastlazy.lazy(torch.randn(4, 3))).to_eager()
+    x = make(bn)
+    with pytest.raises(RuntimeError) as eager:
+        torch.nn.BatchNorm1d(3).train()(x) if bn.weight.numel() == 3 else \
+            F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, True)
+    with pytest.raises(RuntimeError, match=str(eager.value)[:20]):
+        bn(fastlazy.lazy(x)).to_eager()
+    bn.weight = torch.nn.Parameter(torch.ones(3))
+    torch.testing.assert_close(bn(fastlazy.lazy(torch.ones(4, 3))).to_eager(), torch.zeros(4, 3))
+
+
 def test_mixed_dtypes_take_the_generic_path_with_eagers_values():
     x = torch.randn(2, 3, 4, dtype=torch.float64)
     rm, rv, w, b = _stats(3)

@@ -73,6 +73,12 @@ cdef object training_batch_norm(PyObject **args):
             per_channel *= m.shape[k]
     if per_channel == 1:
         return None
+    # eager's check of the statistics and affine parameters: one value per
+    # channel (aten's functional kernel reads past shorter ones)
+    for k in range(1, 5):
+        if args[k] != NULL and <object>args[k] is not None \
+                and values_held(<object>args[k]) != m.shape[1]:
+            return None
     cdef PyObject *vector[8]
     vector[0] = args[0]
     vector[1] = args[3]
@@ -87,6 +93,22 @@ cdef object training_batch_norm(PyObject **args):
         return None               # (a signature not yet published: analysed there)
     rebind(<tuple>known, <dict>buffers, mean, var, <tuple>found)
     return (<tuple>found)[0]
+
+
+cdef int64_t values_held(object t) except -2:
+    """A tensor's number of elements (a LazyTensor's from its metadata);
+    -1 for anything else."""
+    cdef Meta *m
+    cdef int64_t n = 1
+    cdef int k
+    if type(t) is LazyTensor:
+        m = &(<LazyTensor>t).meta
+        for k in range(m.ndim):
+            n *= m.shape[k]
+        return n
+    if isinstance(t, torch.Tensor):
+        return t.numel()
+    return -1
 
 
 def rebind_statistics(tuple known, dict buffers, mean, var, tuple found):
