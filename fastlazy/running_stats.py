@@ -175,9 +175,16 @@ def _ours_to_rebind(buffers, originals, name):
 
 
 def _restore(module_ref, names, news):
-    """The graph computing `news` has run: copy each into its buffer's
-    original tensor and put that back, unless a later step rebound the
-    buffer again."""
+    """The graph computing `news` has run (or failed): copy each into its
+    buffer's original tensor and put that back, unless a later step
+    rebound the buffer again.  Where the step's graph failed before its
+    update (an index out of range in an embedding ahead of the batch norm),
+    the original goes back as it was: eager raised before the batch norm
+    ran, and the module's statistics must not stay an error that every
+    later step and read raises.  The pending tensor itself becomes a view
+    of the original, as if the buffer had been that tensor all along: a
+    reference to it taken meanwhile (load_state_dict's, copying a state
+    into it while the step's graph ran) writes the buffer."""
     _owners.pop(id(news[0]), None)
     module = module_ref()
     if module is None:
@@ -188,11 +195,17 @@ def _restore(module_ref, names, news):
         for name, new in zip(names, news):
             if buffers.get(name) is not new:
                 continue
+            try:
+                value = new.to_eager()
+            except Exception:     # noqa: BLE001 - raised at the failed step's own reads
+                value = None
             original = originals.pop(name)
-            # through `.data`, whose version counter is its own: the graph's
-            # autograd saved the original (the functional batch norm's
-            # backward keeps its running statistics, though training reads
-            # none of them), and a write it saw would make the backward
-            # refuse to run
-            original.data.copy_(new.to_eager())
+            if value is not None:
+                # through `.data`, whose version counter is its own: the
+                # graph's autograd saved the original (the functional batch
+                # norm's backward keeps its running statistics, though
+                # training reads none of them), and a write it saw would
+                # make the backward refuse to run
+                original.data.copy_(value)
             buffers[name] = original
+            _core.rebind_value(new, original.view_as(original))

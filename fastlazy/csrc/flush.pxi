@@ -151,7 +151,9 @@ cdef int flush(Segment seg, int reason) except -1:
         lock.release()
         if seg.state != SEG_FAILED:
             seg.release()
-            run_after(seg)
+        # (after a failure too: a callback bringing an eager tensor up to
+        # date must put it back as it was where its value failed)
+        run_after(seg)
     if failure is not None:
         # eager's exception alone, not chained to the backend's own report
         raise failure from None
