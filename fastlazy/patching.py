@@ -116,6 +116,7 @@ def _prime_dynamo():
         return
     import torch._dynamo.trace_rules as rules
     _trace_entries_as_originals()
+    _lazy_frames_skipped_alone()
     package = pathlib.Path(__file__).parent
     files = [path.as_posix() for path in sorted(package.glob("*.py"))
              if path.stem not in ("__init__", "inductor_graph")]
@@ -162,6 +163,58 @@ def _skip_frame(builder, value):
                   explanation="a LazyTensor is recorded by fastlazy, not traced: the frame "
                               "runs uncompiled",
                   hints=[], skip_frame=True)
+
+
+def _lazy_frames_skipped_alone():
+    """A compiled function or module called with a LazyTensor argument runs
+    uncompiled, that call alone: dynamo's frame callback is answered before
+    it traces, with a skip that is not kept for the frame's code.  The
+    builder's refusal (_skip_frame, for a LazyTensor found deeper: a
+    module's lazy parameter) makes dynamo skip the code for good, and every
+    other compiled nn.Linear or Sequential -- the same code -- then ran
+    uncompiled, eager tensors or not (fullgraph=True raised).  Where this
+    torch's dynamo has no such answer, the builder's refusal stands."""
+    try:
+        from torch._dynamo import convert_frame
+        from torch._dynamo.types import ConvertFrameReturn, FrameAction, FrameExecStrategy
+    except ImportError:
+        return
+    wrapper = getattr(convert_frame, "CatchErrorsWrapper", None)
+    fields = getattr(ConvertFrameReturn, "__dataclass_fields__", {})
+    if wrapper is None or "apply_to_code" not in fields or "skip_reason" not in fields:
+        return
+    original = wrapper.__call__
+    if getattr(original, "fastlazy_frames", False):
+        return
+
+    def __call__(self, frame, cache_entry, frame_state, *rest, **kwargs):
+        code = frame.f_code
+        count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) \
+            + bool(code.co_flags & 0x08)
+        if count:
+            local = frame.f_locals
+            for name in code.co_varnames[:count]:
+                if _holds_lazy(local.get(name)):
+                    return ConvertFrameReturn(
+                        frame_exec_strategy=FrameExecStrategy(FrameAction.SKIP,
+                                                              FrameAction.DEFAULT),
+                        apply_to_code=False,
+                        skip_reason="a LazyTensor argument (fastlazy records the call)")
+        return original(self, frame, cache_entry, frame_state, *rest, **kwargs)
+    __call__.fastlazy_frames = True
+    wrapper.__call__ = __call__
+
+
+def _holds_lazy(value) -> bool:
+    """A LazyTensor, or a tuple, list or dict holding one at its top."""
+    kind = type(value)
+    if kind is _core.LazyTensor:
+        return True
+    if kind is tuple or kind is list:
+        return any(type(v) is _core.LazyTensor for v in value)
+    if kind is dict:
+        return any(type(v) is _core.LazyTensor for v in value.values())
+    return False
 
 
 def enable() -> None:

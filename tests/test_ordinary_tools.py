@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch._dynamo.testing
 from torch.utils.data import default_collate
 
 import fastlazy
@@ -270,6 +271,31 @@ def test_a_compiled_module_trains_on_lazy_tensors_as_eager():
         model(inp).square().mean().backward()
     for a, b in zip(eager.parameters(), lazy.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+def test_a_compiled_call_with_a_lazy_tensor_leaves_other_compiles_compiled():
+    """The call with a LazyTensor runs uncompiled, that call alone: dynamo
+    had skipped the code of every frame that met one for good, so every
+    other compiled nn.Linear (the same forward) ran uncompiled too, and
+    with fullgraph=True raised."""
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounter()
+    t = torch.rand(2, 3)
+    first = torch.nn.Linear(3, 3)
+    got = torch.compile(first, backend=counter)(fastlazy.lazy(t))
+    assert type(got) is LazyTensor and counter.frame_count == 0
+    assert torch.equal(got.to_eager(), first(t))
+    other = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    compiled = torch.compile(other, backend=counter, fullgraph=True)
+    assert torch.equal(compiled(t), other(t))
+    assert counter.frame_count == 1
+    # the same module compiled without fullgraph (which a LazyTensor call
+    # refuses, as documented), given a LazyTensor, then eager tensors again
+    loose = torch.compile(other, backend=counter)
+    got = loose(fastlazy.lazy(t))
+    assert type(got) is LazyTensor and torch.equal(got.to_eager(), other(t))
+    assert torch.equal(compiled(t), other(t)) and torch.equal(loose(t), other(t))
+    assert counter.frame_count == 1
 
 
 def test_torch_compile_of_eager_code_traces_through_the_entry_points():
