@@ -88,6 +88,10 @@ def record(func, args, kwargs):
             return NOT_HANDLED
     if not _one_per_channel(x, (mean, var, weight, bias)):
         return NOT_HANDLED            # (eager raises: the call runs so)
+    if _awaiting_update(mean) or _awaiting_update(var):
+        # another module's statistics too (tied buffers), whose pending
+        # step has their update: computed first, so this step reads it
+        _core.mark_step()
     owner = _owner(mean, var)
     if owner is None:
         return NOT_HANDLED
@@ -107,6 +111,22 @@ def record(func, args, kwargs):
         found = generic.record(_FUNCTIONAL, args, {}, "F.batch_norm", prepared=found)
     _core.rebind_statistics(known, buffers, mean, var, found)
     return found[0]
+
+
+def _awaiting_update(t) -> bool:
+    """Is eager tensor t the original of a module's buffer that holds a
+    pending update of it (a step recorded, its graph not yet run)?"""
+    if type(t) is LazyTensor:
+        return False
+    known = _owners.get(id(t))
+    if known is None:
+        return False
+    module = known[0]()
+    if module is None:
+        return False
+    originals = known[2]
+    return any(originals.get(name) is t and module._buffers.get(name) is not t
+               for name in known[1])
 
 
 def _one_per_channel(x, tensors) -> bool:

@@ -208,3 +208,23 @@ def test_load_state_dict_while_a_step_is_pending_is_kept(lazy_on):
     want = _bn_after_steps(lambda t: t, ([1, 2, 3],), load=state)
     assert want[0][-1] == [1.0, 1.0, 1.0]
     assert _bn_after_steps(fastlazy.lazy, ([1, 2, 3],), load=state) == want
+
+
+def test_two_modules_sharing_their_statistics_update_them_as_eager(lazy_on):
+    """b2's statistics are b1's tensors: eager updates them twice a step.
+    b1's pending step holds their update, which b2 read stale (its
+    statistics came out zeros); b2's call now computes b1's step first."""
+    def run(lz):
+        torch.manual_seed(0)
+        b1, b2 = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+        b2.running_mean, b2.running_var = b1.running_mean, b1.running_var
+        outs = []
+        for step in range(3):
+            x = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(step))
+            outs.append(b2(b1(lz(x))))
+        return ([o.to_eager() if type(o) is not torch.Tensor else o for o in outs],
+                b1.running_mean.tolist(), b2.running_mean.tolist(), b2.running_var.tolist())
+    want, got = run(lambda t: t), run(fastlazy.lazy)
+    for g, w in zip(got[0], want[0]):
+        torch.testing.assert_close(g, w)
+    assert got[1:] == want[1:]
