@@ -140,7 +140,7 @@ def trial(view, positions, inputs, plain, typical, on_error=None):
     new_slots = None         # made at the first convolution worth packing
     index = max((s.index for s in view.slots), default=-1) + 1
     position = max((s.position for s in view.slots), default=-1) + 1
-    weights = []             # _Weight, and the slot index its packed copy takes
+    weights = []             # (_Weight, the slot index and position its packed copy takes)
     seen = {}                # a parameter read by several convolutions is packed once
     for i, node in enumerate(nodes):
         conv = _conv_of(node)

@@ -189,8 +189,9 @@ def _lazy_frames_skipped_alone():
 
     def __call__(self, frame, cache_entry, frame_state, *rest, **kwargs):
         code = frame.f_code
-        count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) \
-            + bool(code.co_flags & 0x08)
+        count = code.co_argcount + code.co_kwonlyargcount \
+            + bool(code.co_flags & inspect.CO_VARARGS) \
+            + bool(code.co_flags & inspect.CO_VARKEYWORDS)
         if count:
             local = frame.f_locals
             for name in code.co_varnames[:count]:
