@@ -831,7 +831,7 @@ _TAKES_ANY_LAYOUT = frozenset({
     _aten._native_batch_norm_legit.no_stats, _aten.native_batch_norm.default,
     _aten.max_pool2d_with_indices.default, _aten.avg_pool2d.default,
     _aten._adaptive_avg_pool2d.default, _aten.mean.dim, _aten.sum.dim_IntList,
-    _aten.amax.default, _aten.cat.default, _aten.clone.default,
+    _aten.amax.default, _aten.cat.default, _aten.clone.default, _aten._to_copy.default,
     _aten.slice.Tensor, _aten.select.int, _aten.permute.default, _aten.transpose.int,
     _aten.expand.default, _aten.unsqueeze.default, _aten.squeeze.dim, _aten.alias.default,
     _aten.detach.default})

@@ -457,6 +457,21 @@ def test_channels_last_inputs_keep_eagers_layout_and_kernels():
                                torch.flatten(y, 1))
 
 
+@pytest.mark.parametrize("cast", [
+    lambda t: t.half(), lambda t: t.to(torch.float64), lambda t: t.int(), lambda t: t.bool(),
+    lambda t: t.type(torch.float16)], ids=["half", "float64", "int", "bool", "type"])
+def test_a_cast_keeps_a_channels_last_layout_as_eager(cast):
+    """A cast copies in its input's memory format (preserve_format), as a
+    pointwise op does; its program made the input contiguous first, so a
+    channels-last tensor came back contiguous (the values were eager's)."""
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    want = cast(x)
+    got = cast(fastlazy.lazy(x))
+    assert got.stride() == want.stride()
+    value = got.to_eager()
+    assert value.stride() == want.stride() and torch.equal(value, want)
+
+
 def test_sizes_held_in_0_dim_integer_tensors_are_read_as_eager_reads_them():
     """Longformer computes chunk counts as torch.div(length, w,
     rounding_mode="trunc"), a 0-dim int64 tensor, and passes them in size
