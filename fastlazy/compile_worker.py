@@ -80,14 +80,9 @@ def run_beside(fn, *args) -> concurrent.futures.Future:
     future.add_done_callback(_beside.discard)
 
     def job():
-        if not future.set_running_or_notify_cancel():
-            return
-        _lower_priority()
-        compile_log.quiet_this_thread()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:      # noqa: BLE001 - reported through the Future
-            future.set_exception(exc)
+        if future.set_running_or_notify_cancel():
+            _lower_priority()
+            _run(future, fn, args)
     threading.Thread(target=job, name="fastlazy-beside").start()
     return future
 
@@ -184,11 +179,17 @@ def _work():
             return
         if _closing or not future.set_running_or_notify_cancel():
             continue
-        compile_log.quiet_this_thread()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:      # noqa: BLE001 - reported through the Future
-            future.set_exception(exc)
+        _run(future, fn, args)
+
+
+def _run(future, fn, args):
+    """fn(*args) on this thread, its result or exception in `future`
+    (running), what torch logs meanwhile kept from the user's stderr."""
+    compile_log.quiet_this_thread()
+    try:
+        future.set_result(fn(*args))
+    except BaseException as exc:      # noqa: BLE001 - reported through the Future
+        future.set_exception(exc)
 
 
 def _finish():

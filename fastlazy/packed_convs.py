@@ -184,7 +184,7 @@ def trial(view, positions, inputs, plain, typical, on_error=None):
     if program.single:
         call = (lambda inner: lambda *args: (inner(*args),))(call)
     made = _Trial(plain, call, [w for w, _, _ in weights], _core.ShapeGuard(inputs), typical)
-    made.packing = compile_worker.run_beside(made.pack_all, on_error)
+    compile_worker.run_beside(made.pack_all, on_error)
     return made
 
 
@@ -221,7 +221,6 @@ class _Trial:
         self.times = ([], [])          # the plain program's runs, the packed one's
         self.written = False
         self.foreign_runs = 0
-        self.packing = None            # pack_all's Future
         self._given_up = False
         self._lock = threading.Lock()  # between pack_all and give_up
         self._on_write = _Notice(weakref.ref(self), "written")

@@ -270,7 +270,8 @@ class TieredProgram:
             self._fast = found
 
     def _packing_failed(self, message):
-        """(the packed program's build failed: on the compile thread)"""
+        """Packing the weights failed (called on packed_convs' thread
+        beside the user's, or here)."""
         self.error = message
 
     def _submit(self, inputs):

@@ -144,10 +144,9 @@ def check_write(target, operands, index=None):
         return True
     if index is not None:
         size, stride, offset = _indexed(target, size, stride, offset, index)
-    numel = 1
-    for n in size:
-        numel *= n
-    if not numel or not dense(size, stride):
+    size_a = target.dtype.itemsize
+    span = _byte_span(size_a, size, stride, offset)
+    if span is None or not dense(size, stride):
         return False
     for other in operands:
         if other is target or other.family is None:
@@ -155,18 +154,13 @@ def check_write(target, operands, index=None):
         o_root, o_size, o_stride, o_offset = place(other)
         if o_root is not root:
             continue
-        o_numel = 1
-        for n in o_size:
-            o_numel *= n
-        if not o_numel or not dense(o_size, o_stride):
+        size_b = other.dtype.itemsize
+        o_span = _byte_span(size_b, o_size, o_stride, o_offset)
+        if o_span is None or not dense(o_size, o_stride):
             continue
-        # each view's geometry counts its own elements: compare bytes
-        size_a, size_b = target.dtype.itemsize, other.dtype.itemsize
-        start, end = offset * size_a, (offset + numel) * size_a
-        o_start, o_end = o_offset * size_b, (o_offset + o_numel) * size_b
-        full = (start == o_start and end == o_end
+        full = (span == o_span
                 and [s * size_a for s in stride] == [s * size_b for s in o_stride])
-        if not full and start < o_end and o_start < end:
+        if not full and _meet(span, o_span):
             raise RuntimeError(_PARTIAL)
     return False
 
@@ -196,22 +190,29 @@ def check_no_overlap(target, method, args, kwargs):
         raise RuntimeError(_PARTIAL)
     root, size, stride, offset = place(target)
     o_root, o_size, o_stride, o_offset = place(other)
-    if o_root is root and _spans_meet(target.dtype.itemsize, size, stride, offset,
-                                      other.dtype.itemsize, o_size, o_stride, o_offset):
+    if o_root is not root:
+        return
+    span = _byte_span(target.dtype.itemsize, size, stride, offset)
+    o_span = _byte_span(other.dtype.itemsize, o_size, o_stride, o_offset)
+    if span is not None and o_span is not None and _meet(span, o_span):
         raise RuntimeError(_PARTIAL)
 
 
-def _spans_meet(item, size, stride, offset, o_item, o_size, o_stride, o_offset) -> bool:
-    """Do two places in one root's storage reach common bytes (each from
-    its first element to its last: eager's overlap check compares those
-    spans too)?"""
-    def span(item, size, stride, offset):
-        if 0 in size:
-            return None
-        last = offset + sum((n - 1) * st for n, st in zip(size, stride))
-        return offset * item, (last + 1) * item
-    a, b = span(item, size, stride, offset), span(o_item, o_size, o_stride, o_offset)
-    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+def _byte_span(itemsize, size, stride, offset):
+    """(first byte, byte past the last) of a place in its root's storage,
+    from its first element to its last (a view's geometry counts its own
+    elements, of `itemsize` bytes: places of other dtypes compare in
+    bytes, as eager's overlap checks compare memory); None if it holds no
+    element."""
+    if 0 in size:
+        return None
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    return offset * itemsize, (last + 1) * itemsize
+
+
+def _meet(span, other) -> bool:
+    """Do two byte spans share a byte?"""
+    return span[0] < other[1] and other[0] < span[1]
 
 
 def _basic_index(index) -> bool:

@@ -98,14 +98,8 @@ cdef object training_batch_norm(PyObject **args):
 cdef int64_t values_held(object t) except -2:
     """A tensor's number of elements (a LazyTensor's from its metadata);
     -1 for anything else."""
-    cdef Meta *m
-    cdef int64_t n = 1
-    cdef int k
     if type(t) is LazyTensor:
-        m = &(<LazyTensor>t).meta
-        for k in range(m.ndim):
-            n *= m.shape[k]
-        return n
+        return numel_of(&(<LazyTensor>t).meta)
     if isinstance(t, torch.Tensor):
         return t.numel()
     return -1
