@@ -60,7 +60,8 @@ cdef extern from "packed_conv.h" namespace "fastlazy":
 
 
 def register_packed_conv():
-    """Define the op fastlazy::packed_conv2d (csrc/packed_conv.h).  Call
+    """Define the ops fastlazy::packed_conv2d and fastlazy::conv_times
+    (csrc/packed_conv.h).  Call
     only where this module was built for the torch imported."""
     c_register_packed_conv()
 

@@ -6,21 +6,32 @@ Why: ATen's CPU convolution picks its kernel by a size rule (ATen's
 of at most 3 in a dim takes its im2col + GEMM path, which costs W4's
 resnet18 at 64x64 88 % of its call: a 512-channel 2x2 layer takes 3.1 ms
 there against 0.3 ms in oneDNN with its weight packed.  Where ATen does
-take oneDNN it reorders the weight into oneDNN's layout at every call.
+take oneDNN it reorders the weight into oneDNN's layout at every call: a
+ViT's 16x16 patch embedding (128 channels, 64x64 image) took 88 us against
+43 us packed, ResNet-50's last 1x1 layers 1.3 ms against 0.5 ms.  But
+oneDNN writes channels-last, and copying its result back into eager's
+layout costs more than the reorder saves on a large output (a 1x1 layer of
+256 channels at 56x56: 1.0 ms in ATen, 1.7 ms packed), and small layers
+gain nothing.  No rule of sizes told the two apart across the layers
+measured, so each convolution is timed both ways once its weight is packed.
 Packing the weights once is what inductor's freezing does; here it is
 planned and its program compiled at a graph's PLAN_AT-th run (one more
-fast-tier compile of the graph, milliseconds), and the reorders (a
-millisecond or more per weight) done on a thread beside the user's, the
-plain program serving the calls meanwhile.
+fast-tier compile of the graph, milliseconds), and the reorders and the
+timings (a millisecond or more per weight) done on a thread beside the
+user's, the plain program serving the calls meanwhile.
 
 What is packed: a 2-d convolution of float32 CPU tensors whose weight is an
-nn.Parameter input of the graph, with groups == 1 and a kernel other than
-1x1 (ATen's GEMM beats oneDNN on 1x1: 31 against 75 us at 64 channels of
-16x16), where ATen would take its im2col path or the weight is over
-LARGE_WEIGHT_BYTES.  The packed call (fastlazy::packed_conv2d,
-csrc/packed_conv.h) gives eager's shape, dtype and strides; its values
-agree with eager's to rounding (oneDNN sums in another order), as the fast
-tier's one-row linear kernel's do.
+nn.Parameter input of the graph, where its packed call on an input of the
+recorded size was at least 1 / MIN_GAIN times as fast as ATen's
+(fastlazy::conv_times: the fastest of JUDGE_RUNS calls each, alternated,
+timed in C++).  Timing needs one intra-op thread (see _packing_pays); with
+more, a size rule decides: a kernel other than 1x1, groups == 1, where
+ATen would take its im2col path or the weight is over LARGE_WEIGHT_BYTES.  The packed program calls fastlazy::packed_conv2d
+(csrc/packed_conv.h) for every candidate; one judged not worth packing gets
+an empty tensor in place of its packed weight, and the op then calls
+ATen's convolution, eager's own values.  The packed call gives eager's
+shape, dtype and strides; its values agree with eager's to rounding (oneDNN
+sums in another order), as the fast tier's one-row linear kernel's do.
 
 The packed program is a candidate, not a given: the graph's next runs
 alternate it with the plain fast tier, TRIAL_RUNS timed runs each after one
@@ -48,9 +59,14 @@ from fastlazy.node_program import AtenCall, Input, NodeProgram, Value
 
 PLAN_AT = 2                  # the run of a graph at which its packed program is made
 TRIAL_RUNS = 5               # timed runs of each program, after one warm-up each
-LARGE_WEIGHT_BYTES = 4 << 20  # oneDNN's per-call reorder of a weight this large costs ms
-SLOW_PATH_ELEMENTS = 20480   # ATen's use_mkldnn: an image this small takes im2col + GEMM
 MAX_FOREIGN_RUNS = 8         # runs with other parameters before packing is given up
+JUDGE_RUNS = 3               # timed calls of a convolution each way, after one untimed
+JUDGE_BUDGET_S = 0.02        # fewer where the first took longer than this in all
+MIN_GAIN = 0.9               # a packed call must take at most this share of ATen's
+# where a convolution cannot be timed cleanly (below): packed where ATen
+# would take its im2col path, or its weight is this large
+SLOW_PATH_ELEMENTS = 20480   # ATen's use_mkldnn: an image this small takes im2col + GEMM
+LARGE_WEIGHT_BYTES = 4 << 20  # oneDNN's per-call reorder of a weight this large costs ms
 
 
 def enabled() -> bool:
@@ -87,33 +103,65 @@ def _conv_of(node):
     return list(stride), list(padding), list(dilation), groups, bias is not None
 
 
-def _worth_packing(x_shape, weight, groups) -> bool:
+def _packs_by_size(x_shape, weight, groups) -> bool:
+    """ATen's convolution is slow where it takes its im2col path (ATen's
+    use_mkldnn for float32 on CPU: oneDNN for a batch over 1, a kernel
+    over 3 in both dims or an input over 20,480 elements), or reorders a
+    large weight at every call; not on 1x1 (ATen's GEMM beats oneDNN
+    there: 31 against 75 us at 64 channels of 16x16)."""
     kh, kw = weight.shape[-2:]
-    if groups != 1 or (kh == 1 and kw == 1) or len(x_shape) != 4:
+    if groups != 1 or (kh == 1 and kw == 1):
         return False
     if weight.numel() * weight.element_size() >= LARGE_WEIGHT_BYTES:
         return True
-    # ATen's use_mkldnn for float32 on CPU: oneDNN for a batch over 1, a
-    # kernel over 3 in both dims or an input over 20,480 elements
     n, c, h, w = x_shape
     return not (n > 1 or (kh > 3 and kw > 3) or n * c * h * w > SLOW_PATH_ELEMENTS)
+
+
+# what the packed op gets for a weight judged not worth packing (it then
+# calls ATen's convolution)
+NOT_PACKED = torch.empty(0)
 
 
 @dataclasses.dataclass
 class _Weight:
     """A packed parameter: its position among the fast tier's inputs, the
-    parameter (weakly), its version and data pointer when packed, and how
-    it was packed."""
+    parameter (weakly), its version and data pointer when packed, how it
+    was packed, and whether packing it paid (judged once, beside the
+    user's thread)."""
     k: int
     ref: weakref.ref
     version: int
     pointer: int
     args: tuple          # padding, stride, dilation, groups, input sizes
+    channels_last: bool  # the weight's layout, which oneDNN's result is copied into
+    pays: bool = True
 
     def pack(self, w):
         self.version, self.pointer = w._version, w.data_ptr()
         with torch.no_grad():
             return torch.ops.mkldnn._reorder_convolution_weight(w.detach(), *self.args)
+
+
+def _packing_pays(weight: _Weight, w, packed) -> bool:
+    """Is the convolution `weight` takes part in faster with `packed`, on
+    an input of its recorded size (random values, in the weight's layout),
+    than ATen's own call?  Called beside the user's thread, which takes
+    torch's intra-op thread count from the user's torch.set_num_threads.
+    Timed only where that is one thread: several would run beside the
+    user's own intra-op threads, on the same cores, and measure how the two
+    contend (a 1x1 layer that takes 5 us alone took 60-90 us so); there the
+    size rule measured on one thread decides (_packs_by_size)."""
+    padding, stride, dilation, groups, x_shape = weight.args
+    if torch.get_num_threads() != 1:
+        return _packs_by_size(x_shape, w, groups)
+    memory_format = torch.channels_last if weight.channels_last else torch.contiguous_format
+    x = torch.randn(x_shape).contiguous(memory_format=memory_format)
+    with torch.no_grad():
+        aten_s, packed_s = step_executor.conv_times_op()(
+            x, w.detach(), packed, None, padding, stride, dilation, groups,
+            weight.channels_last, JUDGE_RUNS, JUDGE_BUDGET_S)
+    return packed_s <= MIN_GAIN * aten_s
 
 
 def trial(view, positions, inputs, plain, typical, on_error=None):
@@ -152,21 +200,22 @@ def trial(view, positions, inputs, plain, typical, on_error=None):
         x_shape = shapes.get(node.inputs[0])
         if (type(w) is not torch.nn.Parameter or w.dtype != torch.float32
                 or w.layout != torch.strided or w.dim() != 4 or x_shape is None
-                or watch.exported(w) or not _worth_packing(x_shape, w, groups)):
+                or len(x_shape) != 4 or watch.exported(w)):
             continue
+        channels_last = w.is_contiguous(memory_format=torch.channels_last) \
+            and not w.is_contiguous()
         key = (id(w), tuple(padding), tuple(stride), tuple(dilation), x_shape)
         if new_slots is None:
             new_slots = [dataclasses.replace(s, value=given.get(s.position, s.value))
                          for s in view.slots]
         if key not in seen:
             weights.append((_Weight(at[w_position], weakref.ref(w), 0, 0,
-                                    (padding, stride, dilation, groups, list(x_shape))),
+                                    (padding, stride, dilation, groups, list(x_shape)),
+                                    channels_last),
                             index, position))
             seen[key] = index
             index += 1
             position += 1
-        channels_last = w.is_contiguous(memory_format=torch.channels_last) \
-            and not w.is_contiguous()
         nodes[i] = dataclasses.replace(
             node, program=_packed_program(stride, padding, dilation, groups, has_bias,
                                           channels_last, len(node.inputs)),
@@ -199,7 +248,7 @@ def _packed_program(stride, padding, dilation, groups, has_bias, channels_last, 
     found = _programs.get(key)
     if found is None:
         call = AtenCall("packed_conv2d", step_executor.packed_conv_op(),
-                        [Input(0), Input(n_inputs), Input(2) if has_bias else None,
+                        [Input(0), Input(1), Input(n_inputs), Input(2) if has_bias else None,
                          list(padding), list(stride), list(dilation), groups, channels_last])
         found = _programs[key] = NodeProgram("packed_conv2d", [call], [Value(0)], fresh=True)
     return found
@@ -234,21 +283,28 @@ class _Trial:
         self.call = plain
 
     def pack_all(self, on_error):
-        """Beside the user's thread: every weight packed; the trial begins
-        at the next call.  A failure (or a give_up meanwhile) leaves the
-        plain program."""
+        """Beside the user's thread: every weight packed, and kept packed
+        where that pays (_packing_pays); the trial begins at the next call.
+        A failure (or a give_up meanwhile) leaves the plain program, and so
+        does a graph none of whose convolutions gains."""
         try:
             packed = []
             for weight in self.weights:
                 w = weight.ref()
                 if w is None or self._given_up:
                     return
-                packed.append(weight.pack(w))
+                p = weight.pack(w)
+                if not _packing_pays(weight, w, p):
+                    weight.pays, p = False, NOT_PACKED
+                packed.append(p)
         except Exception as exc:     # noqa: BLE001 - the plain program stands
             metrics.count_event("packed_conv_failures")
             self.give_up()
             if on_error is not None:
                 on_error(f"packed convolutions: {type(exc).__name__}: {exc}"[:500])
+            return
+        if not any(w.pays for w in self.weights):
+            self.give_up()
             return
         with self._lock:
             if self._given_up:
@@ -289,7 +345,7 @@ class _Trial:
                 if self.foreign_runs > MAX_FOREIGN_RUNS:
                     self.give_up()
                 return self.plain(*inputs)
-            if written or t._version != w.version or t.data_ptr() != w.pointer:
+            if w.pays and (written or t._version != w.version or t.data_ptr() != w.pointer):
                 self.packed[k] = w.pack(t)
                 metrics.count_event("packed_conv_repacks")
         try:

@@ -88,6 +88,12 @@ def packed_conv_op():
     return _packed_conv if _enabled else None
 
 
+def conv_times_op():
+    """The op fastlazy::conv_times (csrc/packed_conv.h: ATen's and the
+    packed convolution timed in C++), defined with packed_conv_op's."""
+    return None if packed_conv_op() is None else torch.ops.fastlazy.conv_times.default
+
+
 def why_not() -> str | None:
     """Why graphs run on the interpreter (None where the executor is on)."""
     if _module is None:

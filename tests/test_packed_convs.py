@@ -3,9 +3,10 @@ graph's convolutions run with their weights packed once for oneDNN, where
 that is faster than ATen's own choice, with eager's shapes, dtypes and
 strides and eager's values to rounding, whatever happens to the parameters.
 
-The trial between the plain and the packed program is decided by timing;
-these tests decide it for the packed one (`packed_wins`), so that what runs
-is what the test set up.
+Whether a convolution is packed, and the trial between the plain and the
+packed program, are decided by timing; these tests decide both for
+packing (`packed_wins`), so that what runs is what the test set up, except
+where they test the timing itself with a gap no loaded machine closes.
 """
 import gc
 
@@ -43,10 +44,12 @@ def engine(monkeypatch):
 
 @pytest.fixture
 def packed_wins(engine, monkeypatch):
-    """Every trial keeps the packed program."""
+    """Every convolution is packed, and every trial keeps the packed
+    program."""
     def decide(trial):
         trial.call = trial._packed
     monkeypatch.setattr(packed_convs._Trial, "_decide", decide)
+    monkeypatch.setattr(packed_convs, "_packing_pays", lambda weight, w, packed: True)
 
 
 def _net(seed=0, channels=32):
@@ -54,7 +57,7 @@ def _net(seed=0, channels=32):
     return nn.Sequential(
         nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
         nn.Conv2d(channels, channels, 3, stride=2, padding=1, bias=False), nn.ReLU(),
-        nn.Conv2d(channels, channels, 1),          # 1x1: left to ATen
+        nn.Conv2d(channels, channels, 1),
         nn.Conv2d(channels, 8, (3, 1), padding=(1, 0), dilation=(2, 1))).eval()
 
 
@@ -83,7 +86,45 @@ def test_packed_program_gives_eagers_values_and_strides(packed_wins):
     # the graph that ran is the packed one: it calls the packed op
     (program,) = graph_cache.programs.values()
     assert program._fast.call == program._fast._packed
-    assert len(program._fast.packed) == 3        # 3x3, strided, dilated; not the 1x1
+    assert len(program._fast.packed) == 4
+    assert all(p.numel() > 0 for p in program._fast.packed)
+
+
+def test_a_convolution_packing_does_not_pay_for_runs_atens(packed_wins, monkeypatch):
+    # the 1x1 judged slower packed: its packed weight is empty, the op
+    # calls ATen's convolution, and a write to its weight (which makes the
+    # trial pack its packed weights again) packs it still not
+    monkeypatch.setattr(packed_convs, "_packing_pays",
+                        lambda weight, w, packed: w.shape[-2:] != (1, 1))
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    (program,) = graph_cache.programs.values()
+    trial = program._fast
+    assert trial.call == trial._packed
+    assert [p.numel() == 0 for p in trial.packed] == [False, False, True, False]
+    with torch.no_grad():
+        net[5].weight.mul_(2)
+    repacks = _counter("packed_conv_repacks")
+    _runs(net, x, 2)
+    assert _counter("packed_conv_repacks") == repacks + 3
+    assert trial.packed[2].numel() == 0
+
+
+def test_the_packed_op_without_a_packed_weight_is_atens_convolution(engine):
+    op = packed_convs.step_executor.packed_conv_op()
+    torch.manual_seed(3)
+    x, w, b = torch.randn(2, 4, 9, 9), torch.randn(6, 2, 3, 3), torch.randn(6)
+    got = op(x, w, packed_convs.NOT_PACKED, b, [1, 0], [2, 1], [1, 2], 2, False)
+    assert torch.equal(got, torch.conv2d(x, w, b, [2, 1], [1, 0], [1, 2], 2))
+
+
+def test_a_graph_no_convolution_of_which_gains_is_not_packed(packed_wins, monkeypatch):
+    monkeypatch.setattr(packed_convs, "_packing_pays", lambda weight, w, packed: False)
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    (program,) = graph_cache.programs.values()
+    assert program._fast.call == program._fast.plain and program._fast.packed is None
+    assert _counter("packed_conv_trials") == 0
 
 
 def test_a_view_of_a_packed_convolutions_result_has_eagers_strides(packed_wins):
@@ -208,9 +249,48 @@ def test_training_graphs_and_switched_off_are_not_packed(engine, monkeypatch):
     assert _counter("packed_conv_trials") == 0
 
 
+@pytest.fixture
+def threads():
+    """torch.set_num_threads for the test (the thread that packs beside
+    the user's takes its count from it); the count before restored."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_convolutions_are_judged_by_their_times(engine, threads, monkeypatch):
+    # on one intra-op thread, 16 channels of 16x16 through a 1x1: ATen's
+    # GEMM took 5 us, the packed call 25 us (copying oneDNN's channels-last
+    # result back included); a 16x16 patch embedding (ATen's oneDNN call
+    # reorders its weight at every call) 88 against 43 us
+    threads(1)
+    judged = []
+    real = packed_convs._packing_pays
+    monkeypatch.setattr(packed_convs, "_packing_pays",
+                        lambda *args: judged.append(real(*args)) or judged[-1])
+    torch.manual_seed(4)
+    _runs(nn.Conv2d(16, 16, 1).eval(), torch.randn(1, 16, 16, 16))
+    assert judged == [False] and _counter("packed_conv_trials") == 0
+    graph_cache.clear()
+    _runs(nn.Conv2d(3, 128, 16, stride=16).eval(), torch.randn(1, 3, 64, 64))
+    assert judged == [False, True] and _counter("packed_conv_trials") == 1
+
+
+def test_with_several_threads_sizes_decide(engine, threads, monkeypatch):
+    threads(2)
+    monkeypatch.setattr(packed_convs.step_executor, "conv_times_op", None)   # never timed
+    torch.manual_seed(5)
+    _runs(nn.Conv2d(16, 16, 1).eval(), torch.randn(1, 16, 16, 16))
+    assert _counter("packed_conv_trials") == 0
+    graph_cache.clear()
+    _runs(nn.Conv2d(512, 512, 3, padding=1).eval(), torch.randn(1, 512, 2, 2))
+    assert _counter("packed_conv_trials") == 1
+
+
 def test_the_trial_keeps_the_faster_program(engine, monkeypatch):
     # batch 1, 512 channels of 2x2: ATen's im2col path takes about ten
-    # times oneDNN's with the weight packed
+    # times oneDNN's with the weight packed (both in the convolution's own
+    # timing and in the graph's trial)
     torch.manual_seed(2)
     conv = nn.Conv2d(512, 512, 3, padding=1).eval()
     _runs(conv, torch.randn(1, 512, 2, 2))

@@ -8,7 +8,16 @@
 // calls oneDNN's and copies the result into eager's format, so that a
 // graph's later ops (a `view`, say) see the strides eager's would.  The
 // original weight's format is a flag of the call, fixed when the weight
-// was packed: the packed weight no longer shows it.
+// was packed: the packed weight no longer shows it.  An empty `packed`
+// means the weight was judged not worth packing (fastlazy::conv_times
+// found ATen's own convolution as fast): the call is then eager's
+// at::conv2d, so that a graph's program need not change when its
+// convolutions are judged one by one after it was compiled.
+//
+// fastlazy::conv_times times the two calls of one convolution, alternated,
+// in C++: a thread beside the user's that timed them from Python would
+// count its waits for the GIL, which the user's thread holds for up to the
+// interpreter's switch interval (5 ms) at a time.
 //
 // Registered at run time by register_packed_conv(), called once the module
 // has checked that it was built for the torch imported, not by a static
@@ -16,20 +25,28 @@
 // the module.
 #pragma once
 
+#include <ATen/Functions.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <chrono>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace fastlazy {
 
-inline at::Tensor packed_conv2d(const at::Tensor& input, const at::Tensor& packed,
-                                const std::optional<at::Tensor>& bias,
+inline at::Tensor packed_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                                const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                                 c10::IntArrayRef padding, c10::IntArrayRef stride,
                                 c10::IntArrayRef dilation, int64_t groups,
                                 bool weight_channels_last) {
+  if (packed.numel() == 0) {
+    return at::conv2d(input, weight, bias, stride, padding, dilation, groups);
+  }
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
       "mkldnn::_convolution_pointwise", "");
   // called boxed: the op's C++ signature differs between torch releases,
@@ -54,15 +71,49 @@ inline at::Tensor packed_conv2d(const at::Tensor& input, const at::Tensor& packe
                                       : at::MemoryFormat::Contiguous);
 }
 
+// The fastest of `runs` timed calls (after one untimed call) of ATen's
+// convolution and of the packed one, alternated, in seconds; fewer timed
+// calls where the first took over `budget_s` in all.
+inline std::vector<double> conv_times(const at::Tensor& input, const at::Tensor& weight,
+                                      const at::Tensor& packed,
+                                      const std::optional<at::Tensor>& bias,
+                                      c10::IntArrayRef padding, c10::IntArrayRef stride,
+                                      c10::IntArrayRef dilation, int64_t groups,
+                                      bool weight_channels_last, int64_t runs,
+                                      double budget_s) {
+  using clock = std::chrono::steady_clock;
+  const at::Tensor none = at::empty({0}, packed.options());
+  std::vector<double> best(2, std::numeric_limits<double>::infinity());
+  double spent = 0.0;
+  for (int64_t k = 0; k <= runs; ++k) {
+    for (int which = 0; which < 2; ++which) {
+      auto start = clock::now();
+      packed_conv2d(input, weight, which ? packed : none, bias, padding, stride, dilation,
+                    groups, weight_channels_last);
+      double took = std::chrono::duration<double>(clock::now() - start).count();
+      spent += took;
+      if (k > 0) best[which] = std::min(best[which], took);
+    }
+    if (k > 0 && spent > budget_s) break;
+  }
+  return best;
+}
+
 inline void register_packed_conv() {
   static std::unique_ptr<torch::Library> library;
   if (library) return;
   library = std::make_unique<torch::Library>(torch::Library::DEF, "fastlazy", std::nullopt,
                                              __FILE__, __LINE__);
   library->def(
-      "packed_conv2d(Tensor input, Tensor packed, Tensor? bias, int[2] padding, "
-      "int[2] stride, int[2] dilation, int groups, bool weight_channels_last) -> Tensor",
+      "packed_conv2d(Tensor input, Tensor weight, Tensor packed, Tensor? bias, "
+      "int[2] padding, int[2] stride, int[2] dilation, int groups, "
+      "bool weight_channels_last) -> Tensor",
       TORCH_FN(packed_conv2d));
+  library->def(
+      "conv_times(Tensor input, Tensor weight, Tensor packed, Tensor? bias, int[2] padding, "
+      "int[2] stride, int[2] dilation, int groups, bool weight_channels_last, int runs, "
+      "float budget_s) -> float[]",
+      TORCH_FN(conv_times));
 }
 
 }  // namespace fastlazy
