@@ -1340,3 +1340,28 @@ def test_requires_grad_on_a_lazy_tensor_makes_its_graphs_training_graphs(auto):
     assert y.requires_grad and x.requires_grad
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.tensor([2.0, 4.0]))
+
+
+def test_a_job_run_beside_does_not_hold_its_callers_start():
+    # Thread.start() waits for the new thread to begin; a job whose Python
+    # runs long before it first lets go of the GIL kept the caller waiting
+    # for the switch interval (set to a second here, so that the wait, if
+    # any, stands out from a loaded machine's scheduling)
+    import sys
+    import time
+    from fastlazy import compile_worker
+
+    def python_for_half_a_second():
+        end = time.perf_counter() + 0.5
+        while time.perf_counter() < end:
+            pass
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        start = time.perf_counter()
+        done = compile_worker.run_beside(python_for_half_a_second)
+        took = time.perf_counter() - start
+        done.result(30)
+    finally:
+        sys.setswitchinterval(interval)
+    assert took < 0.25
