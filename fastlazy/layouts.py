@@ -123,13 +123,19 @@ class _Layouts:
             operands.append(operand)
         if elementwise:
             return iterator_strides(node.shape, operands)
+        if rule in _FORMAT_FOLLOWING and len(node.shape) == 4 and operands:
+            # the memory format its input suggests (a convolution: its
+            # input's or its weight's; cat: every input's), as eager's
+            # kernels ask suggest_memory_format
+            if rule == Rule.R_CAT:
+                last = all(_suggests_channels_last(*o) for o in operands)
+            else:
+                judged = operands[:2] if rule == Rule.R_CONV2D else operands[:1]
+                last = any(_suggests_channels_last(*o) for o in judged)
+            return _channels_last_strides(node.shape) if last \
+                else views.contiguous_strides(node.shape)
         if all(views.contiguous(shape, strides) for shape, strides in operands):
             return views.contiguous_strides(node.shape)
-        if rule in _FORMAT_FOLLOWING and len(node.shape) == 4 and operands:
-            # the input channels last: the result too (cat: every input)
-            judged = operands if rule == Rule.R_CAT else operands[:1]
-            if all(_channels_last(shape, strides) for shape, strides in judged):
-                return _channels_last_strides(node.shape)
         return None
 
     def _view_strides(self, node):
@@ -214,12 +220,23 @@ def _channels_last_strides(shape):
     return (h * w * c, 1, w * c, c)
 
 
-def _channels_last(shape, strides) -> bool:
-    """Is a 4-D tensor of this geometry laid out channels last?"""
-    if len(shape) != 4:
+def _suggests_channels_last(shape, strides) -> bool:
+    """Does a tensor of this geometry suggest the channels-last memory
+    format (c10's is_channels_last_strides_2d_s4, which
+    suggest_memory_format asks of a 4-D tensor)?  A tensor that is both
+    contiguous and channels-last by its strides (a 1x1 or depthwise weight
+    made channels-last) can: its strides, not its contiguity, decide."""
+    if len(shape) != 4 or strides[1] == 0:
         return False
-    expected = _channels_last_strides(shape)
-    return all(size == 1 or stride == want for size, stride, want in zip(shape, strides, expected))
+    low = 0
+    for d in (1, 3, 2, 0):
+        if shape[d] == 0 or strides[d] < low:
+            return False
+        # N111 and the like: contiguous, by c10's default
+        if d == 0 and low == strides[1]:
+            return False
+        low = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
 
 
 def iterator_strides(shape, operands):

@@ -134,7 +134,7 @@ class _Weight:
     version: int
     pointer: int
     args: tuple          # padding, stride, dilation, groups, input sizes
-    channels_last: bool  # the weight's layout, which oneDNN's result is copied into
+    channels_last: bool  # the weight's layout, which the judge's input takes
     pays: bool = True
 
     def pack(self, w):
@@ -160,7 +160,7 @@ def _packing_pays(weight: _Weight, w, packed) -> bool:
     with torch.no_grad():
         aten_s, packed_s = step_executor.conv_times_op()(
             x, w.detach(), packed, None, padding, stride, dilation, groups,
-            weight.channels_last, JUDGE_RUNS, JUDGE_BUDGET_S)
+            JUDGE_RUNS, JUDGE_BUDGET_S)
     return packed_s <= MIN_GAIN * aten_s
 
 
@@ -218,7 +218,7 @@ def trial(view, positions, inputs, plain, typical, on_error=None):
             position += 1
         nodes[i] = dataclasses.replace(
             node, program=_packed_program(stride, padding, dilation, groups, has_bias,
-                                          channels_last, len(node.inputs)),
+                                          len(node.inputs)),
             inputs=(*node.inputs, ("slot", seen[key])))
     if not weights:
         return None
@@ -240,16 +240,15 @@ def trial(view, positions, inputs, plain, typical, on_error=None):
 _programs: dict = {}
 
 
-def _packed_program(stride, padding, dilation, groups, has_bias, channels_last, n_inputs):
+def _packed_program(stride, padding, dilation, groups, has_bias, n_inputs):
     """The NodeProgram of a conv2d node whose packed weight is its input
     `n_inputs` (one more than the node had)."""
-    key = (tuple(stride), tuple(padding), tuple(dilation), groups, has_bias, channels_last,
-           n_inputs)
+    key = (tuple(stride), tuple(padding), tuple(dilation), groups, has_bias, n_inputs)
     found = _programs.get(key)
     if found is None:
         call = AtenCall("packed_conv2d", step_executor.packed_conv_op(),
                         [Input(0), Input(1), Input(n_inputs), Input(2) if has_bias else None,
-                         list(padding), list(stride), list(dilation), groups, channels_last])
+                         list(padding), list(stride), list(dilation), groups])
         found = _programs[key] = NodeProgram("packed_conv2d", [call], [Value(0)], fresh=True)
     return found
 
@@ -338,6 +337,7 @@ class _Trial:
         if self.packed is None or not self.shapes.matches(inputs):
             return self.plain(*inputs)
         written, self.written = self.written, False
+        repacked = False
         for k, w in enumerate(self.weights):
             t = inputs[w.k]
             if t is not w.ref():
@@ -347,7 +347,13 @@ class _Trial:
                 return self.plain(*inputs)
             if w.pays and (written or t._version != w.version or t.data_ptr() != w.pointer):
                 self.packed[k] = w.pack(t)
+                repacked = True
                 metrics.count_event("packed_conv_repacks")
+        if repacked:
+            # the core tells a watcher of one write only, and a parameter
+            # given new memory is watched there
+            _core.unwatch_writes(self._on_write)
+            _core.watch_writes([w.ref() for w in self.weights], self._on_write)
         try:
             return self.packed_call(*inputs, *self.packed)
         except Exception:     # noqa: BLE001 - the plain program judges the run

@@ -114,7 +114,7 @@ def test_the_packed_op_without_a_packed_weight_is_atens_convolution(engine):
     op = packed_convs.step_executor.packed_conv_op()
     torch.manual_seed(3)
     x, w, b = torch.randn(2, 4, 9, 9), torch.randn(6, 2, 3, 3), torch.randn(6)
-    got = op(x, w, packed_convs.NOT_PACKED, b, [1, 0], [2, 1], [1, 2], 2, False)
+    got = op(x, w, packed_convs.NOT_PACKED, b, [1, 0], [2, 1], [1, 2], 2)
     assert torch.equal(got, torch.conv2d(x, w, b, [2, 1], [1, 0], [1, 2], 2))
 
 
@@ -140,6 +140,49 @@ def test_a_view_of_a_packed_convolutions_result_has_eagers_strides(packed_wins):
             if k + 1 == packed_convs.PLAN_AT:
                 assert tiering.wait(120)
     assert _counter("packed_conv_trials") == 1
+
+
+def test_layouts_follow_the_weight_and_input_of_each_call(packed_wins):
+    # weights both channels-last and contiguous by their strides (1x1,
+    # depthwise, one input channel): eager asks their suggested format,
+    # channels-last, and lays its result out so (_runs checks strides)
+    for conv in (nn.Conv2d(8, 16, 1), nn.Conv2d(8, 8, 3, padding=1, groups=8),
+                 nn.Conv2d(1, 16, 3, padding=1)):
+        graph_cache.clear()
+        conv = conv.eval().to(memory_format=torch.channels_last)
+        _runs(conv, torch.randn(2, conv.in_channels, 16, 16))
+    assert _counter("packed_conv_trials") == 3
+    # a model made channels-last after its weights were packed
+    graph_cache.clear()
+    torch.manual_seed(6)
+    conv = nn.Conv2d(4, 8, 3, padding=1).eval()
+    x = torch.randn(1, 4, 8, 8)
+    _runs(conv, x)
+    conv.to(memory_format=torch.channels_last)
+    assert _runs(conv, x, 3).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_results_with_a_dim_of_one_have_eagers_strides(packed_wins):
+    # oneDNN's channels-last result of one channel, or of a 1x1 image, is
+    # also contiguous, but its strides are not eager's: the next
+    # convolution would take it for channels-last
+    torch.manual_seed(7)
+    _runs(nn.Sequential(nn.Conv2d(8, 1, 3), nn.Conv2d(1, 16, 3, padding=1)).eval(),
+          torch.randn(2, 8, 7, 7))
+    graph_cache.clear()
+    _runs(nn.Conv2d(8, 16, 3).eval(), torch.randn(1, 8, 3, 3))
+    assert _counter("packed_conv_trials") == 2
+
+
+def test_every_write_through_data_is_packed_again(packed_wins):
+    # a write through `.data` bumps no version counter: the core's watch
+    # tells of it, once per watch
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    _runs(net, x)
+    for _ in range(3):
+        with torch.no_grad():
+            net[0].weight.data.mul_(2)
+        _runs(net, x, 2)
 
 
 def test_no_call_waits_for_the_packing(packed_wins, monkeypatch):
@@ -287,10 +330,13 @@ def test_with_several_threads_sizes_decide(engine, threads, monkeypatch):
     assert _counter("packed_conv_trials") == 1
 
 
-def test_the_trial_keeps_the_faster_program(engine, monkeypatch):
+def test_the_trial_keeps_the_faster_program(engine, threads, monkeypatch):
     # batch 1, 512 channels of 2x2: ATen's im2col path takes about ten
     # times oneDNN's with the weight packed (both in the convolution's own
-    # timing and in the graph's trial)
+    # timing and in the graph's trial); on one intra-op thread, whose runs
+    # a loaded machine does not stall as it stalls a team of threads that
+    # wait for each other
+    threads(1)
     torch.manual_seed(2)
     conv = nn.Conv2d(512, 512, 3, padding=1).eval()
     _runs(conv, torch.randn(1, 512, 2, 2))

@@ -1963,9 +1963,21 @@ def _contiguous_of_a_generic_transpose(lz):
     return y, z, z.is_contiguous()
 
 
+def _convolutions_laid_out_by_suggested_formats(lz):
+    # a 1x1 or depthwise weight made channels-last is also contiguous; eager
+    # asks its suggested format (channels-last) and lays the result out so
+    torch.manual_seed(0)
+    w = torch.randn(6, 4, 1, 1).to(memory_format=torch.channels_last)
+    dw = torch.randn(4, 1, 3, 3).to(memory_format=torch.channels_last)
+    x = lz(torch.randn(2, 4, 5, 5))
+    y, z = F.conv2d(x, lz(w)), F.conv2d(x, lz(dw), padding=1, groups=4)
+    return y, y.stride(), y.contiguous() is y, z.stride(), F.max_pool2d(y, 1).stride()
+
+
 @cases(_contiguous_of_channels_last, _contiguous_of_a_pending_channels_last,
        _contiguous_of_a_contiguous_4d, _contiguous_of_a_transposed_result_is_a_copy,
-       _contiguous_of_a_contiguous_result_is_itself, _contiguous_of_a_generic_transpose)
+       _contiguous_of_a_contiguous_result_is_itself, _contiguous_of_a_generic_transpose,
+       _convolutions_laid_out_by_suggested_formats)
 def test_contiguous_copies_where_eager_copies(f):
     same_as_eager(f)
 

@@ -4,15 +4,18 @@
 //
 // oneDNN's convolution with a packed weight writes a channels-last result
 // whatever its input's layout; eager's convolution gives a channels-last
-// result only where its input or its weight suggests that format.  This op
-// calls oneDNN's and copies the result into eager's format, so that a
-// graph's later ops (a `view`, say) see the strides eager's would.  The
-// original weight's format is a flag of the call, fixed when the weight
-// was packed: the packed weight no longer shows it.  An empty `packed`
-// means the weight was judged not worth packing (fastlazy::conv_times
-// found ATen's own convolution as fast): the call is then eager's
-// at::conv2d, so that a graph's program need not change when its
-// convolutions are judged one by one after it was compiled.
+// result only where its input or its weight suggests that format
+// (suggest_memory_format, as ATen's thnn and mkldnn paths ask it: a 1x1 or
+// depthwise weight made channels-last is also contiguous, and suggests
+// channels-last).  This op calls oneDNN's and copies the result into
+// eager's format, strides and all, so that a graph's later ops (a `view`,
+// say) see the strides eager's would.  The format is read from the weight
+// and input of each call: a model moved to channels-last after its weights
+// were packed gets channels-last results.  An empty `packed` means the
+// weight was judged not worth packing (fastlazy::conv_times found ATen's
+// own convolution as fast): the call is then eager's at::conv2d, so that a
+// graph's program need not change when its convolutions are judged one by
+// one after it was compiled.
 //
 // fastlazy::conv_times times the two calls of one convolution, alternated,
 // in C++: a thread beside the user's that timed them from Python would
@@ -39,11 +42,33 @@
 
 namespace fastlazy {
 
+// `out` with the strides at::empty gives its sizes in `format`: oneDNN's
+// channels-last result is also "contiguous" where a dim of size 1 makes
+// the two orders one (a single output channel, a 1x1 image), and
+// contiguous() then keeps strides eager's result does not have there.
+inline at::Tensor with_strides_of(const at::Tensor& out, at::MemoryFormat format) {
+  c10::IntArrayRef sizes = out.sizes();
+  std::vector<int64_t> want;
+  if (format == at::MemoryFormat::ChannelsLast) {
+    want = c10::get_channels_last_strides_2d(sizes);
+  } else {
+    want.resize(sizes.size());
+    int64_t step = 1;
+    for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
+      want[i] = step;
+      step *= std::max<int64_t>(sizes[i], 1);
+    }
+  }
+  if (out.strides().equals(want)) return out;
+  at::Tensor laid = at::empty(sizes, out.options().memory_format(format));
+  laid.copy_(out);
+  return laid;
+}
+
 inline at::Tensor packed_conv2d(const at::Tensor& input, const at::Tensor& weight,
                                 const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                                 c10::IntArrayRef padding, c10::IntArrayRef stride,
-                                c10::IntArrayRef dilation, int64_t groups,
-                                bool weight_channels_last) {
+                                c10::IntArrayRef dilation, int64_t groups) {
   if (packed.numel() == 0) {
     return at::conv2d(input, weight, bias, stride, padding, dilation, groups);
   }
@@ -65,10 +90,10 @@ inline at::Tensor packed_conv2d(const at::Tensor& input, const at::Tensor& weigh
   stack.emplace_back(std::string(""));
   op.callBoxed(&stack);
   at::Tensor out = std::move(stack[0]).toTensor();
-  bool channels_last = weight_channels_last ||
+  bool channels_last = weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
                        input.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
-  return out.contiguous(channels_last ? at::MemoryFormat::ChannelsLast
-                                      : at::MemoryFormat::Contiguous);
+  return with_strides_of(out, channels_last ? at::MemoryFormat::ChannelsLast
+                                            : at::MemoryFormat::Contiguous);
 }
 
 // The fastest of `runs` timed calls (after one untimed call) of ATen's
@@ -79,8 +104,7 @@ inline std::vector<double> conv_times(const at::Tensor& input, const at::Tensor&
                                       const std::optional<at::Tensor>& bias,
                                       c10::IntArrayRef padding, c10::IntArrayRef stride,
                                       c10::IntArrayRef dilation, int64_t groups,
-                                      bool weight_channels_last, int64_t runs,
-                                      double budget_s) {
+                                      int64_t runs, double budget_s) {
   using clock = std::chrono::steady_clock;
   const at::Tensor none = at::empty({0}, packed.options());
   std::vector<double> best(2, std::numeric_limits<double>::infinity());
@@ -89,7 +113,7 @@ inline std::vector<double> conv_times(const at::Tensor& input, const at::Tensor&
     for (int which = 0; which < 2; ++which) {
       auto start = clock::now();
       packed_conv2d(input, weight, which ? packed : none, bias, padding, stride, dilation,
-                    groups, weight_channels_last);
+                    groups);
       double took = std::chrono::duration<double>(clock::now() - start).count();
       spent += took;
       if (k > 0) best[which] = std::min(best[which], took);
@@ -106,13 +130,11 @@ inline void register_packed_conv() {
                                              __FILE__, __LINE__);
   library->def(
       "packed_conv2d(Tensor input, Tensor weight, Tensor packed, Tensor? bias, "
-      "int[2] padding, int[2] stride, int[2] dilation, int groups, "
-      "bool weight_channels_last) -> Tensor",
+      "int[2] padding, int[2] stride, int[2] dilation, int groups) -> Tensor",
       TORCH_FN(packed_conv2d));
   library->def(
       "conv_times(Tensor input, Tensor weight, Tensor packed, Tensor? bias, int[2] padding, "
-      "int[2] stride, int[2] dilation, int groups, bool weight_channels_last, int runs, "
-      "float budget_s) -> float[]",
+      "int[2] stride, int[2] dilation, int groups, int runs, float budget_s) -> float[]",
       TORCH_FN(conv_times));
 }
 
