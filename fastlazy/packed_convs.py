@@ -26,12 +26,14 @@ recorded size was at least 1 / MIN_GAIN times as fast as ATen's
 (fastlazy::conv_times: the fastest of JUDGE_RUNS calls each, alternated,
 timed in C++).  Timing needs one intra-op thread (see _packing_pays); with
 more, a size rule decides: a kernel other than 1x1, groups == 1, where
-ATen would take its im2col path or the weight is over LARGE_WEIGHT_BYTES.  The packed program calls fastlazy::packed_conv2d
-(csrc/packed_conv.h) for every candidate; one judged not worth packing gets
-an empty tensor in place of its packed weight, and the op then calls
-ATen's convolution, eager's own values.  The packed call gives eager's
-shape, dtype and strides; its values agree with eager's to rounding (oneDNN
-sums in another order), as the fast tier's one-row linear kernel's do.
+ATen would take its im2col path or the weight is over LARGE_WEIGHT_BYTES.
+The packed program calls fastlazy::packed_conv2d (csrc/packed_conv.h) for
+every candidate; one judged not worth packing gets an empty tensor in
+place of its packed weight, and the op then calls ATen's convolution,
+eager's own values.  The packed call gives eager's shape, dtype and
+strides (its memory format read from each call's weight and input); its
+values agree with eager's to rounding (oneDNN sums in another order), as
+the fast tier's one-row linear kernel's do.
 
 The packed program is a candidate, not a given: the graph's next runs
 alternate it with the plain fast tier, TRIAL_RUNS timed runs each after one
@@ -353,7 +355,8 @@ class _Trial:
             # the core tells a watcher of one write only, and a parameter
             # given new memory is watched there
             _core.unwatch_writes(self._on_write)
-            _core.watch_writes([w.ref() for w in self.weights], self._on_write)
+            _core.watch_writes([w.ref() for w in self.weights if w.ref() is not None],
+                               self._on_write)
         try:
             return self.packed_call(*inputs, *self.packed)
         except Exception:     # noqa: BLE001 - the plain program judges the run
