@@ -136,11 +136,93 @@ def _lower(graph, node, env, meta, cast):
     def sizes(value, count):
         return graph.call_function(trailing_dims, (value, count))
 
-    for call in program.calls:
+    # the call whose result is the node's (its dtype is node.dtype)
+    last = program.outputs[0].k if len(program.outputs) == 1 \
+        and not isinstance(program.outputs[0], Input) else None
+    for i, call in enumerate(program.calls):
         args = [resolve(a, ref, sizes) for a in call.args]
         kwargs = {name: resolve(a, ref, sizes) for name, a in call.kwargs}
-        values.append(_call(graph, call, args, kwargs))
+        eager_kernel = _EAGER_FLOAT_KERNELS.get(_division_kind(call, kwargs)) \
+            if i == last and node.dtype in _FLOOR_DIVIDED else None
+        if eager_kernel is not None and any(isinstance(a, torch.fx.Node) for a in args[:2]):
+            values.append(eager_kernel(graph, args[0], args[1]))
+        else:
+            values.append(_call(graph, call, args, kwargs))
     return [ref(o) for o in program.outputs]
+
+
+# the dtypes whose floor division inductor computes otherwise than eager's
+# kernel (float16 and bfloat16 eager computes in float32 and rounds; left
+# to the first-run check)
+_FLOOR_DIVIDED = frozenset((torch.float32, torch.float64))
+
+
+def _division_kind(call, kwargs):
+    """"floor" for a floor division, "remainder" for remainder, else None."""
+    if call.name == "floor_divide" or (call.name == "div"
+                                       and kwargs.get("rounding_mode") == "floor"):
+        return "floor"
+    return "remainder" if call.name == "remainder" else None
+
+
+def _eager_floor_division(graph, a, b):
+    """a // b for floating a and b as eager's CPU kernel computes it
+    (c10's div_floor_floating), in aten calls inductor fuses: from fmod,
+    not from floor(a / b).  Inductor's floor(a / b) gives 10.0 for 1.0 //
+    0.1, where a / b rounds up to 10 in float32; eager's gives 9.0, the
+    quotient of a - fmod(a, b).  `b` is a graph value or a Python number."""
+    aten = torch.ops.aten
+
+    def call(op, *args):
+        return graph.call_function(op, args)
+
+    if not isinstance(a, torch.fx.Node):
+        a = call(aten.full_like.default, b, a)      # 3.0 // x
+    scalar = not isinstance(b, torch.fx.Node)
+    if scalar and b == 0:
+        return call(aten.div.Scalar, a, b)      # IEEE's inf and nan, as eager
+    mod = call(aten.fmod.Scalar if scalar else aten.fmod.Tensor, a, b)
+    quotient = call(aten.div.Scalar if scalar else aten.div.Tensor,
+                    call(aten.sub.Tensor, a, mod), b)
+    # a remainder whose sign is not the divisor's: one less
+    mod_negative = call(aten.lt.Scalar, mod, 0)
+    crossed = (call(aten.logical_not.default, mod_negative) if b < 0 else mod_negative) \
+        if scalar else call(aten.ne.Tensor, call(aten.lt.Scalar, b, 0), mod_negative)
+    crossed = call(aten.logical_and.default, call(aten.ne.Scalar, mod, 0), crossed)
+    quotient = call(aten.where.self, crossed, call(aten.sub.Scalar, quotient, 1), quotient)
+    floored = call(aten.floor.default, quotient)
+    rounded_down = call(aten.gt.Scalar, call(aten.sub.Tensor, quotient, floored), 0.5)
+    floored = call(aten.where.self, rounded_down, call(aten.add.Scalar, floored, 1), floored)
+    true_quotient = call(aten.div.Scalar if scalar else aten.div.Tensor, a, b)
+    signed_zero = call(aten.copysign.Tensor, call(aten.zeros_like.default, floored), true_quotient)
+    result = call(aten.where.self, call(aten.eq.Scalar, quotient, 0), signed_zero, floored)
+    if not scalar:
+        result = call(aten.where.self, call(aten.eq.Scalar, b, 0), true_quotient, result)
+    return result
+
+
+def _eager_remainder(graph, a, b):
+    """remainder(a, b) for floating a and b as eager's CPU kernel computes
+    it: fmod(a, b), plus b where its sign is not b's (inductor's own came
+    out ulps away: 0.09999996 for eager's 0.09999999 of 1.0 by 0.1)."""
+    aten = torch.ops.aten
+
+    def call(op, *args):
+        return graph.call_function(op, args)
+
+    if not isinstance(a, torch.fx.Node):
+        a = call(aten.full_like.default, b, a)
+    scalar = not isinstance(b, torch.fx.Node)
+    mod = call(aten.fmod.Scalar if scalar else aten.fmod.Tensor, a, b)
+    mod_negative = call(aten.lt.Scalar, mod, 0)
+    crossed = (call(aten.logical_not.default, mod_negative) if b < 0 else mod_negative) \
+        if scalar else call(aten.ne.Tensor, call(aten.lt.Scalar, b, 0), mod_negative)
+    crossed = call(aten.logical_and.default, call(aten.ne.Scalar, mod, 0), crossed)
+    return call(aten.where.self, crossed,
+                call(aten.add.Scalar if scalar else aten.add.Tensor, mod, b), mod)
+
+
+_EAGER_FLOAT_KERNELS = {"floor": _eager_floor_division, "remainder": _eager_remainder}
 
 
 def _call(graph, call, args, kwargs):

@@ -277,6 +277,10 @@ def iterator_strides(shape, operands):
                 dim1 = dim0
             elif comparison < 0:
                 break
+    if perm == list(range(ndim - 1, -1, -1)):
+        # in order: ATen allocates a contiguous result, whose strides count
+        # a dim of size 0 as 1 (x + 1 of a (5, 0) tensor: (1, 1))
+        return views.contiguous_strides(shape)
     strides, step = [0] * ndim, 1
     for dim in perm:
         strides[dim] = step

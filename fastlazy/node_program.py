@@ -14,6 +14,7 @@ runs), lists of those, or constants -- and the outputs the node picks from.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import threading
 from dataclasses import dataclass
@@ -235,7 +236,8 @@ def _row(op, attr, dtype):
             return [Input(k) for k in range(attr >> expr.shift & (2 * MAX_IN - 1))]
         if isinstance(expr, SizeList):
             sizes = []
-            for entry in interned_sizes(attr & (1 << ATTR_VIEW_SIZES_BITS) - 1):
+            entries = interned_sizes(attr & (1 << ATTR_VIEW_SIZES_BITS) - 1)
+            for entry in entries:
                 if entry <= SIZE_OF_DIM:
                     # input k's size at dim d: the operand's (k = 0), or
                     # that of a node the rule added after it
@@ -244,6 +246,8 @@ def _row(op, attr, dtype):
                     calls.append(AtenCall("sym_size", _SYM_SIZE, [source, d]))
                     entry = Value(len(calls) - 1)
                 sizes.append(entry)
+            if op.rule == Rule.R_UNFLATTEN and -1 in entries:
+                sizes[entries.index(-1)] = _split_size(entries, Input(operand(expr.index)))
             return sizes
         if isinstance(expr, Opt):
             k = operand(expr.index)
@@ -261,6 +265,19 @@ def _row(op, attr, dtype):
             calls.append(AtenCall(expr.name, overload, args, kwargs, optional))
             return Value(len(calls) - 1)
         raise TypeError(f"bad lowering expression {expr!r}")
+
+    def _split_size(entries, source):
+        """The -1 among unflatten's split sizes, as eager infers it: the
+        size of the dim split over the product of the others (reshape would
+        infer it from the whole tensor's, which a tensor of no elements
+        leaves ambiguous).  The split sizes are the list's constants, from
+        the split dim on (the dims before and after it are read off the
+        source)."""
+        d = next(i for i, e in enumerate(entries) if e > SIZE_OF_DIM)
+        known = math.prod(e for e in entries if e > SIZE_OF_DIM and e != -1)
+        calls.append(AtenCall("sym_size", _SYM_SIZE, [source, d]))
+        calls.append(AtenCall("floordiv", operator.floordiv, [Value(len(calls) - 1), known]))
+        return Value(len(calls) - 1)
 
     out = template(op.lower)
     operands = op.params[: op.noperands or len(op.params)]

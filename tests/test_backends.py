@@ -335,3 +335,35 @@ def test_implicit_expand_keeps_its_shape_on_the_graph_executor():
     finally:
         fastlazy.mark_step()
         step_executor.set_enabled(executor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("program", [
+    lambda x, d: torch.div(x, 0.1, rounding_mode="floor"),
+    lambda x, d: x // -0.1,
+    lambda x, d: torch.floor_divide(x, d),
+    lambda x, d: 3.0 // d,
+    lambda x, d: x // 0.0,
+    lambda x, d: torch.remainder(x, 0.1),
+    lambda x, d: x % -0.1,
+    lambda x, d: torch.remainder(x, d),
+    lambda x, d: 3.0 % d,
+])
+def test_inductor_floor_division_of_floats_is_eagers(program, dtype):
+    """Inductor computes a float floor division as floor(a / b): 1.0 // 0.1
+    gave 10.0, where a / b rounds up to 10 in float32, and eager's kernel
+    gives 9.0 (the quotient of a - fmod(a, b)); its remainder came out ulps
+    away from eager's.  Graphs for inductor compute both as eager's kernels
+    do (inductor_graph)."""
+    x = torch.tensor([1.0, 2.0, 3.0, 0.7, 0.3, 0.5, 5.0, 0.9, -1.0, -0.7, 0.0, -0.0, 1e-30,
+                      float("inf"), float("nan"), 7.5], dtype=dtype)
+    d = torch.tensor([0.1, -0.1, 0.3, 0.0, -0.0, 0.7, 2.5, -0.9, 0.1, 0.1, -3.0, 3.0, 0.1,
+                      2.0, 1.0, float("inf")], dtype=dtype)
+    want = program(x, d)
+    fastlazy.set_backend("inductor")
+    try:
+        got = program(fastlazy.lazy(x), fastlazy.lazy(d)).to_eager()
+    finally:
+        fastlazy.set_backend("torchscript")
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(torch.signbit(got), torch.signbit(want))

@@ -1974,10 +1974,16 @@ def _convolutions_laid_out_by_suggested_formats(lz):
     return y, y.stride(), y.contiguous() is y, z.stride(), F.max_pool2d(y, 1).stride()
 
 
+def _strides_of_results_with_no_elements(lz):
+    # contiguous strides count a dim of size 0 as 1: (1, 1) for (5, 0)
+    x, y = lz(torch.randn(5, 0)), lz(torch.randn(2, 1))
+    return (x + 1).stride(), (y[:, :0] * 2).stride(), (lz(torch.randn(0, 3)) * 2).stride()
+
+
 @cases(_contiguous_of_channels_last, _contiguous_of_a_pending_channels_last,
        _contiguous_of_a_contiguous_4d, _contiguous_of_a_transposed_result_is_a_copy,
        _contiguous_of_a_contiguous_result_is_itself, _contiguous_of_a_generic_transpose,
-       _convolutions_laid_out_by_suggested_formats)
+       _convolutions_laid_out_by_suggested_formats, _strides_of_results_with_no_elements)
 def test_contiguous_copies_where_eager_copies(f):
     same_as_eager(f)
 

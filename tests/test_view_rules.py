@@ -112,6 +112,19 @@ def test_sizes_not_in_the_source_are_read_from_what_it_was_computed_from():
     assert metrics.counters()["cache_misses"] == 1
 
 
+def test_unflatten_infers_its_minus_one_from_the_dim_it_splits():
+    """unflatten's -1 is the split dim's size over the other split sizes
+    (a reshape would infer it from the whole tensor, which one of no
+    elements leaves ambiguous), in one graph for every batch, none
+    included."""
+    metrics.reset()
+    for batch in (3, 0, 5):
+        x = torch.randn(batch, 8)
+        got = (fastlazy.lazy(x).unflatten(1, (2, -1)) * 1.5).to_eager()
+        assert torch.equal(got, x.unflatten(1, (2, -1)) * 1.5)
+    assert metrics.counters()["cache_misses"] == 1
+
+
 def test_reshape_copies_what_it_cannot_view_as_eager_does():
     x = torch.randn(2, 3, 4)
     lx = fastlazy.lazy(x.clone()) * 1
