@@ -31,6 +31,7 @@ from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, DimSize, I
 
 _LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
 _SYM_SIZE = torch.ops.aten.sym_size.int
+_FLOORDIV = torch.ops.aten.floordiv.int
 
 
 class _Ref:
@@ -276,7 +277,7 @@ def _row(op, attr, dtype):
         d = next(i for i, e in enumerate(entries) if e > SIZE_OF_DIM)
         known = math.prod(e for e in entries if e > SIZE_OF_DIM and e != -1)
         calls.append(AtenCall("sym_size", _SYM_SIZE, [source, d]))
-        calls.append(AtenCall("floordiv", operator.floordiv, [Value(len(calls) - 1), known]))
+        calls.append(AtenCall("floordiv", _FLOORDIV, [Value(len(calls) - 1), known]))
         return Value(len(calls) - 1)
 
     out = template(op.lower)

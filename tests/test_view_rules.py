@@ -123,6 +123,7 @@ def test_unflatten_infers_its_minus_one_from_the_dim_it_splits():
         got = (fastlazy.lazy(x).unflatten(1, (2, -1)) * 1.5).to_eager()
         assert torch.equal(got, x.unflatten(1, (2, -1)) * 1.5)
     assert metrics.counters()["cache_misses"] == 1
+    assert metrics.counters()["compile_failures"] == 0
 
 
 def test_reshape_copies_what_it_cannot_view_as_eager_does():

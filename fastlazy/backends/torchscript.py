@@ -392,6 +392,7 @@ class _Template:
 
 
 _SYM_SIZE = torch.ops.aten.sym_size.int
+_FLOORDIV = torch.ops.aten.floordiv.int
 
 
 def _emit_call(ir, call, ref, inplace):
@@ -407,6 +408,9 @@ def _emit_call(ir, call, ref, inplace):
         # a size read when the graph runs (fastlazy.symbolic_sizes)
         source, dim = call.args
         return ir.call("size", [ref(source), ir.constant(dim)], type="int")
+    if call.overload is _FLOORDIV:
+        # a size computed from one (unflatten's -1)
+        return ir.call("floordiv", [_ir_value(ir, a, None, ref) for a in call.args], type="int")
     if call.overload is None:
         kwargs = list(call.kwargs)
         # The IR passes keywords positionally and matches overloads by them:
