@@ -147,7 +147,7 @@ class _Weight:
 
 def _packing_pays(weight: _Weight, w, packed) -> bool:
     """Is the convolution `weight` takes part in faster with `packed`, on
-    an input of its recorded size (random values, in the weight's layout),
+    an input of its recorded size (in the weight's layout),
     than ATen's own call?  Called beside the user's thread, which takes
     torch's intra-op thread count from the user's torch.set_num_threads.
     Timed only where that is one thread: several would run beside the
@@ -158,7 +158,10 @@ def _packing_pays(weight: _Weight, w, packed) -> bool:
     if torch.get_num_threads() != 1:
         return _packs_by_size(x_shape, w, groups)
     memory_format = torch.channels_last if weight.channels_last else torch.contiguous_format
-    x = torch.randn(x_shape).contiguous(memory_format=memory_format)
+    # (not random: a draw here, beside the user's thread, would move the
+    # user's random stream -- dropout's masks -- at a moment of its own;
+    # a convolution's time does not depend on its values)
+    x = torch.full(x_shape, 0.5).contiguous(memory_format=memory_format)
     with torch.no_grad():
         aten_s, packed_s = step_executor.conv_times_op()(
             x, w.detach(), packed, None, padding, stride, dilation, groups,

@@ -319,6 +319,20 @@ def test_convolutions_are_judged_by_their_times(engine, threads, monkeypatch):
     assert judged == [False, True] and _counter("packed_conv_trials") == 1
 
 
+def test_judging_draws_no_random_numbers(engine, threads):
+    # the judge runs beside the user's thread: a draw there would move the
+    # user's random stream (a dropout mask after an evaluation pass)
+    threads(1)
+    torch.manual_seed(8)
+    conv, x = nn.Conv2d(3, 128, 16, stride=16).eval(), torch.randn(1, 3, 64, 64)
+    want = torch.rand(4)
+    torch.manual_seed(8)
+    conv, x = nn.Conv2d(3, 128, 16, stride=16).eval(), torch.randn(1, 3, 64, 64)
+    _runs(conv, x)            # (waits for the packing and judging)
+    assert _counter("packed_conv_trials") == 1
+    assert torch.equal(torch.rand(4), want)
+
+
 def test_with_several_threads_sizes_decide(engine, threads, monkeypatch):
     threads(2)
     monkeypatch.setattr(packed_convs.step_executor, "conv_times_op", None)   # never timed
