@@ -211,13 +211,17 @@ def test_inductor_true_division_of_integers_casts_each_operand(program):
     dtype first (-5 beside uint8 became 251).  Found by --inductor-all."""
     u = torch.tensor([[3, 250, 7]], dtype=torch.uint8)
     s = torch.tensor(-5)
-    want = program(u, s)
+    torch.testing.assert_close(_on_inductor(program, u, s), program(u, s))
+
+
+def _on_inductor(program, *tensors):
+    """program's value with each of `tensors` made lazy, on the inductor
+    backend (the torchscript backend restored after)."""
     fastlazy.set_backend("inductor")
     try:
-        got = program(fastlazy.lazy(u), fastlazy.lazy(s)).to_eager()
+        return program(*[fastlazy.lazy(t) for t in tensors]).to_eager()
     finally:
         fastlazy.set_backend("torchscript")
-    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
@@ -228,13 +232,10 @@ def test_inductor_narrow_integer_casts_keep_eagers_low_bits(dtype):
     inputs left the type's range.  Casts to a narrow integer type go
     through int32 (inductor_graph)."""
     x = torch.linspace(-70000, 70000, 4099)
-    want = ((x * 1.5).to(dtype) * 3).to(torch.float32)
-    fastlazy.set_backend("inductor")
-    try:
-        got = ((fastlazy.lazy(x) * 1.5).to(dtype) * 3).to(torch.float32).to_eager()
-    finally:
-        fastlazy.set_backend("torchscript")
-    assert torch.equal(got, want)
+
+    def program(x):
+        return ((x * 1.5).to(dtype) * 3).to(torch.float32)
+    assert torch.equal(_on_inductor(program, x), program(x))
 
 
 class _Counting(torch.utils._python_dispatch.TorchDispatchMode):
@@ -359,11 +360,6 @@ def test_inductor_floor_division_of_floats_is_eagers(program, dtype):
                       float("inf"), float("nan"), 7.5], dtype=dtype)
     d = torch.tensor([0.1, -0.1, 0.3, 0.0, -0.0, 0.7, 2.5, -0.9, 0.1, 0.1, -3.0, 3.0, 0.1,
                       2.0, 1.0, float("inf")], dtype=dtype)
-    want = program(x, d)
-    fastlazy.set_backend("inductor")
-    try:
-        got = program(fastlazy.lazy(x), fastlazy.lazy(d)).to_eager()
-    finally:
-        fastlazy.set_backend("torchscript")
+    want, got = program(x, d), _on_inductor(program, x, d)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(torch.signbit(got), torch.signbit(want))
