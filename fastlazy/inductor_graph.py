@@ -172,23 +172,13 @@ def _eager_floor_division(graph, a, b):
     0.1, where a / b rounds up to 10 in float32; eager's gives 9.0, the
     quotient of a - fmod(a, b).  `b` is a graph value or a Python number."""
     aten = torch.ops.aten
-
-    def call(op, *args):
-        return graph.call_function(op, args)
-
-    if not isinstance(a, torch.fx.Node):
-        a = call(aten.full_like.default, b, a)      # 3.0 // x
-    scalar = not isinstance(b, torch.fx.Node)
+    call, a, scalar = _float_operands(graph, a, b)
     if scalar and b == 0:
         return call(aten.div.Scalar, a, b)      # IEEE's inf and nan, as eager
-    mod = call(aten.fmod.Scalar if scalar else aten.fmod.Tensor, a, b)
+    mod, crossed = _fmod_crossing(call, a, b, scalar)
     quotient = call(aten.div.Scalar if scalar else aten.div.Tensor,
                     call(aten.sub.Tensor, a, mod), b)
     # a remainder whose sign is not the divisor's: one less
-    mod_negative = call(aten.lt.Scalar, mod, 0)
-    crossed = (call(aten.logical_not.default, mod_negative) if b < 0 else mod_negative) \
-        if scalar else call(aten.ne.Tensor, call(aten.lt.Scalar, b, 0), mod_negative)
-    crossed = call(aten.logical_and.default, call(aten.ne.Scalar, mod, 0), crossed)
     quotient = call(aten.where.self, crossed, call(aten.sub.Scalar, quotient, 1), quotient)
     floored = call(aten.floor.default, quotient)
     rounded_down = call(aten.gt.Scalar, call(aten.sub.Tensor, quotient, floored), 0.5)
@@ -206,20 +196,33 @@ def _eager_remainder(graph, a, b):
     it: fmod(a, b), plus b where its sign is not b's (inductor's own came
     out ulps away: 0.09999996 for eager's 0.09999999 of 1.0 by 0.1)."""
     aten = torch.ops.aten
+    call, a, scalar = _float_operands(graph, a, b)
+    mod, crossed = _fmod_crossing(call, a, b, scalar)
+    return call(aten.where.self, crossed,
+                call(aten.add.Scalar if scalar else aten.add.Tensor, mod, b), mod)
 
+
+def _float_operands(graph, a, b):
+    """For the eager kernels above: a function adding an aten call to
+    graph, `a` as a graph value (a Python number filled to b's shape:
+    3.0 // x), and whether b is a Python number."""
     def call(op, *args):
         return graph.call_function(op, args)
 
     if not isinstance(a, torch.fx.Node):
-        a = call(aten.full_like.default, b, a)
-    scalar = not isinstance(b, torch.fx.Node)
+        a = call(torch.ops.aten.full_like.default, b, a)
+    return call, a, not isinstance(b, torch.fx.Node)
+
+
+def _fmod_crossing(call, a, b, scalar):
+    """fmod(a, b), and where it is nonzero with a sign other than b's
+    (eager's remainder adds b there, its floor division takes one off)."""
+    aten = torch.ops.aten
     mod = call(aten.fmod.Scalar if scalar else aten.fmod.Tensor, a, b)
     mod_negative = call(aten.lt.Scalar, mod, 0)
     crossed = (call(aten.logical_not.default, mod_negative) if b < 0 else mod_negative) \
         if scalar else call(aten.ne.Tensor, call(aten.lt.Scalar, b, 0), mod_negative)
-    crossed = call(aten.logical_and.default, call(aten.ne.Scalar, mod, 0), crossed)
-    return call(aten.where.self, crossed,
-                call(aten.add.Scalar if scalar else aten.add.Tensor, mod, b), mod)
+    return mod, call(aten.logical_and.default, call(aten.ne.Scalar, mod, 0), crossed)
 
 
 _EAGER_FLOAT_KERNELS = {"floor": _eager_floor_division, "remainder": _eager_remainder}

@@ -31,6 +31,7 @@
 #include <ATen/Functions.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -48,18 +49,10 @@ namespace fastlazy {
 // contiguous() then keeps strides eager's result does not have there.
 inline at::Tensor with_strides_of(const at::Tensor& out, at::MemoryFormat format) {
   c10::IntArrayRef sizes = out.sizes();
-  std::vector<int64_t> want;
-  if (format == at::MemoryFormat::ChannelsLast) {
-    want = c10::get_channels_last_strides_2d(sizes);
-  } else {
-    want.resize(sizes.size());
-    int64_t step = 1;
-    for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
-      want[i] = step;
-      step *= std::max<int64_t>(sizes[i], 1);
-    }
-  }
-  if (out.strides().equals(want)) return out;
+  bool laid_so = format == at::MemoryFormat::ChannelsLast
+                     ? out.strides().equals(c10::get_channels_last_strides_2d(sizes))
+                     : out.strides().equals(c10::contiguous_strides(sizes));
+  if (laid_so) return out;
   at::Tensor laid = at::empty(sizes, out.options().memory_format(format));
   laid.copy_(out);
   return laid;
@@ -106,7 +99,7 @@ inline std::vector<double> conv_times(const at::Tensor& input, const at::Tensor&
                                       c10::IntArrayRef dilation, int64_t groups,
                                       int64_t runs, double budget_s) {
   using clock = std::chrono::steady_clock;
-  const at::Tensor none = at::empty({0}, packed.options());
+  const at::Tensor none = at::empty({0}, input.options());
   std::vector<double> best(2, std::numeric_limits<double>::infinity());
   double spent = 0.0;
   for (int64_t k = 0; k <= runs; ++k) {
