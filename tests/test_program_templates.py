@@ -20,7 +20,11 @@ def _delta(before, key):
     return program_templates.stats()[key] - before[key]
 
 
-def test_conv1d_at_other_sizes_takes_the_first_ones_program():
+def test_conv1d_at_other_sizes_takes_the_first_ones_program(monkeypatch):
+    # judged by meta runs: on a loaded machine a meta run of over 0.5 ms
+    # hands the signature to trial runs, which trace a convolution's
+    # template again rather than run it on real values (needs_check)
+    monkeypatch.setattr(program_templates, "judge_by_trial", lambda key: False)
     before = program_templates.stats()
     for channels, size in [(3, 8), (5, 8), (3, 12), (7, 5)]:
         x, w = torch.randn(2, channels, size), torch.randn(4, channels, 3)
