@@ -25,6 +25,7 @@ from fastlazy.boot import boot as _boot
 from fastlazy.closures import (add_step_closure as _add_closure,
                                run_step_closures as _run_closures,
                                wait_async_closures as _wait_closures)
+from fastlazy.compile_worker import start_beside as _start_beside
 from fastlazy.graph_cache import backend_name as _backend_name
 from fastlazy.graph_cache import backend_names as _backend_names
 from fastlazy.graph_cache import set_backend as _set_backend
@@ -68,6 +69,9 @@ def enable(backend: str | None = None) -> "Enabled":
         _set_backend(backend)
     was_enabled = _patched()
     _patch()
+    # the thread for jobs beside the user's starts here, not at the first
+    # job: a thread's start delayed the graph call that queued it
+    _start_beside()
     return Enabled(True, was_enabled)
 
 

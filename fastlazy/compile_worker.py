@@ -1,5 +1,6 @@
 """The one background thread that runs compilers (inductor), so that no
-user call waits for one.
+user call waits for one; and a second one for short jobs beside the user's
+(run_beside), which must not queue behind a compile.
 
 One thread, because inductor's compile path is not made for concurrent use
 and because one core of compile work at a time is what a user's program can
@@ -22,7 +23,8 @@ import contextlib
 import os
 import queue
 import threading
-import time
+
+import torch
 
 from fastlazy import _core, compile_log
 
@@ -50,9 +52,11 @@ def forget_after_fork():
     forking thread), and the queue and locks may be in its mid-use state:
     new ones, and a new thread at the next submit."""
     global _queue, _thread, _start_lock, _waiting_lock, _waiting
+    global _beside_queue, _beside_thread
     _queue, _thread = queue.SimpleQueue(), None
+    _beside_queue, _beside_thread = queue.SimpleQueue(), None
     _start_lock, _waiting_lock, _waiting = threading.Lock(), threading.Lock(), 0
-    _beside.clear()             # (their threads stayed behind too)
+    _beside.clear()             # (their thread stayed behind too)
 
 
 def submit(fn, *args) -> concurrent.futures.Future:
@@ -63,34 +67,79 @@ def submit(fn, *args) -> concurrent.futures.Future:
     return future
 
 
-# the jobs run_beside started that have not finished
+# the jobs run_beside queued that have not finished
 _beside: set = set()
+_beside_queue: queue.SimpleQueue = queue.SimpleQueue()
+_beside_thread: threading.Thread | None = None
 
 
 def run_beside(fn, *args) -> concurrent.futures.Future:
-    """Run fn(*args) now, on a thread of its own, of lowered priority as
-    the compile thread's, without its queue or throttle: for a short job
-    that spends its time outside the GIL (oneDNN's weight reorders,
-    packed_convs), which queued behind a compile, or throttled, would come
-    long after it could have served (resnet18's reorders and packed
-    program's compile, throttled on the compile thread, took 40 calls'
-    time).  Not a daemon thread: a program that exits waits for it
-    (milliseconds) rather than tear C++ state down under it."""
+    """Run fn(*args) soon on the thread for short jobs beside the user's,
+    of lowered priority as the compile thread is, but not behind its
+    compiles nor throttled: for a short job (packed_convs: a packed
+    program's compile, oneDNN's weight reorders and timings, which let go
+    of the GIL), which queued behind a compile would come long after it
+    could have served (resnet18's reorders and packed program's compile on
+    the compile thread took 40 calls' time).  Throttled, a job's Python
+    came in slices that each stalled the user's thread at its next call
+    for the GIL, and its packing came 20 calls later: ViT's first 100
+    calls took 5 % longer."""
     future = concurrent.futures.Future()
     _beside.add(future)
     future.add_done_callback(_beside.discard)
-
-    def job():
-        # Thread.start() waits for this thread to begin, then for the GIL,
-        # which this thread would keep through its Python until its first
-        # call that lets go of it, or for the switch interval: 1.4-3.4 ms
-        # of the user's call (ViT's second); sleep(0) lets go at once
-        time.sleep(0)
-        if future.set_running_or_notify_cancel():
-            _lower_priority()
-            _run(future, fn, args)
-    threading.Thread(target=job, name="fastlazy-beside").start()
+    start_beside()
+    _beside_queue.put((future, fn, args, torch.get_num_threads()))
     return future
+
+
+def start_beside() -> None:
+    """Start run_beside's thread, if it is not running (fastlazy.enable
+    starts it: a thread's start cost the calling thread 0.1-0.3 ms, which
+    a graph's second call paid when each job started one)."""
+    global _beside_thread
+    if _beside_thread is not None:
+        return
+    with _start_lock:
+        if _beside_thread is None:
+            # (threading's exit hook: see _ensure_thread)
+            getattr(threading, "_register_atexit", atexit.register)(_finish_beside)
+            _beside_thread = threading.Thread(target=_work_beside, name="fastlazy-beside",
+                                              daemon=True)
+            _beside_thread.start()
+
+
+def _work_beside():
+    _lower_priority()
+    while True:
+        future, fn, args, threads = _beside_queue.get()
+        if fn is _stop:
+            return
+        if _closing:
+            future.cancel()
+            continue
+        # the job runs on as many intra-op threads as the user's thread had
+        # when it queued the job (a thread's count is its own, set from
+        # torch's at the thread's first parallel op only)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        if future.set_running_or_notify_cancel():
+            _run(future, fn, args)
+        # (the job's arguments, a model's parameters among them, are not
+        # kept alive until the next job)
+        del future, fn, args
+
+
+def _finish_beside():
+    """At exit: drop the jobs still queued and wait for the one under way
+    (milliseconds; one inside oneDNN while the interpreter tears C++
+    state down could abort the process)."""
+    global _closing
+    _closing = True
+    thread = _beside_thread
+    if thread is not None and thread.is_alive():
+        _beside_queue.put((None, _stop, (), 0))
+        _core.set_throttle(0, 0)
+        thread.join()
 
 
 def idle(timeout: float | None = None) -> bool:
@@ -163,6 +212,15 @@ def _ensure_thread():
             _thread.start()
 
 
+def _throttle_this_thread():
+    """This thread held to the duty cycle (RUN_US, SLEEP_US), unless a
+    thread waits for the background work (unthrottled)."""
+    with _waiting_lock:
+        if not _waiting and not _closing:
+            _core.set_throttle(RUN_US, SLEEP_US)
+    _core.throttle_this_thread()
+
+
 def _lower_priority():
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
@@ -177,8 +235,7 @@ def _work():
     # user's thread's time, in stalls of up to the switch interval (5 ms).
     # So the compile thread runs RUN_US, then sleeps SLEEP_US without the
     # GIL (a C profile hook: csrc/throttle.pxi).
-    _core.set_throttle(RUN_US, SLEEP_US)
-    _core.throttle_this_thread()
+    _throttle_this_thread()
     while True:
         future, fn, args = _queue.get()
         if fn is _stop:

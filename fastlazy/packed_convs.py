@@ -14,11 +14,11 @@ layout costs more than the reorder saves on a large output (a 1x1 layer of
 256 channels at 56x56: 1.0 ms in ATen, 1.7 ms packed), and small layers
 gain nothing.  No rule of sizes told the two apart across the layers
 measured, so each convolution is timed both ways once its weight is packed.
-Packing the weights once is what inductor's freezing does; here it is
-planned and its program compiled at a graph's PLAN_AT-th run (one more
-fast-tier compile of the graph, milliseconds), and the reorders and the
-timings (a millisecond or more per weight) done on a thread beside the
-user's, the plain program serving the calls meanwhile.
+Packing the weights once is what inductor's freezing does; here its
+candidates are found at a graph's PLAN_AT-th run, and the packed program's
+compile (one more fast-tier compile of the graph, milliseconds), the
+reorders and the timings (a millisecond or more per weight) done on a
+thread beside the user's, the plain program serving the calls meanwhile.
 
 What is packed: a 2-d convolution of float32 CPU tensors whose weight is an
 nn.Parameter input of the graph, where its packed call on an input of the
@@ -73,11 +73,12 @@ LARGE_WEIGHT_BYTES = 4 << 20  # oneDNN's per-call reorder of a weight this large
 
 def enabled() -> bool:
     """Can graphs get packed convolutions here?  The step executor must be
-    built (it defines the op) and torch built with oneDNN;
-    FASTLAZY_PACKED_CONVS=0 switches them off."""
+    in use (its extension defines the op, at the first packed program's
+    compile, beside the user's thread: a third of a millisecond) and torch
+    built with oneDNN; FASTLAZY_PACKED_CONVS=0 switches them off."""
     return (os.environ.get("FASTLAZY_PACKED_CONVS", "1") != "0"
             and torch.backends.mkldnn.is_available()
-            and step_executor.packed_conv_op() is not None)
+            and step_executor.enabled())
 
 
 def has_convs(view) -> bool:
@@ -171,48 +172,80 @@ def _packing_pays(weight: _Weight, w, packed) -> bool:
 
 def trial(view, positions, inputs, plain, typical, on_error=None):
     """The fast tier's call for `view` while its packed program is made and
-    tried (a _Trial), or None where the graph has nothing to pack.
+    tried (a _Trial), or None where the graph has no convolution to pack.
     `positions`: the fast tier's input positions; `inputs`: this run's, in
     that order; `plain`: the fast tier's call (returning a sequence);
     `typical`: what a list of run times is judged by; `on_error(message)`:
-    told where packing fails.  What to pack is chosen and the packed
-    program compiled here; the weights are packed on a thread of lowered
-    priority beside the user's (oneDNN's reorders let go of the GIL): the
-    plain program serves meanwhile, so no call waits for them (they took
-    about 30 ms of resnet18's second call, 20 ms of googlenet's)."""
+    told where packing fails.  Only the candidates are found here; the
+    packed program is compiled and the weights packed on a thread of
+    lowered priority beside the user's (the compile's Python runs while
+    the user's thread runs its graphs' kernels without the GIL, oneDNN's
+    reorders and the judge's timings without it): the plain program
+    serves meanwhile, so no call waits for them (the compile took 1-2 ms of
+    ViT's second call, the reorders about 30 ms of resnet18's)."""
     if view.grad or not enabled() or not all(
             t.device.type == "cpu" for t in inputs if isinstance(t, torch.Tensor)):
         return None
+    found = _candidates(view, positions, inputs)
+    if not found:
+        return None
+    made = _Trial(plain, _core.ShapeGuard(inputs), typical)
+    compile_worker.run_beside(made.prepare, view, positions, dict(zip(positions, inputs)),
+                              found, on_error)
+    return made
+
+
+def _candidates(view, positions, inputs) -> list:
+    """(node position, conv, weight's input position, weight, input shape)
+    of each convolution of the graph that may be packed: float32, its
+    weight a 4-d nn.Parameter input of the graph (not a tensor exported
+    to another library, whose writes fastlazy would not see)."""
     given = dict(zip(positions, inputs))
-    at = {p: k for k, p in enumerate(positions)}
     slots = {s.index: s for s in view.slots}
-    shapes = {("slot", s.index): tuple(given[s.position].shape)
-              for s in view.slots if s.kind == "tensor" and s.position in given}
-    shapes.update((("node", n.index), tuple(n.shape)) for n in view.nodes)
+    found = []
+    node_shapes = None
+    for i, node in enumerate(view.nodes):
+        conv = _conv_of(node)
+        if conv is None or node.dtype != torch.float32 or node.inputs[1][0] != "slot":
+            continue
+        w_position = slots[node.inputs[1][1]].position
+        w = given.get(w_position)
+        if (type(w) is not torch.nn.Parameter or w.dtype != torch.float32
+                or w.layout != torch.strided or w.dim() != 4 or watch.exported(w)):
+            continue
+        x_ref = node.inputs[0]
+        if x_ref[0] == "slot":
+            x = given.get(slots[x_ref[1]].position)
+            x_shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
+        else:
+            if node_shapes is None:
+                node_shapes = {n.index: n.shape for n in view.nodes}
+            x_shape = tuple(node_shapes[x_ref[1]])
+        if x_shape is None or len(x_shape) != 4:
+            continue
+        found.append((i, conv, w_position, w, x_shape))
+    return found
+
+
+def _packed_graph(view, positions, inputs_at, found):
+    """The packed program's call (returning a sequence) and its weights
+    (_Weight) for the candidates `found` (_candidates): each convolution
+    calls fastlazy::packed_conv2d with one more input, its packed weight.
+    `inputs_at`: input position -> this run's value (a parameter stands in
+    for its packed copy: the compile reads the slots' values for their
+    kind alone)."""
+    at = {p: k for k, p in enumerate(positions)}
     nodes = list(view.nodes)
-    new_slots = None         # made at the first convolution worth packing
     index = max((s.index for s in view.slots), default=-1) + 1
     position = max((s.position for s in view.slots), default=-1) + 1
     weights = []             # (_Weight, the slot index and position its packed copy takes)
     seen = {}                # a parameter read by several convolutions is packed once
-    for i, node in enumerate(nodes):
-        conv = _conv_of(node)
-        if conv is None or node.dtype != torch.float32 or node.inputs[1][0] != "slot":
-            continue
+    for i, conv, w_position, w, x_shape in found:
         stride, padding, dilation, groups, has_bias = conv
-        w_position = slots[node.inputs[1][1]].position
-        w = given.get(w_position)
-        x_shape = shapes.get(node.inputs[0])
-        if (type(w) is not torch.nn.Parameter or w.dtype != torch.float32
-                or w.layout != torch.strided or w.dim() != 4 or x_shape is None
-                or len(x_shape) != 4 or watch.exported(w)):
-            continue
+        node = nodes[i]
         channels_last = w.is_contiguous(memory_format=torch.channels_last) \
             and not w.is_contiguous()
         key = (id(w), tuple(padding), tuple(stride), tuple(dilation), x_shape)
-        if new_slots is None:
-            new_slots = [dataclasses.replace(s, value=given.get(s.position, s.value))
-                         for s in view.slots]
         if key not in seen:
             weights.append((_Weight(at[w_position], weakref.ref(w), 0, 0,
                                     (padding, stride, dilation, groups, list(x_shape)),
@@ -225,21 +258,16 @@ def trial(view, positions, inputs, plain, typical, on_error=None):
             node, program=_packed_program(stride, padding, dilation, groups, has_bias,
                                           len(node.inputs)),
             inputs=(*node.inputs, ("slot", seen[key])))
-    if not weights:
-        return None
-    # the program is compiled here (its slots' values are read for their
-    # kind alone: a parameter stands in for its packed copy)
     light = copy.copy(view)
     light.nodes = nodes
-    light.slots = new_slots + [Slot(index, position, "tensor", w.ref())
-                               for w, index, position in weights]
+    light.slots = [dataclasses.replace(s, value=inputs_at.get(s.position, s.value))
+                   for s in view.slots]
+    light.slots += [Slot(index, position, "tensor", w.ref()) for w, index, position in weights]
     program = backends.get("torchscript").compile(light)
     call = program.call
     if program.single:
         call = (lambda inner: lambda *args: (inner(*args),))(call)
-    made = _Trial(plain, call, [w for w, _, _ in weights], _core.ShapeGuard(inputs), typical)
-    compile_worker.run_beside(made.pack_all, on_error)
-    return made
+    return call, [w for w, _, _ in weights]
 
 
 _programs: dict = {}
@@ -264,10 +292,10 @@ class _Trial:
     then the trial (plain and packed programs in turn, timed), then the
     winner."""
 
-    def __init__(self, plain, packed_call, weights, shapes, typical):
+    def __init__(self, plain, shapes, typical):
         self.plain = plain
-        self.packed_call = packed_call
-        self.weights = weights
+        self.packed_call = None        # the packed program, once compiled (prepare)
+        self.weights = []              # its _Weights
         self.packed = None             # the packed weights, once built
         self.shapes = shapes
         self.typical = typical
@@ -275,16 +303,37 @@ class _Trial:
         self.written = False
         self.foreign_runs = 0
         self._given_up = False
-        self._lock = threading.Lock()  # between pack_all and give_up
+        self._lock = threading.Lock()  # between prepare, pack_all and give_up
         self._on_write = _Notice(weakref.ref(self), "written")
-        _core.watch_writes([w.ref() for w in weights], self._on_write)
         weakref.finalize(self, _core.unwatch_writes, self._on_write)
-        # a parameter freed (its model dropped): its packed copy goes too
-        died = _Notice(weakref.ref(self), "died")
-        for w in weights:
-            w.ref = weakref.ref(w.ref(), died)
         _live.add(self)
         self.call = plain
+
+    def prepare(self, view, positions, inputs_at, found, on_error):
+        """Beside the user's thread: the packed program compiled for the
+        candidates `found` (_candidates), then its weights packed
+        (pack_all).  A failure leaves the plain program."""
+        try:
+            packed_call, weights = _packed_graph(view, positions, inputs_at, found)
+        except Exception as exc:     # noqa: BLE001 - the plain program stands
+            self._failed(exc, on_error)
+            return
+        # a parameter freed (its model dropped): its packed copy goes too
+        died = _Notice(weakref.ref(self), "died")
+        with self._lock:
+            if self._given_up:
+                return
+            for w in weights:
+                w.ref = weakref.ref(w.ref(), died)
+            self.packed_call, self.weights = packed_call, weights
+            _core.watch_writes([w.ref() for w in weights], self._on_write)
+        self.pack_all(on_error)
+
+    def _failed(self, exc, on_error):
+        metrics.count_event("packed_conv_failures")
+        self.give_up()
+        if on_error is not None:
+            on_error(f"packed convolutions: {type(exc).__name__}: {exc}"[:500])
 
     def pack_all(self, on_error):
         """Beside the user's thread: every weight packed, and kept packed
@@ -302,10 +351,7 @@ class _Trial:
                     weight.pays, p = False, NOT_PACKED
                 packed.append(p)
         except Exception as exc:     # noqa: BLE001 - the plain program stands
-            metrics.count_event("packed_conv_failures")
-            self.give_up()
-            if on_error is not None:
-                on_error(f"packed convolutions: {type(exc).__name__}: {exc}"[:500])
+            self._failed(exc, on_error)
             return
         if not any(w.pays for w in self.weights):
             self.give_up()

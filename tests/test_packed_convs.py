@@ -215,6 +215,31 @@ def test_no_call_waits_for_the_packing(packed_wins, monkeypatch):
     assert trial.call == trial._packed
 
 
+def test_the_packed_program_is_compiled_beside_the_users_thread(packed_wins, monkeypatch):
+    """The call that plans the packing only finds the candidates: the
+    packed program's compile (a millisecond or more of a graph's second
+    call) runs on the thread beside the user's."""
+    import threading
+    compiled_on = []
+    backend = packed_convs.backends.get("torchscript")
+    real_compile = backend.compile
+
+    def compile(view):
+        compiled_on.append(threading.get_ident())
+        return real_compile(view)
+    net, x = _net(), torch.randn(1, 3, 12, 12)
+    with torch.no_grad():
+        for _ in range(packed_convs.PLAN_AT - 1):
+            net(x.to("lazy")).to_eager()
+        monkeypatch.setattr(backend, "compile", compile)
+        net(x.to("lazy")).to_eager()          # plans the packing
+    assert tiering.wait(120)
+    assert len(compiled_on) == 1 and compiled_on[0] != threading.get_ident()
+    _runs(net, x)
+    (program,) = graph_cache.programs.values()
+    assert program._fast.call == program._fast._packed
+
+
 def test_channels_last_input_and_weight_keep_eagers_layout(packed_wins):
     net, x = _net(), torch.randn(1, 3, 12, 12).contiguous(memory_format=torch.channels_last)
     got = _runs(net, x)

@@ -1342,11 +1342,44 @@ def test_requires_grad_on_a_lazy_tensor_makes_its_graphs_training_graphs(auto):
     torch.testing.assert_close(x.grad, torch.tensor([2.0, 4.0]))
 
 
-def test_a_job_run_beside_does_not_hold_its_callers_start():
-    # Thread.start() waits for the new thread to begin; a job whose Python
-    # runs long before it first lets go of the GIL kept the caller waiting
-    # for the switch interval (set to a second here, so that the wait, if
-    # any, stands out from a loaded machine's scheduling)
+def test_jobs_run_beside_share_one_thread_with_the_callers_thread_count():
+    # one thread, started by enable(), serves every job (a thread started
+    # per job cost the caller up to 0.3 ms); each job runs with the
+    # intra-op thread count its caller had, and its arguments are let go
+    # when it ends
+    import gc
+    import threading
+    import weakref
+    from fastlazy import compile_worker
+
+    class Held:
+        pass
+
+    def job(held):
+        return threading.get_ident(), torch.get_num_threads()
+    before = torch.get_num_threads()
+    try:
+        seen = []
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            held = Held()
+            alive = weakref.ref(held)
+            seen.append(compile_worker.run_beside(job, held).result(30))
+            del held
+            gc.collect()
+            assert alive() is None
+    finally:
+        torch.set_num_threads(before)
+    idents = {ident for ident, _ in seen}
+    assert len(idents) == 1 and threading.get_ident() not in idents
+    assert [n for _, n in seen] == [1, 2, 1]
+
+
+def test_a_job_run_beside_does_not_hold_its_caller():
+    # a job whose Python runs long before it first lets go of the GIL must
+    # not keep the caller waiting for the switch interval (set to a second
+    # here, so that the wait, if any, stands out from a loaded machine's
+    # scheduling): Thread.start() waited for a new thread to begin
     import sys
     import time
     from fastlazy import compile_worker
