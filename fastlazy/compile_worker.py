@@ -26,7 +26,7 @@ import threading
 
 import torch
 
-from fastlazy import _core, compile_log
+from fastlazy import _core, compile_log, step_executor
 
 NICENESS = 10           # added to the thread's priority value (lower priority)
 # the compile thread's duty cycle: it runs at most RUN_US of every
@@ -39,6 +39,11 @@ NICENESS = 10           # added to the thread's priority value (lower priority)
 # busy (ViT's graph promoted after 57 s of calls instead of 29 s); a
 # program that waits (tiering.wait, exit) lifts the limit.
 RUN_US, SLEEP_US = 200, 1000
+# a job beside the user's (run_beside) borrows the GIL while the user's
+# graph runs let go of it (csrc/gil_lending.h); while none is under way it
+# runs RUN_US of every RUN_US + LENT_SLEEP_US: a job's Python is short, and
+# its slices stalled the user's next calls (ViT's calls 3-14)
+LENT_SLEEP_US = 5000
 
 _queue: queue.SimpleQueue = queue.SimpleQueue()
 _at_close: list = []
@@ -76,14 +81,15 @@ _beside_thread: threading.Thread | None = None
 def run_beside(fn, *args) -> concurrent.futures.Future:
     """Run fn(*args) soon on the thread for short jobs beside the user's,
     of lowered priority as the compile thread is, but not behind its
-    compiles nor throttled: for a short job (packed_convs: a packed
-    program's compile, oneDNN's weight reorders and timings, which let go
-    of the GIL), which queued behind a compile would come long after it
-    could have served (resnet18's reorders and packed program's compile on
-    the compile thread took 40 calls' time).  Throttled, a job's Python
-    came in slices that each stalled the user's thread at its next call
-    for the GIL, and its packing came 20 calls later: ViT's first 100
-    calls took 5 % longer."""
+    compiles: for a short job (packed_convs: a packed program's compile,
+    oneDNN's weight reorders and timings, which let go of the GIL), which
+    queued behind a compile would come long after it could have served
+    (resnet18's reorders and packed program's compile on the compile
+    thread took 40 calls' time).  The job's Python borrows the GIL while
+    the user's graph runs let go of it (_borrow_the_gil): unlimited, it
+    held the GIL past the run's end and the user's thread waited for all
+    of it (1.3 ms of ViT's second call); throttled to slices, each slice
+    stalled a later call and the packing came 20 calls later."""
     future = concurrent.futures.Future()
     _beside.add(future)
     future.add_done_callback(_beside.discard)
@@ -110,6 +116,7 @@ def start_beside() -> None:
 
 def _work_beside():
     _lower_priority()
+    _borrow_the_gil()
     while True:
         future, fn, args, threads = _beside_queue.get()
         if fn is _stop:
@@ -138,7 +145,7 @@ def _finish_beside():
     thread = _beside_thread
     if thread is not None and thread.is_alive():
         _beside_queue.put((None, _stop, (), 0))
-        _core.set_throttle(0, 0)
+        _set_limits(False)
         thread.join()
 
 
@@ -170,14 +177,14 @@ def unthrottled():
     global _waiting
     with _waiting_lock:
         _waiting += 1
-        _core.set_throttle(0, 0)
+        _set_limits(False)
     try:
         yield
     finally:
         with _waiting_lock:
             _waiting -= 1
             if not _waiting and not _closing:
-                _core.set_throttle(RUN_US, SLEEP_US)
+                _set_limits(True)
 
 
 def closing() -> bool:
@@ -212,13 +219,36 @@ def _ensure_thread():
             _thread.start()
 
 
+def _set_limits(on):
+    """The compile thread's throttle and the GIL lending of run_beside's
+    thread, on, or off (a thread waits for their work, or the program
+    exits)."""
+    _core.set_throttle(RUN_US if on else 0, SLEEP_US)
+    module = step_executor.extension()
+    if module is not None:
+        module.set_gil_lending(RUN_US if on else 0, LENT_SLEEP_US)
+
+
 def _throttle_this_thread():
     """This thread held to the duty cycle (RUN_US, SLEEP_US), unless a
     thread waits for the background work (unthrottled)."""
     with _waiting_lock:
         if not _waiting and not _closing:
-            _core.set_throttle(RUN_US, SLEEP_US)
+            _set_limits(True)
     _core.throttle_this_thread()
+
+
+def _borrow_the_gil():
+    """This thread (run_beside's) takes the GIL only as the user's graph
+    runs lend it (csrc/gil_lending.h; without the step executor it runs
+    unlimited: no run of the user's lets go of the GIL then)."""
+    module = step_executor.extension()
+    if module is None:
+        return
+    with _waiting_lock:
+        if not _waiting and not _closing:
+            _set_limits(True)
+    module.borrow_gil_on_this_thread()
 
 
 def _lower_priority():
@@ -269,7 +299,7 @@ def _finish():
     thread = _thread
     if thread is not None and thread.is_alive():
         _queue.put((concurrent.futures.Future(), _stop, ()))
-        _core.set_throttle(0, 0)        # nothing else runs now
+        _set_limits(False)              # nothing else runs now
         thread.join()
 
 

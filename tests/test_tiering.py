@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import fastlazy
-from fastlazy import _core, backends, compile_process, debug, graph_cache, tiering
+from fastlazy import _core, backends, compile_process, debug, graph_cache, step_executor, tiering
 from fastlazy.backends.base import Program
 
 from helpers import fastlazy_enabled  # noqa: F401  (module-scoped enable)
@@ -1373,6 +1373,46 @@ def test_jobs_run_beside_share_one_thread_with_the_callers_thread_count():
     idents = {ident for ident, _ in seen}
     assert len(idents) == 1 and threading.get_ident() not in idents
     assert [n for _, n in seen] == [1, 2, 1]
+
+
+@pytest.mark.skipif(not step_executor.enabled(), reason="the step executor's runs lend the GIL")
+def test_a_job_run_beside_borrows_the_gil_only_while_the_users_runs_lend_it():
+    # the job's Python runs while the user's graph runs its kernels without
+    # the GIL, and lets go of it the moment the run ends: with the switch
+    # interval at 50 ms, a run that had to win the GIL back from the job
+    # (or that took the GIL in its middle, to let go of an input's Python
+    # object) would take 50 ms
+    from fastlazy import compile_worker
+    a = torch.randn(512, 512)
+
+    def call():
+        x = fastlazy.lazy(a)
+        return (x @ x).relu().to_eager()
+    for _ in range(5):
+        call()      # (a run lets go of the GIL where the last took 100 us)
+    busy = [True]
+
+    def python_until_told():
+        n = 0
+        while busy[0]:
+            n += len(str(n))
+        return n
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    try:
+        done = compile_worker.run_beside(python_until_told)
+        times = []
+        for _ in range(30):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        busy[0] = False
+        done.result(30)
+    finally:
+        busy[0] = False
+        sys.setswitchinterval(interval)
+    assert done.result() > 0
+    assert sorted(times)[15] < 0.025, sorted(times)
 
 
 def test_a_job_run_beside_does_not_hold_its_caller():

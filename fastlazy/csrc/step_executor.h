@@ -37,6 +37,7 @@
 #include <torch/csrc/jit/ir/irparser.h>
 #include <torch/csrc/utils/python_numbers.h>
 
+#include "gil_lending.h"
 #include "ir_reader.h"
 
 #include <ATen/ops/add_cpu_dispatch.h>
@@ -343,7 +344,8 @@ enum InputKind : int8_t { IN_TENSOR, IN_INT, IN_FLOAT, IN_COMPLEX };
 // this long (and on its first run).  Letting go hands the GIL to any
 // thread that wants it -- fastlazy's own compile thread while a compile is
 // under way -- and taking it back waits until that thread lets go in turn
-// (the compile thread runs up to 200 us at a time: compile_worker.RUN_US).
+// (the compile thread runs up to 200 us at a time: compile_worker.RUN_US;
+// a job beside the user's lets go at once: gil_lending.h).
 // For a run of a few microseconds (a loop that reads a value each
 // iteration) that wait was 15 % of the loop's time, and what another
 // thread could do meanwhile is as short as the run itself.
@@ -417,7 +419,7 @@ class StepProgram {
     IValue out;
     const auto start = std::chrono::steady_clock::now();
     if (releases_gil()) {
-      pybind11::gil_scoped_release no_gil;
+      KernelsWithoutGil no_gil;   // (lent to a job beside: gil_lending.h)
       execute(f, direct);
     } else {
       execute(f, direct);
@@ -508,11 +510,19 @@ class StepProgram {
     }
     output_ = reg(graph.outputs()[0]);
     if (output_ < 0) throw std::runtime_error("fastlazy step executor: a constant output");
-    // each register's last reader releases it (the output is never released)
+    // each register's last reader releases it (the output is never
+    // released).  Not the graph's inputs: a Python object holds each of
+    // them, so letting go of one frees nothing, and dropping the last C++
+    // reference to a tensor a Python object holds decrefs that object
+    // (torch's PyObject preservation), which takes the GIL -- in the
+    // middle of a run without it, a wait of up to the switch interval
+    // where another thread holds the GIL.  The frame lets go of them once
+    // the run has the GIL back.
     std::vector<int32_t> last(nregs_, -1);
     for (size_t i = 0; i < steps_.size(); i++) {
       for (int32_t k : steps_[i].ins) if (k >= 0) last[k] = static_cast<int32_t>(i);
     }
+    for (int32_t k : inputs_) last[k] = -1;
     for (size_t i = 0; i < steps_.size(); i++) {
       Step& step = steps_[i];
       for (int32_t k : step.ins) {
