@@ -102,16 +102,7 @@ def start_beside() -> None:
     """Start run_beside's thread, if it is not running (fastlazy.enable
     starts it: a thread's start cost the calling thread 0.1-0.3 ms, which
     a graph's second call paid when each job started one)."""
-    global _beside_thread
-    if _beside_thread is not None:
-        return
-    with _start_lock:
-        if _beside_thread is None:
-            # (threading's exit hook: see _ensure_thread)
-            getattr(threading, "_register_atexit", atexit.register)(_finish_beside)
-            _beside_thread = threading.Thread(target=_work_beside, name="fastlazy-beside",
-                                              daemon=True)
-            _beside_thread.start()
+    _start_once("_beside_thread", _work_beside, "fastlazy-beside", _finish_beside)
 
 
 def _work_beside():
@@ -206,17 +197,21 @@ def on_compile_thread() -> bool:
 
 
 def _ensure_thread():
-    global _thread
-    if _thread is not None:
+    _start_once("_thread", _work, "fastlazy-compile", _finish)
+
+
+def _start_once(variable, work, name, finish):
+    """Start the daemon thread this module keeps in the global `variable`,
+    running work(), if it is not running; finish() runs at exit, from
+    threading's exit hook, which runs before atexit handlers: the compile
+    ends before inductor's own exit handlers shut its worker pools down."""
+    if globals()[variable] is not None:
         return
     with _start_lock:
-        if _thread is None:
-            # threading's exit hook runs before atexit handlers, so the
-            # compile ends before inductor's own exit handlers shut its
-            # worker pools down
-            getattr(threading, "_register_atexit", atexit.register)(_finish)
-            _thread = threading.Thread(target=_work, name="fastlazy-compile", daemon=True)
-            _thread.start()
+        if globals()[variable] is None:
+            getattr(threading, "_register_atexit", atexit.register)(finish)
+            thread = globals()[variable] = threading.Thread(target=work, name=name, daemon=True)
+            thread.start()
 
 
 def _set_limits(on):
