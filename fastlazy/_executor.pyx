@@ -56,22 +56,23 @@ cdef extern from "step_executor.h" namespace "fastlazy" nogil:
 
 
 cdef extern from "gil_lending.h" namespace "fastlazy":
-    void c_borrow_gil_on_this_thread "fastlazy::borrow_gil_on_this_thread" ()
-    void c_set_gil_lending "fastlazy::set_gil_lending" (int64_t run_us, int64_t sleep_us)
+    void c_borrow_gil_on_this_thread "fastlazy::borrow_gil_on_this_thread" (
+        int64_t run_us, int64_t sleep_us)
+    void c_set_gil_lending "fastlazy::set_gil_lending" (bint on)
 
 
-def borrow_gil_on_this_thread():
-    """This thread (compile_worker's for jobs beside the user's) takes the
-    GIL only while a graph run of the user's has let go of it, lets go of
-    it the moment that run ends, and otherwise runs in slices
-    (set_gil_lending): csrc/gil_lending.h."""
-    c_borrow_gil_on_this_thread()
+def borrow_gil_on_this_thread(int64_t run_us, int64_t sleep_us):
+    """This thread (one of compile_worker's) takes the GIL while a graph
+    run of the user's has let go of it, lets go of it the moment that run
+    ends, and otherwise runs run_us of every run_us + sleep_us
+    (csrc/gil_lending.h), while lending is on (set_gil_lending)."""
+    c_borrow_gil_on_this_thread(run_us, sleep_us)
 
 
-def set_gil_lending(int64_t run_us, int64_t sleep_us):
-    """A borrowing thread's slice, run_us of every run_us + sleep_us, while
-    no run has let go of the GIL; run_us <= 0: no limit at all."""
-    c_set_gil_lending(run_us, sleep_us)
+def set_gil_lending(bint on):
+    """Hold the borrowing threads to the lent GIL and their slices (on), or
+    let them run unlimited (a thread waits for their work)."""
+    c_set_gil_lending(on)
 
 
 cdef extern from "packed_conv.h" namespace "fastlazy":

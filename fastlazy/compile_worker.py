@@ -37,7 +37,16 @@ NICENESS = 10           # added to the thread's priority value (lower priority)
 # take 1.0-1.2x (1.45 ms, 12.3 ms), and the first 100 calls end 24-32 %
 # sooner.  The price: the compile takes longer while the user's thread is
 # busy (ViT's graph promoted after 57 s of calls instead of 29 s); a
-# program that waits (tiering.wait, exit) lifts the limit.
+# program that waits (tiering.wait, exit) lifts the limit.  That duty cycle
+# now holds only while no graph run of the user's has let go of the GIL:
+# during one the thread borrows the GIL and gives it back as the run ends
+# (_hold_this_thread).  In cold processes calling without pause for 40 s,
+# against the duty cycle alone: ViT's plain program on probation at 7.0 s
+# instead of 10.4-12.3 s, its frozen one in use at 12.8-13.1 s instead of
+# 24-32 s, 3-10 % more calls in the 40 s; resnet18's frozen program in use
+# at 13.8 s instead of after the 40 s, 21 % more calls; BERT's plain
+# program at 7.0-7.5 s instead of 10.2-11.8 s, 0-2 % more calls, though
+# its calls while the frozen program compiled took 8-13 % longer.
 RUN_US, SLEEP_US = 200, 1000
 # a job beside the user's (run_beside) borrows the GIL while the user's
 # graph runs let go of it (csrc/gil_lending.h); while none is under way it
@@ -86,7 +95,7 @@ def run_beside(fn, *args) -> concurrent.futures.Future:
     queued behind a compile would come long after it could have served
     (resnet18's reorders and packed program's compile on the compile
     thread took 40 calls' time).  The job's Python borrows the GIL while
-    the user's graph runs let go of it (_borrow_the_gil): unlimited, it
+    the user's graph runs let go of it (_hold_this_thread): unlimited, it
     held the GIL past the run's end and the user's thread waited for all
     of it (1.3 ms of ViT's second call); throttled to slices, each slice
     stalled a later call and the packing came 20 calls later."""
@@ -107,7 +116,7 @@ def start_beside() -> None:
 
 def _work_beside():
     _lower_priority()
-    _borrow_the_gil()
+    _hold_this_thread(LENT_SLEEP_US, throttle_without_runs=False)
     while True:
         future, fn, args, threads = _beside_queue.get()
         if fn is _stop:
@@ -215,35 +224,30 @@ def _start_once(variable, work, name, finish):
 
 
 def _set_limits(on):
-    """The compile thread's throttle and the GIL lending of run_beside's
-    thread, on, or off (a thread waits for their work, or the program
-    exits)."""
+    """The background threads' limits (_hold_this_thread) on, or off (a
+    thread waits for their work, or the program exits)."""
     _core.set_throttle(RUN_US if on else 0, SLEEP_US)
     module = step_executor.extension()
     if module is not None:
-        module.set_gil_lending(RUN_US if on else 0, LENT_SLEEP_US)
+        module.set_gil_lending(on)
 
 
-def _throttle_this_thread():
-    """This thread held to the duty cycle (RUN_US, SLEEP_US), unless a
-    thread waits for the background work (unthrottled)."""
+def _hold_this_thread(sleep_us, throttle_without_runs):
+    """This thread takes the GIL while the user's graph runs let go of it,
+    lets go of it the moment a run ends, and otherwise runs RUN_US of every
+    RUN_US + sleep_us (csrc/gil_lending.h), unless a thread waits for the
+    background work (unthrottled).  Without the step executor's extension,
+    which counts the runs, no run lends the GIL: the thread is throttled
+    to RUN_US of every RUN_US + SLEEP_US (csrc/throttle.pxi) where
+    `throttle_without_runs`, else runs as it is."""
     with _waiting_lock:
         if not _waiting and not _closing:
             _set_limits(True)
-    _core.throttle_this_thread()
-
-
-def _borrow_the_gil():
-    """This thread (run_beside's) takes the GIL only as the user's graph
-    runs lend it (csrc/gil_lending.h; without the step executor it runs
-    unlimited: no run of the user's lets go of the GIL then)."""
     module = step_executor.extension()
-    if module is None:
-        return
-    with _waiting_lock:
-        if not _waiting and not _closing:
-            _set_limits(True)
-    module.borrow_gil_on_this_thread()
+    if module is not None:
+        module.borrow_gil_on_this_thread(RUN_US, sleep_us)
+    elif throttle_without_runs:
+        _core.throttle_this_thread()
 
 
 def _lower_priority():
@@ -258,9 +262,9 @@ def _work():
     _lower_priority()
     # The GIL has no priorities: a compiler's Python would take half of the
     # user's thread's time, in stalls of up to the switch interval (5 ms).
-    # So the compile thread runs RUN_US, then sleeps SLEEP_US without the
-    # GIL (a C profile hook: csrc/throttle.pxi).
-    _throttle_this_thread()
+    # So the compile thread borrows the GIL the user's graph runs lend it,
+    # and otherwise runs RUN_US, then sleeps SLEEP_US without it.
+    _hold_this_thread(SLEEP_US, throttle_without_runs=True)
     while True:
         future, fn, args = _queue.get()
         if fn is _stop:

@@ -1,17 +1,17 @@
-// The GIL lent to short jobs beside the user's thread (fastlazy's
-// compile_worker.run_beside: a packed program's compile) while the user's
-// thread runs a graph's kernels without it.
+// The GIL lent to fastlazy's background threads (compile_worker's: the
+// compile thread, and the thread for short jobs beside the user's) while
+// the user's thread runs a graph's kernels without it.
 //
-// The GIL has no priorities: a job's Python that takes the GIL when the
-// user's thread lets go of it for a run keeps it until the interpreter's
-// switch interval (5 ms) forces it out, and the user's thread, its kernels
-// done, waits that long.  A job throttled to short slices instead (as the
-// compile thread is) stalls a later call with each slice, and its work
-// comes late.  So a borrowing thread's profile hook watches two counts the
+// The GIL has no priorities: a background thread's Python that takes the
+// GIL when the user's thread lets go of it for a run keeps it until the
+// interpreter's switch interval (5 ms) forces it out, and the user's
+// thread, its kernels done, waits that long.  A thread throttled to short
+// slices instead stalls a later call with each slice, and its work comes
+// late.  So a borrowing thread's profile hook watches two counts the
 // executor keeps: while some user thread runs kernels without the GIL the
-// job runs on; the moment one of them wants the GIL back the job lets go
-// and waits until it has it.  Only while no run is under way does the job
-// fall back to a slice of run_ns every run_ns + sleep_us.
+// borrower runs on; the moment one of them wants the GIL back it lets go
+// and waits until that thread has it.  Only while no run is under way
+// does it fall back to its own slice: run_us of every run_us + sleep_us.
 #pragma once
 
 #include <Python.h>
@@ -29,10 +29,9 @@ namespace fastlazy {
 // have finished it and wait to take the GIL back
 inline std::atomic<int> g_runs_without_gil{0};
 inline std::atomic<int> g_waiting_for_gil{0};
-// 0: borrowers run unlimited (a thread waits for their jobs, or the
-// program exits); else a borrower's slice while no run is under way
-inline std::atomic<int64_t> g_lend_run_ns{0};
-inline std::atomic<int64_t> g_lend_sleep_us{0};
+// false: borrowers run unlimited (a thread waits for their work, or the
+// program exits)
+inline std::atomic<bool> g_lending{false};
 
 inline int64_t lend_now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -61,14 +60,16 @@ class KernelsWithoutGil {
   PyThreadState* state_;
 };
 
+// the borrowing thread's slice while no run is under way
+inline thread_local int64_t t_run_ns = 0;
+inline thread_local unsigned t_sleep_us = 0;
 inline thread_local int64_t t_slice_start_ns = 0;
 inline thread_local unsigned t_events = 0;
 
 // The borrower's profile hook (checked every 16 Python calls and returns).
 inline int lend_hook(PyObject*, PyFrameObject*, int, PyObject*) {
   if (++t_events & 15) return 0;
-  const int64_t run_ns = g_lend_run_ns.load(std::memory_order_relaxed);
-  if (run_ns == 0) return 0;
+  if (!g_lending.load(std::memory_order_relaxed)) return 0;
   if (g_waiting_for_gil.load(std::memory_order_relaxed) > 0) {
     PyThreadState* state = PyEval_SaveThread();
     // until the user's thread has it (then taking it back waits for the
@@ -83,22 +84,21 @@ inline int lend_hook(PyObject*, PyFrameObject*, int, PyObject*) {
     return 0;
   }
   const int64_t now = lend_now_ns();
-  if (now - t_slice_start_ns < run_ns) return 0;
+  if (now - t_slice_start_ns < t_run_ns) return 0;
   PyThreadState* state = PyEval_SaveThread();
-  usleep(static_cast<useconds_t>(g_lend_sleep_us.load(std::memory_order_relaxed)));
+  usleep(t_sleep_us);
   PyEval_RestoreThread(state);
   t_slice_start_ns = lend_now_ns();
   return 0;
 }
 
-inline void borrow_gil_on_this_thread() {
+inline void borrow_gil_on_this_thread(int64_t run_us, int64_t sleep_us) {
+  t_run_ns = run_us * 1000;
+  t_sleep_us = static_cast<unsigned>(sleep_us);
   t_slice_start_ns = lend_now_ns();
   PyEval_SetProfile(lend_hook, nullptr);
 }
 
-inline void set_gil_lending(int64_t run_us, int64_t sleep_us) {
-  g_lend_sleep_us.store(run_us > 0 ? sleep_us : 0, std::memory_order_relaxed);
-  g_lend_run_ns.store(run_us > 0 ? run_us * 1000 : 0, std::memory_order_relaxed);
-}
+inline void set_gil_lending(bool on) { g_lending.store(on, std::memory_order_relaxed); }
 
 }  // namespace fastlazy

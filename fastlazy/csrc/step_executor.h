@@ -344,8 +344,9 @@ enum InputKind : int8_t { IN_TENSOR, IN_INT, IN_FLOAT, IN_COMPLEX };
 // this long (and on its first run).  Letting go hands the GIL to any
 // thread that wants it -- fastlazy's own compile thread while a compile is
 // under way -- and taking it back waits until that thread lets go in turn
-// (the compile thread runs up to 200 us at a time: compile_worker.RUN_US;
-// a job beside the user's lets go at once: gil_lending.h).
+// (fastlazy's own background threads give it back as the run ends, where
+// they see the run's counts -- gil_lending.h -- and otherwise after up to
+// 200 us: compile_worker.RUN_US).
 // For a run of a few microseconds (a loop that reads a value each
 // iteration) that wait was 15 % of the loop's time, and what another
 // thread could do meanwhile is as short as the run itself.
