@@ -30,8 +30,10 @@ from fastlazy.optable import (OPS, RAW, SCALAR_ARGS, AttrValue, Call, DimSize, I
                               SizeList, TensorList, TrailingDims)
 
 _LOWERING_MASK = (1 << ATTR_GENERIC_OUT_SHIFT) - 1
-_SYM_SIZE = torch.ops.aten.sym_size.int
-_FLOORDIV = torch.ops.aten.floordiv.int
+# the size ops a program computes sizes with (a dim's size read when the
+# graph runs, and a size divided: unflatten's -1); backends lower them
+SYM_SIZE = torch.ops.aten.sym_size.int
+FLOORDIV = torch.ops.aten.floordiv.int
 
 
 class _Ref:
@@ -224,7 +226,7 @@ def _row(op, attr, dtype):
         if isinstance(expr, int):
             return Input(operand(expr))
         if isinstance(expr, DimSize):
-            calls.append(AtenCall("sym_size", _SYM_SIZE, [Input(operand(expr.index)), expr.dim]))
+            calls.append(AtenCall("sym_size", SYM_SIZE, [Input(operand(expr.index)), expr.dim]))
             return Value(len(calls) - 1)
         if isinstance(expr, Item):
             source = template(expr.call)
@@ -244,7 +246,7 @@ def _row(op, attr, dtype):
                     # that of a node the rule added after it
                     k, d = divmod(SIZE_OF_DIM - entry, MAX_NDIM)
                     source = Input(operand(expr.index) + k)
-                    calls.append(AtenCall("sym_size", _SYM_SIZE, [source, d]))
+                    calls.append(AtenCall("sym_size", SYM_SIZE, [source, d]))
                     entry = Value(len(calls) - 1)
                 sizes.append(entry)
             if op.rule == Rule.R_UNFLATTEN and -1 in entries:
@@ -276,8 +278,8 @@ def _row(op, attr, dtype):
         source)."""
         d = next(i for i, e in enumerate(entries) if e > SIZE_OF_DIM)
         known = math.prod(e for e in entries if e > SIZE_OF_DIM and e != -1)
-        calls.append(AtenCall("sym_size", _SYM_SIZE, [source, d]))
-        calls.append(AtenCall("floordiv", _FLOORDIV, [Value(len(calls) - 1), known]))
+        calls.append(AtenCall("sym_size", SYM_SIZE, [source, d]))
+        calls.append(AtenCall("floordiv", FLOORDIV, [Value(len(calls) - 1), known]))
         return Value(len(calls) - 1)
 
     out = template(op.lower)

@@ -186,21 +186,21 @@ def trial(view, positions, inputs, plain, typical, on_error=None):
     if view.grad or not enabled() or not all(
             t.device.type == "cpu" for t in inputs if isinstance(t, torch.Tensor)):
         return None
-    found = _candidates(view, positions, inputs)
+    given = dict(zip(positions, inputs))
+    found = _candidates(view, given)
     if not found:
         return None
     made = _Trial(plain, _core.ShapeGuard(inputs), typical)
-    compile_worker.run_beside(made.prepare, view, positions, dict(zip(positions, inputs)),
-                              found, on_error)
+    compile_worker.run_beside(made.prepare, view, positions, given, found, on_error)
     return made
 
 
-def _candidates(view, positions, inputs) -> list:
+def _candidates(view, given) -> list:
     """(node position, conv, weight's input position, weight, input shape)
     of each convolution of the graph that may be packed: float32, its
     weight a 4-d nn.Parameter input of the graph (not a tensor exported
-    to another library, whose writes fastlazy would not see)."""
-    given = dict(zip(positions, inputs))
+    to another library, whose writes fastlazy would not see).  `given`:
+    input position -> this run's value."""
     slots = {s.index: s for s in view.slots}
     found = []
     node_shapes = None

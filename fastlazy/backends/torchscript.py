@@ -29,6 +29,7 @@ import torch
 from fastlazy import metrics, step_executor
 from fastlazy.backends.base import (REFS, Backend, Input, Program, Sizes, as_written,
                                     exact_scalars, reusable, run_key, written_form)
+from fastlazy.node_program import FLOORDIV, SYM_SIZE
 
 # c10::ScalarType numbering, as TorchScript IR spells a dtype constant.
 # tests/test_backends.py checks it against what the tracer emits.
@@ -391,10 +392,6 @@ class _Template:
         return [out.format(i=ins, c=consts, f=fresh) for out in self.outs]
 
 
-_SYM_SIZE = torch.ops.aten.sym_size.int
-_FLOORDIV = torch.ops.aten.floordiv.int
-
-
 def _emit_call(ir, call, ref, inplace):
     """One aten call as IR.  A call that names its overload has every schema
     argument spelled out (the IR has no defaults), typed so that the right
@@ -404,11 +401,11 @@ def _emit_call(ir, call, ref, inplace):
         found = ref(source)
         return (found[k] if isinstance(found, tuple)
                 else ir.call("__getitem__", [found, ir.constant(k)]))
-    if call.overload is _SYM_SIZE:
+    if call.overload is SYM_SIZE:
         # a size read when the graph runs (fastlazy.symbolic_sizes)
         source, dim = call.args
         return ir.call("size", [ref(source), ir.constant(dim)], type="int")
-    if call.overload is _FLOORDIV:
+    if call.overload is FLOORDIV:
         # a size computed from one (unflatten's -1)
         return ir.call("floordiv", [_ir_value(ir, a, None, ref) for a in call.args], type="int")
     if call.overload is None:

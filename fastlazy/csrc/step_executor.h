@@ -420,7 +420,7 @@ class StepProgram {
     IValue out;
     const auto start = std::chrono::steady_clock::now();
     if (releases_gil()) {
-      KernelsWithoutGil no_gil;   // (lent to a job beside: gil_lending.h)
+      KernelsWithoutGil no_gil;   // (lent to fastlazy's background threads: gil_lending.h)
       execute(f, direct);
     } else {
       execute(f, direct);
