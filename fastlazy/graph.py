@@ -19,8 +19,9 @@ from fastlazy.node_program import NodeProgram
 
 # Not frozen: a graph of n nodes makes n of them at its compile, and a
 # frozen dataclass's __init__ sets each field through object.__setattr__
-# (1.75 us a node against 0.28).  Nothing writes a Node's fields; a
-# changed node is a dataclasses.replace copy.
+# (1.75 us a node against 0.28).  Only the GraphView that makes a node
+# writes its fields (its `call`, while the view is built); a node changed
+# after that is a dataclasses.replace copy.
 @dataclass(slots=True, eq=False)
 class Node:
     index: int
@@ -221,23 +222,25 @@ def _calls_apart(nodes, merge_identical=False):
     `zeros_like(x)` read together: an eager write to one value, as
     Adam's foreach step makes, would show in the other)."""
     last = {}
-    apart = []
     for n in nodes:
         if not n.program.fresh:
             key = (n.program, n.inputs)
             m = last.get(key)
             same = (m is not None and n.output > m.output
                     and n.index - m.index <= n.output - m.output)
-            n = dataclasses.replace(n, call=m.call if same else n.index)
+            # (the view's own new nodes: set in place, not copied -- a copy
+            # per node was a fifth of a view's cost)
+            n.call = m.call if same else n.index
             last[key] = n
-        apart.append(n)
-    return _merge_identical_calls(apart) if merge_identical else apart
+    if merge_identical:
+        _merge_identical_calls(nodes)
+    return nodes
 
 
 def _merge_identical_calls(nodes):
-    """`nodes` with each call of a program over the same inputs as an
-    earlier one given that call's `call` -- one run for both -- unless
-    both have a graph output at the same output position."""
+    """Give each call of a program over the same inputs as an earlier one
+    that call's `call` (the view's new nodes, in place) -- one run for
+    both -- unless both have a graph output at the same output position."""
     held = {}        # call -> output positions its graph outputs hold
     for n in nodes:
         if n.call >= 0 and n.is_output:
@@ -256,8 +259,9 @@ def _merge_identical_calls(nodes):
         else:
             into[n.call] = n.call
             runs[(n.program, n.inputs)].append((n.call, mine))
-    return [dataclasses.replace(n, call=into[n.call]) if n.call >= 0 and into[n.call] != n.call
-            else n for n in nodes]
+    for n in nodes:
+        if n.call >= 0:
+            n.call = into[n.call]
 
 
 # -- example inputs: what a compile runs its program on ----------------------

@@ -7,8 +7,9 @@ a v that changes every call were a new signature, a new analysis and a new
 graph structure -- a compile -- every call.
 
 So once one signature has been met with two different values of some of
-its floats (the *loose* key: the signature with its floats erased), its
-call is traced once more with those floats symbolic (SymFloats of a shape
+its floats (the *loose* key: the signature with its floats erased) in two
+graphs -- a value that changes from one call of the program to the next
+-- its call is traced once more with those floats symbolic (SymFloats of a shape
 environment that holds nothing else: tensor sizes stay static).  If the
 floats reach the aten program only as arguments -- the shape environment
 recorded no guard on any of them: no Python or C++ code branched on, or
@@ -18,6 +19,14 @@ the node's inputs as scalar slots, with no analysis and the same graph
 structure whatever the values.  Where a guard was recorded (F.pad's and
 layer_norm's values reach a `float` or `double` in C++; dropout checks
 0 <= p <= 1) the values stay baked in, as before.
+
+Values met within one graph are constants of the model's code, not values
+that vary: swin_t's attention mask is filled with -100.0 at one call and
+0.0 at the next, the same two every call, and lifting them (a symbolic
+trace: 7-10 ms each) had cost its first call 20 of its 90 ms.  Such values
+stay baked in, each its own exact signature, until the key meets a new
+value in a later graph, or SAME_GRAPH_VALUES different ones in one graph
+(a loop over values before any flush).
 
 A value eager would refuse is left to the exact path, whose analysis runs
 the call and raises eager's error: lifted values must be NaN, infinite,
@@ -38,6 +47,7 @@ from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
 MAX_LOOSE = 4096          # loose signatures remembered before starting over
+SAME_GRAPH_VALUES = 3     # values of a loose key in one graph before they are lifted
 
 
 class Lifted:
@@ -75,9 +85,31 @@ class Lifted:
 
 
 _lock = threading.Lock()
-# loose key -> the first call's float values (hex strings), or a Lifted,
-# or None where lifting was refused
+# loose key -> the _Met values so far, or a Lifted, or None where lifting
+# was refused
 _loose: dict = {}
+
+
+class _Met:
+    """A loose key's values so far: the first call's floats (hex strings),
+    the flush count when they were met, and the different value tuples
+    met since."""
+    __slots__ = ("hexes", "flushes", "values")
+
+    def __init__(self, hexes, flushes):
+        self.hexes = hexes
+        self.flushes = flushes
+        self.values = {tuple(hexes)}
+
+    def varies(self, hexes, flushes) -> bool:
+        """Met with `hexes` now: do the values vary from call to call (a
+        new value after a flush), or are there too many to keep baked in?"""
+        self.values.add(tuple(hexes))
+        return flushes != self.flushes or len(self.values) >= SAME_GRAPH_VALUES
+
+
+def _flushes() -> int:
+    return _core.counter_values()["flushes"]
 
 
 def forget():
@@ -111,15 +143,17 @@ def observe(loose, hexes, func, args, kwargs, tensors, sig, lower):
     """A call of loose signature `loose` was analysed exactly (`sig`).  If
     an earlier one had other values, try to lift the floats that differ:
     the Lifted made (its lowering interned by `lower`), else None."""
+    flushes = _flushes()
     with _lock:
-        first = _loose.get(loose, _MISSING)
-        if first is _MISSING:
+        met = _loose.get(loose, _MISSING)
+        if met is _MISSING:
             if len(_loose) >= MAX_LOOSE:
                 _loose.clear()
-            _loose[loose] = hexes
+            _loose[loose] = _Met(hexes, flushes)
             return None
-    if type(first) is not list or first == hexes:
-        return None
+        if type(met) is not _Met or met.hexes == hexes or not met.varies(hexes, flushes):
+            return None
+        first = met.hexes
     positions = tuple(k for k, (a, b) in enumerate(zip(first, hexes)) if a != b)
     held = _core.hold_pending()         # (as capture.analyse: no flush meanwhile)
     try:

@@ -210,15 +210,16 @@ def _row(op, attr, dtype):
     # (a required operand is never absent -- a row whose operands all are
     # may use those bits for its own fields, as the view rules do -- but a
     # required parameter its rule reads is not recorded: layer_norm's shape)
-    absent = [(p >= op.nrequired or name in RAW) and attr >> (ATTR_ABSENT_SHIFT + p) & 1
-              for p, name in enumerate(op.params)]
-
-    def operand(position):
-        """The input index of operand `position`, or None if absent (absent
-        optional operands are not stored)."""
-        if absent[position]:
-            return None
-        return sum(1 for p in range(position) if not absent[p])
+    # the input index of each operand, None where absent (absent optional
+    # operands are not stored)
+    inputs, stored = [], 0
+    for p, name in enumerate(op.params):
+        if (p >= op.nrequired or name in RAW) and attr >> (ATTR_ABSENT_SHIFT + p) & 1:
+            inputs.append(None)
+        else:
+            inputs.append(stored)
+            stored += 1
+    operand = inputs.__getitem__
 
     calls = []
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlazy
+from fastlazy import lifted_floats
 
 pytestmark = pytest.mark.usefixtures("flush_after", "fresh_signatures")
 
@@ -40,6 +41,52 @@ def test_a_varying_float_compiles_once(backend, name):
     # the first two values are each traced with the value baked in; the
     # third and later values run one program that takes them as an input
     assert counts[2:] == [counts[2]] * (len(VALUES) - 2)
+
+
+def _counting_lifts(monkeypatch):
+    """The calls of lifted_floats._lift (one symbolic trace each) from now on."""
+    lifts = []
+    lift = lifted_floats._lift
+
+    def counted(*args):
+        lifts.append(args[0])
+        return lift(*args)
+    monkeypatch.setattr(lifted_floats, "_lift", counted)
+    return lifts
+
+
+def test_values_met_in_one_graph_stay_constants_until_a_later_graph_brings_a_new_one(
+        monkeypatch):
+    # two calls of one signature with their own constant (swin_t's mask
+    # filled with -100.0, then 0.0) in every graph: not a value that varies
+    lifts = _counting_lifts(monkeypatch)
+
+    def fn(x, a, b):
+        return x.masked_fill(x > 0, a).masked_fill(x < -1, b)
+    x0 = torch.randn(6, 7)
+    x = fastlazy.lazy(x0)
+    for _ in range(3):
+        assert torch.equal(fn(x, -100.0, 0.0).to_eager(), fn(x0, -100.0, 0.0))
+    assert lifts == [] and misses() == 1
+    # a value that changes from one graph to the next is lifted, once
+    # (its first graph still has it baked in, as test_a_varying_float_compiles_once)
+    counts = []
+    for v in (0.5, 0.25, 0.125, 2.0):
+        assert torch.equal(fn(x, v, 0.0).to_eager(), fn(x0, v, 0.0))
+        counts.append(misses())
+    assert len(lifts) == 1 and counts[1:] == [counts[1]] * 3
+
+
+def test_many_values_in_one_graph_are_lifted(monkeypatch):
+    lifts = _counting_lifts(monkeypatch)
+    x0 = torch.randn(6, 7)
+    x, y, y0 = fastlazy.lazy(x0), None, x0
+    y = x
+    for v in VALUES[:-1]:
+        y, y0 = y.masked_fill(y > v, v), y0.masked_fill(y0 > v, v)
+    assert torch.equal(y.to_eager(), y0)
+    assert len(lifts) == 1
+    assert lifted_floats.SAME_GRAPH_VALUES <= len(VALUES) - 1
 
 
 def test_softplus_beta_and_guarded_hardtanh(backend):

@@ -91,13 +91,26 @@ def takes_one_row(view):
     nodes: 3.1-3.2 ms a call here, 2.5-2.6 ms on TorchScript; ViT 1.05
     against 0.8 ms), so the layers must be at least half the graph."""
     # each kernel step covers its linear node and at most one ReLU: a graph
-    # with too few linear nodes is answered without finding the steps
-    linears = sum(1 for node in view.nodes if _plain(node, "linear"))
-    if linears == 0 or 4 * linears < len(view.nodes):
+    # with too few linear nodes, or too few of them on one row, is answered
+    # without finding the steps (a model's graph is asked, at its compile)
+    linears = [node for node in view.nodes if _plain(node, "linear")]
+    if not linears or 4 * len(linears) < len(view.nodes):
+        return False
+    shapes = {("node", n.index): n.shape for n in view.nodes}
+    shapes.update((("slot", s.index), tuple(s.value.shape))
+                  for s in view.slots if s.kind == "tensor")
+    if 4 * sum(1 for node in linears if _one_row(shapes, node)) < len(view.nodes):
         return False
     covered = sum(1 + (relu is not None) for relu, _, x_shape in kernel_steps(view).values()
                   if math.prod(x_shape[:-1]) == 1)
     return covered > 0 and 2 * covered >= len(view.nodes)
+
+
+def _one_row(shapes, node):
+    """Does linear `node` read an x of one row, by the recorded `shapes`
+    ({('node' | 'slot', index): shape})?"""
+    shape = shapes.get(_linear_operands(node)[0], ())
+    return len(shape) >= 1 and math.prod(shape[:-1]) == 1
 
 
 def _plain(node, name):

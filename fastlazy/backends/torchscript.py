@@ -181,12 +181,15 @@ class TorchScriptBackend(Backend):
         the GPU fuser is on (torch's default); on CPU only where CPU fusion
         was switched on, with LLVM (a torch built with it: __init__ switches
         it on) or with LLVM not required (NNC's IR evaluator)."""
-        if not torch._C._jit_texpr_fuser_enabled() or _has_complex(view):
+        if not torch._C._jit_texpr_fuser_enabled():
             return False
-        if any(s.kind == "tensor" and s.value.is_cuda for s in view.slots):
-            return torch._C._jit_can_fuse_on_gpu()
-        return torch._C._jit_can_fuse_on_cpu() and (
-            self.llvm or not torch._C._jit_get_te_must_use_llvm_cpu())
+        if "cuda" in view.device_types:
+            can = torch._C._jit_can_fuse_on_gpu()
+        else:
+            can = torch._C._jit_can_fuse_on_cpu() and (
+                self.llvm or not torch._C._jit_get_te_must_use_llvm_cpu())
+        # (the complex check reads every node: only where fusion is on)
+        return can and not _has_complex(view)
 
 
 def _has_complex(view) -> bool:
