@@ -631,6 +631,19 @@ class fastlazy_disabled:
             fastlazy.enable()
 
 
+def first_arguments_of_calls(monkeypatch, owner, name):
+    """The first argument of each call of owner.<name> from now on (the
+    function wrapped for the test, still called)."""
+    seen = []
+    real = getattr(owner, name)
+
+    def counted(*args):
+        seen.append(args[0])
+        return real(*args)
+    monkeypatch.setattr(owner, name, counted)
+    return seen
+
+
 def run_in_threads(work, n):
     """work(k) for k in range(n), each on its own thread, all at once; the
     exceptions they raised (an empty list if none did)."""

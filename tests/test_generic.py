@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import fastlazy
 from fastlazy import generic, graph_cache, program_templates
 from fastlazy.capture import MAX_INPUTS
+from helpers import first_arguments_of_calls
 
 pytestmark = pytest.mark.usefixtures("lazy_on")
 
@@ -21,14 +22,7 @@ def counters():
 
 
 def test_signature_is_analysed_once(monkeypatch):
-    analyses = []
-    analyse = generic._analyse
-
-    def counting(*args):
-        analyses.append(args[0])
-        return analyse(*args)
-
-    monkeypatch.setattr(generic, "_analyse", counting)
+    analyses = first_arguments_of_calls(monkeypatch, generic, "_analyse")
     generic.reset()
     for _ in range(6):
         y = fastlazy.lazy(torch.rand(4, 7))

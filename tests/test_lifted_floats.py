@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import fastlazy
 from fastlazy import lifted_floats
+from helpers import first_arguments_of_calls
 
 pytestmark = pytest.mark.usefixtures("flush_after", "fresh_signatures")
 
@@ -45,14 +46,7 @@ def test_a_varying_float_compiles_once(backend, name):
 
 def _counting_lifts(monkeypatch):
     """The calls of lifted_floats._lift (one symbolic trace each) from now on."""
-    lifts = []
-    lift = lifted_floats._lift
-
-    def counted(*args):
-        lifts.append(args[0])
-        return lift(*args)
-    monkeypatch.setattr(lifted_floats, "_lift", counted)
-    return lifts
+    return first_arguments_of_calls(monkeypatch, lifted_floats, "_lift")
 
 
 def test_values_met_in_one_graph_stay_constants_until_a_later_graph_brings_a_new_one(
