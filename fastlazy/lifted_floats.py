@@ -9,14 +9,14 @@ graph structure -- a compile -- every call.
 So once one signature has been met with two different values of some of
 its floats (the *loose* key: the signature with its floats erased) in two
 graphs -- a value that changes from one call of the program to the next
--- its call is traced once more with those floats symbolic (SymFloats of a shape
-environment that holds nothing else: tensor sizes stay static).  If the
-floats reach the aten program only as arguments -- the shape environment
-recorded no guard on any of them: no Python or C++ code branched on, or
-specialized, a value -- the program takes them as inputs, and every later
-call of the loose signature is recorded from it, its floats appended to
-the node's inputs as scalar slots, with no analysis and the same graph
-structure whatever the values.  Where a guard was recorded (F.pad's and
+-- its call is traced once more with those floats symbolic (SymFloats of
+a shape environment that holds nothing else: tensor sizes stay static).
+If the floats reach the aten program only as arguments -- the shape
+environment recorded no guard on any of them: no Python or C++ code
+branched on, or specialized, a value -- the program takes them as
+inputs, and every later call of the loose signature is recorded from it,
+its floats appended to the node's inputs as scalar slots, with no
+analysis and the same graph structure whatever the values.  Where a guard was recorded (F.pad's and
 layer_norm's values reach a `float` or `double` in C++; dropout checks
 0 <= p <= 1) the values stay baked in, as before.
 
