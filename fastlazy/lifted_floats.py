@@ -16,9 +16,10 @@ environment recorded no guard on any of them: no Python or C++ code
 branched on, or specialized, a value -- the program takes them as
 inputs, and every later call of the loose signature is recorded from it,
 its floats appended to the node's inputs as scalar slots, with no
-analysis and the same graph structure whatever the values.  Where a guard was recorded (F.pad's and
-layer_norm's values reach a `float` or `double` in C++; dropout checks
-0 <= p <= 1) the values stay baked in, as before.
+analysis and the same graph structure whatever the values.  Where a
+guard was recorded (F.pad's and layer_norm's values reach a `float` or
+`double` in C++; dropout checks 0 <= p <= 1) the values stay baked in,
+as before.
 
 Values met within one graph are constants of the model's code, not values
 that vary: swin_t's attention mask is filled with -100.0 at one call and
