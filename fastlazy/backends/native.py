@@ -41,17 +41,26 @@ class NativeBackend(Backend):
         return Program([s.position for s in view.slots], build(view), False, str(view))
 
 
-def kernel_steps(view):
+def _recorded_shapes(view):
+    """{('slot' | 'node', index): shape} of the view's tensor inputs and
+    nodes, as recorded."""
+    shapes = {("slot", s.index): tuple(s.value.shape) for s in view.slots if s.kind == "tensor"}
+    shapes.update((("node", n.index), tuple(n.shape)) for n in view.nodes)
+    return shapes
+
+
+def kernel_steps(view, shape=None):
     """{linear node index: (relu node index or None, keep, recorded shape of
     x)} for the linear layers of `view` the one-row kernel may take
     (float32, CPU, no autograd, a 2-d weight).  The kernel still checks each
     call's sizes: a graph serves every shape of its structure.  keep: the
     step's value is read only as the input row of other kernel steps, so its
-    buffer may serve every call (LinearStep)."""
+    buffer may serve every call (LinearStep).  `shape`: _recorded_shapes(view),
+    where the caller has it."""
     if view.grad or not all(s.kind != "tensor" or s.value.is_cpu for s in view.slots):
         return {}
-    shape = {("slot", s.index): tuple(s.value.shape) for s in view.slots if s.kind == "tensor"}
-    shape.update((("node", n.index), tuple(n.shape)) for n in view.nodes)
+    if shape is None:
+        shape = _recorded_shapes(view)
     readers = {}
     for node in view.nodes:
         for inp in set(node.inputs):
@@ -96,20 +105,18 @@ def takes_one_row(view):
     linears = [node for node in view.nodes if _plain(node, "linear")]
     if not linears or 4 * len(linears) < len(view.nodes):
         return False
-    shapes = {("node", n.index): n.shape for n in view.nodes}
-    shapes.update((("slot", s.index), tuple(s.value.shape))
-                  for s in view.slots if s.kind == "tensor")
-    if 4 * sum(1 for node in linears if _one_row(shapes, node)) < len(view.nodes):
+    shapes = _recorded_shapes(view)
+    one_row = sum(1 for node in linears if _one_row(shapes.get(_linear_operands(node)[0], ())))
+    if 4 * one_row < len(view.nodes):
         return False
-    covered = sum(1 + (relu is not None) for relu, _, x_shape in kernel_steps(view).values()
-                  if math.prod(x_shape[:-1]) == 1)
+    covered = sum(1 + (relu is not None)
+                  for relu, _, x_shape in kernel_steps(view, shapes).values()
+                  if _one_row(x_shape))
     return covered > 0 and 2 * covered >= len(view.nodes)
 
 
-def _one_row(shapes, node):
-    """Does linear `node` read an x of one row, by the recorded `shapes`
-    ({('node' | 'slot', index): shape})?"""
-    shape = shapes.get(_linear_operands(node)[0], ())
+def _one_row(shape):
+    """Is a linear layer's x of this shape one row?"""
     return len(shape) >= 1 and math.prod(shape[:-1]) == 1
 
 
