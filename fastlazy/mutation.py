@@ -396,7 +396,8 @@ def _grad_leaf(t):
 
 def _write_leaf(root, view, where):
     """A write through `p.data` or `p.detach()` of a leaf that requires
-    grad (a hand-written optimizer step): eager writes the leaf's memory,
+    grad, or through any view of it under no_grad (a hand-written optimizer
+    step): eager writes the leaf's memory,
     and it stays a leaf that requires grad, with its gradient.  So the
     write runs now, into a copy made such a leaf."""
     value = root.to_eager()
@@ -423,7 +424,9 @@ def after_mutation(t):
         # more: let that tensor, and the root's old storage, go)
         family.held = None
         root = family.root
-        if family.detached and _grad_leaf(root):
+        if (family.detached or not torch.is_grad_enabled()) and _grad_leaf(root):
+            # (under no_grad a write through any view of a parameter --
+            # `w[:, 0] -= lr * g` -- is one autograd does not see either)
             _write_leaf(root, t, family)
         else:
             new_root = generic.record(_scatter_detached if family.detached else _scatter_into,

@@ -215,27 +215,49 @@ def _meet(span, other) -> bool:
     return span[0] < other[1] and other[0] < span[1]
 
 
-def _basic_index(index) -> bool:
-    """Ints, slices, None and Ellipsis only (a view, not a gather)."""
-    for i in (index if type(index) is tuple else (index,)):
+def _basic_index(index):
+    """The index with each 0-dim integer tensor read as its int (eager's
+    indexing selects with it: `x[t, 2] += 1` writes one element), if it
+    then holds ints, slices, None and Ellipsis only (a view, not a gather);
+    else None."""
+    items = index if type(index) is tuple else (index,)
+    if any(isinstance(i, torch.Tensor) for i in items):
+        items = tuple(_as_int(i) for i in items)
+        index = items if type(index) is tuple else items[0]
+    for i in items:
         t = type(i)
         if t is slice:
             if not (type(i.start) in _BOUNDS and type(i.stop) in _BOUNDS
                     and type(i.step) in _BOUNDS):
-                return False
+                return None
         elif not (t is int or i is None or i is Ellipsis):
-            return False
-    return True
+            return None
+    return index
 
 
 _BOUNDS = (int, type(None))
+# the dtypes of a 0-dim tensor eager's indexing reads as an int (a bool or
+# uint8 one is a mask)
+_INT_INDEX_DTYPES = frozenset((torch.int8, torch.int16, torch.int32, torch.int64))
+
+
+def _as_int(item):
+    """A 0-dim integer tensor's int, where reading it costs no graph run (an
+    eager tensor, or a LazyTensor holding its value); any other item as
+    it is."""
+    if (isinstance(item, torch.Tensor) and item.dim() == 0
+            and item.dtype in _INT_INDEX_DTYPES
+            and (type(item) is not LazyTensor or item.is_materialized)):
+        return int(item)
+    return item
 
 
 def _indexed(target, size, stride, offset, index):
     """(size, stride, offset) of target[index] in target's root, for a
     basic index; target's own place for any other (a gather: eager's
     index_put_ reads its values apart from the written elements)."""
-    if not _basic_index(index):
+    index = _basic_index(index)
+    if index is None:
         return size, stride, offset
     key = (tuple(size), tuple(stride), offset, _index_key(index))
     found = _indexed_places.get(key)

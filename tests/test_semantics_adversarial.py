@@ -639,6 +639,22 @@ def fn_no_grad_leaf(lz):
     return r, p.detach(), p.grad
 
 
+def fn_no_grad_write_through_views_of_a_leaf(lz):
+    # a hand-written update through views: the leaf stays one that
+    # requires grad, as eager's does
+    w = lz(torch.ones(2, 3, requires_grad=True))
+    (w * 2).sum().backward()
+    with torch.no_grad():
+        w[:, 1:].mul_(2)
+        w.t().add_(1)
+        w.view(-1)[0] = 3.0
+        w[:, 0] -= 0.1 * w.grad[:, 0]
+    r = (w.requires_grad, w.is_leaf)
+    w.grad = None
+    (w * w).sum().backward()
+    return r, w.detach(), w.grad
+
+
 def fn_inference_add_(lz):
     with torch.inference_mode():
         t = torch.ones(3)
@@ -843,7 +859,8 @@ def fn_eager_write_to_the_value_of_one_of_two_equal_results(lz):
 
 
 @cases(fn_data_add, fn_data_setitem, fn_data_of_view, fn_grad_zero, fn_grad_setitem_and_none,
-       fn_no_grad_leaf, fn_inference_add_, fn_inference_setitem, fn_inference_inside_mode,
+       fn_no_grad_leaf, fn_no_grad_write_through_views_of_a_leaf, fn_inference_add_,
+       fn_inference_setitem, fn_inference_inside_mode,
        fn_pending_inference_result, fn_pending_inference_add_, fn_pending_inference_setitem,
        fn_pending_inference_view_write, fn_pending_inference_of_grad_input,
        fn_inplace_inside_inference_mode, fn_normal_tensor_written_in_inference_mode,
@@ -852,6 +869,45 @@ def fn_eager_write_to_the_value_of_one_of_two_equal_results(lz):
        fn_graph_of_normal_and_inference_results_read_in_inference_mode,
        fn_eager_write_to_the_value_of_one_of_two_equal_results)
 def test_writes(f):
+    same_as_eager(f)
+
+
+# -- indexing with 0-dim integer tensors ----------------------------------------
+
+def fn_list_of_0_dim_tensors_is_a_tuple_index(lz):
+    # eager reads a short list holding a tensor as a tuple: x[[t0, t1]] is
+    # x[t0, t1], one element, not two rows
+    x = lz(torch.arange(12.0).view(4, 3))
+    return x[[torch.tensor(0), torch.tensor(1)]], x[[torch.tensor(2)]], x[[torch.tensor(1), 2]]
+
+
+def fn_setitem_with_a_list_of_0_dim_tensors(lz):
+    x = lz(torch.zeros(3, 4))
+    x[[torch.tensor(1), torch.tensor(2)]] = 5.0
+    return x
+
+
+def fn_confusion_matrix_counted_with_tensor_indices(lz):
+    # `counts[t, p] += 1`: a 0-dim tensor index selects (a view), so the
+    # value written back is exactly the written element
+    counts = lz(torch.zeros(3, 3))
+    for t, p in zip(torch.tensor([2, 0, 2, 1]), torch.tensor([2, 1, 0, 1])):
+        counts[t, p] += 1
+    return counts
+
+
+def fn_tensor_index_written_from_another_element(lz):
+    x = lz(torch.arange(12.0).view(3, 4))
+    x[torch.tensor(1), 2] = x[0, 0]
+    x[torch.tensor(2), 1:3] += 1
+    x[..., torch.tensor(3)] *= 2
+    return x
+
+
+@cases(fn_list_of_0_dim_tensors_is_a_tuple_index, fn_setitem_with_a_list_of_0_dim_tensors,
+       fn_confusion_matrix_counted_with_tensor_indices,
+       fn_tensor_index_written_from_another_element)
+def test_0_dim_tensor_indices(f):
     same_as_eager(f)
 
 

@@ -589,9 +589,9 @@ cdef class LazyTensor:
     # -- operators without a row: torch.Tensor's own, on the generic path --
 
     def __getitem__(self, idx):
-        return getitem(self, idx)
+        return getitem(self, index_as_tuple(idx))
     def __setitem__(self, idx, value):
-        python_operator("__setitem__", "__setitem__", self, (idx, value), True)
+        python_operator("__setitem__", "__setitem__", self, (index_as_tuple(idx), value), True)
     def __rmatmul__(self, other): return python_operator("__rmatmul__", "__rmatmul__", self, (other,), False)
     def __floordiv__(self, other): return python_operator("__floordiv__", "__floordiv__", self, (other,), False)
     def __rfloordiv__(self, other): return python_operator("__rfloordiv__", "__rfloordiv__", self, (other,), False)

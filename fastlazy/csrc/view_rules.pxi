@@ -19,6 +19,7 @@
 # length.  The size lists are interned; the node's attr holds the index.
 
 from cpython.ref cimport Py_INCREF
+from cpython.sequence cimport PySequence_Check
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport INT64_MAX
 from libc.stdlib cimport calloc
@@ -923,10 +924,6 @@ cdef object getitem_view(LazyTensor self, object idx):
     cdef tuple items
     if type(idx) is tuple:
         items = idx
-    elif type(idx) is list and 0 < len(idx) < 32 and any_slicing(idx):
-        # eager reads a short list holding a slice, None or ... as a tuple
-        # (deprecated, with a warning this path does not repeat)
-        items = tuple(idx)
     else:
         items = (idx,)
     cdef Py_ssize_t k, count = len(items)
@@ -992,16 +989,18 @@ cdef object getitem_view(LazyTensor self, object idx):
     return t
 
 
-cdef bint any_slicing(list idx) except -1:
-    """Does a list index hold a slice, None or Ellipsis (and otherwise only
-    ints, so that it is basic indexing read as a tuple)?"""
-    cdef bint found = False
-    for item in idx:
-        if type(item) is slice or item is None or item is Ellipsis:
-            found = True
-        elif type(item) is not int:
-            return False
-    return found
+cdef object index_as_tuple(object idx):
+    """The index as eager reads it: a list shorter than 32 holding a
+    tensor, a sequence, a slice, None or ... is a tuple of its items
+    (treatSequenceAsTuple, NumPy's old rule: x[[t0, t1]] is x[t0, t1], a
+    list of ints alone is one advanced index).  Anything else as given."""
+    if type(idx) is not list or not 0 < len(<list>idx) < 32:
+        return idx
+    for item in <list>idx:
+        if (isinstance(item, TensorType) or PySequence_Check(item) or type(item) is slice
+                or item is None or item is Ellipsis):
+            return tuple(<list>idx)
+    return idx
 
 
 cdef object unsqueeze_step(int op, LazyTensor src, int d0):
