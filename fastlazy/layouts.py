@@ -177,10 +177,10 @@ class _Layouts:
 
 # aten calls whose result eager lays out as its first argument is laid out
 # (memory_format preserve: the same strides where that is dense, else dense
-# in its order)
+# in its order); _to_copy is a dtype or device cast
 _LIKE = frozenset(getattr(torch.ops.aten, name).default for name in
                   ("empty_like", "zeros_like", "ones_like", "full_like", "clone",
-                   "rand_like", "randn_like"))
+                   "rand_like", "randn_like", "_to_copy"))
 _LAYOUT_FREE = frozenset((torch.ops.aten.contiguous.default, torch.ops.aten.detach.default))
 
 
@@ -200,9 +200,11 @@ def _program_preserves_layout(index) -> bool:
     lowering = generic.lowering(index)
     calls = [n for n in lowering.gm.graph.nodes
              if n.op == "call_function" and n.target not in _LAYOUT_FREE]
+    # (a dtype cast, x.long(), is _to_copy, whose memory_format None is
+    # preserve too)
     return (len(calls) == 1 and calls[0].target in _LIKE
             and calls[0].kwargs.get("memory_format", torch.preserve_format)
-            is torch.preserve_format
+            in (torch.preserve_format, None)
             and lowering.placeholders[:1] == _sources(calls[0].args[0]))
 
 

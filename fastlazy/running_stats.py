@@ -194,32 +194,35 @@ def _ours_to_rebind(buffers, originals, name):
     return type(buffers[name]) is not LazyTensor or name in originals
 
 
-def _restore(module_ref, names, news):
+def _restore(module_ref, originals, names, news):
     """The graph computing `news` has run (or failed): copy each into its
-    buffer's original tensor and put that back, unless a later step
-    rebound the buffer again.  Where the step's graph failed before its
-    update (an index out of range in an embedding ahead of the batch norm),
-    the original goes back as it was: eager raised before the batch norm
-    ran, and the module's statistics must not stay an error that every
-    later step and read raises.  The pending tensor itself becomes a view
-    of the original, as if the buffer had been that tensor all along: a
-    reference to it taken meanwhile (load_state_dict's, copying a state
-    into it while the step's graph ran) writes the buffer."""
+    buffer's original tensor (`originals`: the module's entry in
+    _originals) and put that back, unless a later step rebound the buffer
+    again.  A module gone meanwhile still has its originals written: a
+    reference to a buffer (a state_dict, `bn.running_mean` kept by the
+    caller) sees the step's update as eager's does.  Where the step's graph
+    failed before its update (an index out of range in an embedding ahead
+    of the batch norm), the original goes back as it was: eager raised
+    before the batch norm ran, and the module's statistics must not stay an
+    error that every later step and read raises.  The pending tensor itself
+    becomes a view of the original, as if the buffer had been that tensor
+    all along: a reference to it taken meanwhile (load_state_dict's,
+    copying a state into it while the step's graph ran) writes the
+    buffer."""
     _owners.pop(id(news[0]), None)
     module = module_ref()
-    if module is None:
-        return
-    buffers = module._buffers
-    originals = _originals[module]
+    buffers = None if module is None else module._buffers
     with torch.no_grad():
         for name, new in zip(names, news):
-            if buffers.get(name) is not new:
+            if buffers is not None and buffers.get(name) is not new:
+                continue
+            original = originals.pop(name, None)
+            if original is None:
                 continue
             try:
                 value = new.to_eager()
             except Exception:     # noqa: BLE001 - raised at the failed step's own reads
                 value = None
-            original = originals.pop(name)
             if value is not None:
                 # through `.data`, whose version counter is its own: the
                 # graph's autograd saved the original (the functional batch
@@ -227,5 +230,6 @@ def _restore(module_ref, names, news):
                 # training reads none of them), and a write it saw would
                 # make the backward refuse to run
                 original.data.copy_(value)
-            buffers[name] = original
+            if buffers is not None:
+                buffers[name] = original
             _core.rebind_value(new, original.view_as(original))

@@ -228,3 +228,21 @@ def test_two_modules_sharing_their_statistics_update_them_as_eager(lazy_on):
     for g, w in zip(got[0], want[0]):
         torch.testing.assert_close(g, w)
     assert got[1:] == want[1:]
+
+
+def test_references_to_the_statistics_of_a_module_gone_before_the_read_are_updated(lazy_on):
+    """The module is freed before the step's graph runs (a function that
+    builds it and returns its output and buffers, a state_dict kept): the
+    write-back still copies the update into the buffers' tensors, which
+    eager updated in place."""
+    def step(lz):
+        bn = torch.nn.BatchNorm1d(3)
+        state = bn.state_dict()
+        y = bn(lz(torch.randn(4, 3, generator=torch.Generator().manual_seed(0))))
+        return y, state["running_mean"], state["running_var"]
+
+    want = step(lambda t: t)
+    y, mean, var = step(fastlazy.lazy)
+    torch.testing.assert_close(y.to_eager(), want[0])
+    torch.testing.assert_close(mean, want[1], rtol=0, atol=0)
+    torch.testing.assert_close(var, want[2], rtol=0, atol=0)

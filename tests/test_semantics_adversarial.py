@@ -2103,7 +2103,9 @@ def _in_place_fills_of_non_contiguous_tensors(lz):
              lambda e: torch.nn.init.uniform_(e, -1, 1)]
     out = []
     for fill in fills:
-        for make in (torch.empty_like, lambda t: t * 1, lambda t: t.clone()):
+        # (a dtype cast keeps its input's layout: a transposed long)
+        for make in (torch.empty_like, lambda t: t * 1, lambda t: t.clone(),
+                     lambda t: (t * 3).long().float(), lambda t: t.double()):
             e = make(x)
             out.append(fill(e))
     c = lz(torch.zeros(1, 2, 2, 3).contiguous(memory_format=torch.channels_last))

@@ -128,5 +128,6 @@ cdef int rebind(tuple known, dict buffers, object mean, object var, tuple found)
     # a second call of the module before the graph runs passes the pending
     # mean: known too, until the write-back forgets it
     _stats_owners[id(new_mean)] = known
-    after_run(new_mean, _partial(_stats_restore, known[0], names, (new_mean, new_var)))
+    after_run(new_mean, _partial(_stats_restore, known[0], originals, names,
+                                 (new_mean, new_var)))
     return 0
