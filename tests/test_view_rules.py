@@ -652,3 +652,12 @@ def test_views_of_a_result_eager_lays_out_transposed(program):
         return
     torch.testing.assert_close(program(fastlazy.lazy(x.clone())).to_eager(), want,
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sizes", [(2**62, 4), (2**40, 2**30, 0), (2**63 - 1, 2)])
+def test_expand_to_sizes_whose_numel_overflows_raises_eagers_error_at_the_call(sizes):
+    x = torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match="overflow") as eager_error:
+        x.reshape(-1)[:1].expand(*sizes)
+    with pytest.raises(type(eager_error.value), match="overflow"):
+        fastlazy.lazy(x).reshape(-1)[:1].expand(*sizes)

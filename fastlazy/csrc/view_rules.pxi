@@ -21,7 +21,7 @@
 from cpython.ref cimport Py_INCREF
 from cpython.sequence cimport PySequence_Check
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from libc.stdint cimport INT64_MAX
+from libc.stdint cimport INT64_MAX, UINT64_MAX
 from libc.stdlib cimport calloc
 
 # The interned lists, in C (a call looks its list up without building a
@@ -257,6 +257,21 @@ def computed_view_strides(old_size, old_stride, new_size):
     if not view_strides(len(old_size), os, ost, len(new_size), ns, nst):
         return None
     return tuple([nst[i] for i in range(len(new_size))])
+
+
+cdef bint numel_overflows(int64_t *sizes, int n) noexcept:
+    """c10's safe_compute_numel: does the product of the sizes overflow
+    (any partial product past 2**64, or the whole past INT64_MAX)?  Eager
+    then refuses the tensor ("numel: integer multiplication overflow")."""
+    cdef uint64_t prod = 1, size
+    cdef bint overflow = False
+    cdef int i
+    for i in range(n):
+        size = <uint64_t>sizes[i]
+        if size != 0 and prod > UINT64_MAX // size:
+            overflow = True
+        prod *= size
+    return overflow or prod > <uint64_t>INT64_MAX
 
 
 cdef int infer_sizes(int64_t *sizes, int n, int64_t numel) noexcept:
@@ -654,6 +669,8 @@ cdef object expand_call(object entry, int op, LazyTensor src, PyObject **args,
             sz, st = target, 0
         out.shape[i] = sz
         new_stride[i] = st
+    if numel_overflows(out.shape, n):
+        return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
     cdef int attr = intern_sizes(entries, n)
     if attr < 0:
         return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
