@@ -218,8 +218,8 @@ def _meet(span, other) -> bool:
 def _basic_index(index):
     """The index with each 0-dim integer tensor read as its int (eager's
     indexing selects with it: `x[t, 2] += 1` writes one element), if it
-    then holds ints, slices, None and Ellipsis only (a view, not a gather);
-    else None."""
+    then holds ints, slices, None and Ellipsis only (a view); else
+    _GATHER."""
     items = index if type(index) is tuple else (index,)
     if any(isinstance(i, torch.Tensor) for i in items):
         items = tuple(_as_int(i) for i in items)
@@ -229,13 +229,14 @@ def _basic_index(index):
         if t is slice:
             if not (type(i.start) in _BOUNDS and type(i.stop) in _BOUNDS
                     and type(i.step) in _BOUNDS):
-                return None
+                return _GATHER
         elif not (t is int or i is None or i is Ellipsis):
-            return None
+            return _GATHER
     return index
 
 
 _BOUNDS = (int, type(None))
+_GATHER = object()          # an index that gathers (tensors, lists, bools)
 # the dtypes of a 0-dim tensor eager's indexing reads as an int (a bool or
 # uint8 one is a mask)
 _INT_INDEX_DTYPES = frozenset((torch.int8, torch.int16, torch.int32, torch.int64))
@@ -257,7 +258,7 @@ def _indexed(target, size, stride, offset, index):
     basic index; target's own place for any other (a gather: eager's
     index_put_ reads its values apart from the written elements)."""
     index = _basic_index(index)
-    if index is None:
+    if index is _GATHER:
         return size, stride, offset
     key = (tuple(size), tuple(stride), offset, _index_key(index))
     found = _indexed_places.get(key)
