@@ -320,10 +320,10 @@ def _captured(lowering):
         refs[fx] = Value(len(calls) - 1)
     outputs = lowering.outputs
     return NodeProgram(lowering.name, calls, [refs[o] for o in outputs], fresh=False,
-                       new_output=len(outputs) == 1 and _returns_new(outputs[0]))
+                       new_output=len(outputs) == 1 and returns_new(outputs[0]))
 
 
-def _returns_new(fx):
+def returns_new(fx):
     """Is fx's value a tensor its op made (its schema's return carries no
     alias annotation), not an input or a view of one?"""
     if not isinstance(fx, torch.fx.Node) or fx.op != "call_function":

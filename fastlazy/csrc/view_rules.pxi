@@ -22,7 +22,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.sequence cimport PySequence_Check
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport INT64_MAX, UINT64_MAX
-from libc.stdlib cimport calloc
+from libc.stdlib cimport calloc, free
 
 # The interned lists, in C (a call looks its list up without building a
 # Python object): each list's entries, MAX_NDIM words apiece, its length,
@@ -526,6 +526,14 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
         out.ndim = n
         if not infer_sizes(out.shape, n, numel):
             return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
+        if not eager_could_view(src, n, out.shape):
+            # eager's layout of the root has no view of these sizes
+            if not op_flags[op] & OPF_COPIES:
+                raise RuntimeError(_NOT_VIEWABLE)
+            found = record_sized_view(reshape_copy_op, src, &out, values, n, numel, NULL, 0)
+            if found is None:
+                return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
+            return found
         if view_strides(m.ndim, size, stride, n, out.shape, new_stride):
             found = record_sized_view(op, src, &out, values, n, numel, new_stride, offset)
         elif op_flags[op] & OPF_COPIES:
@@ -578,6 +586,188 @@ cdef bint root_laid_out_contiguously(LazyTensor root) except -1:
         return True
     strides = _hooks.pending_strides(root)
     return strides is not None and is_contiguous_tuple(root.meta.ndim, root.meta.shape, strides)
+
+
+# eager's view() error where no view of the sizes exists in the layout
+_NOT_VIEWABLE = ("view size is not compatible with input tensor's size and stride (at least "
+                 "one dimension spans across two contiguous subspaces). Use .reshape(...) "
+                 "instead.")
+
+
+cdef bint eager_could_view(LazyTensor src, int n, int64_t *sizes) except -1:
+    """Could eager view root src at these sizes, in the layout eager gives
+    it?  A root is placed contiguously (its views' places are in that
+    layout), but eager lays out an elementwise op of a transposed tensor,
+    or a generic call's result, as its operands are: where that layout is
+    known and has no view of the sizes, eager's view() raises and its
+    reshape() copies.  True for a view (its place is its layout), and
+    where the layout is contiguous or not known."""
+    cdef int64_t eager_stride[MAX_NDIM]
+    cdef int64_t new_stride[MAX_NDIM]
+    cdef int i
+    strides = eager_layout(src)
+    if strides is None:
+        return True
+    for i in range(src.meta.ndim):
+        eager_stride[i] = strides[i]
+    return view_strides(src.meta.ndim, src.meta.shape, eager_stride, n, sizes, new_stride)
+
+
+cdef object eager_layout(LazyTensor src):
+    """The strides eager gives root src, where they are not contiguous and
+    are known: a value held so (a result read earlier); a pending result
+    of an op that lays it out as its operands are (elementwise ops,
+    convolution, pooling, batch norm, cat) with an operand laid out
+    otherwise (a transposed view, a channels-last value); a generic call's
+    result that its real runs laid out otherwise (a linalg result is
+    column-major).  fastlazy.layouts works the strides out.  Else None
+    (attention's result, laid out as its query is, is taken as
+    contiguous)."""
+    if type(src.family) is Member:
+        return None
+    if src.value is not None:
+        value = src.value
+        return None if value.is_contiguous() else tuple(value.stride())
+    if src.seg is None or one_dim_or_less(&src.meta):
+        return None
+    cdef Segment seg = <Segment>src.seg
+    cdef int op = seg.nodes[src.idx].op
+    if not (op == GENERIC_OP or 0 <= op < n_ops and follows_operands(op_rule[op])):
+        return None
+    cdef int8_t *known = <int8_t*>calloc(seg.n, sizeof(int8_t))
+    if known == NULL:
+        raise MemoryError()
+    try:
+        if laid_out_contiguously(seg, src.idx, known, LAYOUT_DEPTH):
+            return None
+    finally:
+        free(known)
+    strides = _hooks.pending_strides(src)
+    if strides is None or is_contiguous_tuple(src.meta.ndim, src.meta.shape, strides):
+        return None
+    return strides
+
+
+# fastlazy.layouts.generic_keeps_contiguous, set at boot, and its answers by
+# node attr (a generic program and which of its outputs: a few per model)
+cdef object _generic_keeps_contiguous = None
+cdef dict _generic_contiguous = {}
+
+
+def set_generic_layouts(keeps_contiguous):
+    """Hand fastlazy.layouts.generic_keeps_contiguous(attr) to the core
+    (once, at boot): is the result a generic node of this attr computes,
+    of contiguous operands, a new contiguous tensor?"""
+    global _generic_keeps_contiguous
+    _generic_keeps_contiguous = keeps_contiguous
+    _generic_contiguous.clear()
+
+
+cdef bint generic_keeps_contiguous(int32_t attr) except -1:
+    """_generic_keeps_contiguous's answer for a node attr, asked once."""
+    found = _generic_contiguous.get(attr)
+    if found is None:
+        found = _generic_keeps_contiguous is not None and bool(_generic_keeps_contiguous(attr))
+        if len(_generic_contiguous) >= 65536:
+            _generic_contiguous.clear()
+        _generic_contiguous[attr] = found
+    return found is True
+
+
+cdef enum:
+    LAYOUT_DEPTH = 64       # producers followed before the layouts module is asked
+    LAYOUT_UNKNOWN = 0, LAYOUT_CONTIGUOUS = 1, LAYOUT_OTHER = 2
+
+
+cdef bint follows_operands(int rule) noexcept:
+    """Does eager lay out a result of this rule as its operands are laid
+    out: TensorIterator's ops, and the ops that take their input's memory
+    format?"""
+    return elementwise_rule(rule) or rule in (R_CONV2D, R_MAX_POOL2D, R_ADAPTIVE_AVG_POOL2D,
+                                              R_BATCH_NORM, R_CAT)
+
+
+cdef bint keeps_contiguous(int rule) noexcept:
+    """Is a view of this rule of a contiguous tensor contiguous (view,
+    reshape, unsqueeze, squeeze, flatten, unflatten)?"""
+    return rule in (R_VIEW, R_UNSQUEEZE, R_SQUEEZE, R_FLATTEN, R_UNFLATTEN)
+
+
+cdef bint one_dim_or_less(Meta *m) noexcept:
+    """At most one dim of more than one element (or none at all): every
+    layout of such a tensor is contiguous."""
+    cdef int i, big = 0
+    for i in range(m.ndim):
+        if m.shape[i] == 0:
+            return True
+        if m.shape[i] > 1:
+            big += 1
+    return big <= 1
+
+
+cdef bint operands_laid_out_contiguously(Segment seg, Node *nd, int8_t *known,
+                                         int depth) except -1:
+    """Is every tensor operand of node nd laid out contiguously in eager
+    (laid_out_contiguously)?"""
+    cdef int j
+    cdef int32_t r
+    for j in range(nd.nin):
+        r = nd.inputs[j]
+        if r < 0:
+            value = seg.inputs[~r]
+            if isinstance(value, TensorType) and not value.is_contiguous():
+                return False
+        elif not laid_out_contiguously(seg, r, known, depth):
+            return False
+    return True
+
+
+cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
+                                int depth) except -1:
+    """Does eager lay node `index`'s result out contiguously, by its
+    producers alone?  Results contiguous whatever their operands (matmuls,
+    normalizations...); a live view placed contiguously in a root so laid
+    out; an op that follows its operands' layout (follows_operands), or a
+    generic call that keeps contiguous operands' results contiguous
+    (generic_keeps_contiguous), of operands all so laid out.  False where that does not
+    show it (fastlazy.layouts may still work it out).  `known` caches each
+    node's answer (the graph is a DAG: a residual block reaches its input
+    twice)."""
+    if known[index] != LAYOUT_UNKNOWN:
+        return known[index] == LAYOUT_CONTIGUOUS
+    cdef Node *nd = &seg.nodes[index]
+    cdef bint found
+    cdef Member view
+    if contiguous_result_node(nd.op):
+        found = True
+    elif depth == 0:
+        found = False
+    elif nd.owner != NULL and type((<LazyTensor>nd.owner).family) is Member:
+        view = <Member>(<LazyTensor>nd.owner).family
+        found = is_contiguous(view.ndim, view.size_, view.stride_) \
+            and root_contiguous(seg, <LazyTensor>view.root, known, depth - 1)
+    elif nd.op == GENERIC_OP:
+        found = generic_keeps_contiguous(nd.attr) \
+            and operands_laid_out_contiguously(seg, nd, known, depth - 1)
+    elif 0 <= nd.op < n_ops and (follows_operands(op_rule[nd.op])
+                                 or keeps_contiguous(op_rule[nd.op])):
+        # (a view no tensor holds any more, of a rule that keeps a
+        # contiguous input contiguous: its input decides)
+        found = operands_laid_out_contiguously(seg, nd, known, depth - 1)
+    else:
+        found = False
+    known[index] = LAYOUT_CONTIGUOUS if found else LAYOUT_OTHER
+    return found
+
+
+cdef bint root_contiguous(Segment seg, LazyTensor root, int8_t *known, int depth) except -1:
+    """Is a view's root laid out contiguously in eager: its value, or its
+    node in this segment?"""
+    if root.value is not None:
+        return root.value.is_contiguous()
+    if root.seg is not seg:
+        return False
+    return laid_out_contiguously(seg, root.idx, known, depth)
 
 
 cdef bint is_contiguous_tuple(int ndim, int64_t *size, tuple strides) except -1:
@@ -729,6 +919,14 @@ cdef object flatten_call(object entry, int op, PyObject **args, Py_ssize_t nargs
             out.shape[start] *= size[i]
         else:
             out.shape[i - (end - start)] = size[i]
+    if not eager_could_view(src, out.ndim, out.shape):
+        # eager's layout of the root has no such view: flatten copies, as
+        # reshape does
+        found = record_sized_view(reshape_copy_op, src, &out, out.shape, out.ndim,
+                                  numel_of(&src.meta), NULL, 0)
+        if found is None:
+            return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
+        return found
     if not view_strides(nd, size, stride, out.ndim, out.shape, new_stride):
         return not_taken(entry, args, nargs, kwnames, form, "dims it cannot view")
     return record_view(op, src, &out, start | end << ATTR_DIM_BITS, new_stride, offset)
