@@ -160,6 +160,52 @@ NUMBER_FACTORIES = ("arange", "range", "linspace", "logspace", "full", "zeros", 
                     "tril_indices", "triu_indices")
 
 
+# functions that take tensors and numbers, whose numbers eager also takes as
+# 0-dim tensors (reading their values): name -> the positions and keywords
+# of those numbers.  torch's parser refuses a LazyTensor there before
+# __torch_function__ could see it ("must be Number, not LazyTensor").
+NUMBER_ARGUMENTS = {
+    (torch, "histc"): ((1, 2, 3), ("bins", "min", "max")),
+    (torch, "full_like"): ((1,), ("fill_value",)),
+    (torch, "nan_to_num"): ((1, 2, 3), ("nan", "posinf", "neginf")),
+    (torch, "diag"): ((1,), ("diagonal",)),
+    (torch, "round"): ((), ("decimals",)),
+    (torch, "logit"): ((1,), ("eps",)),
+    (torch, "combinations"): ((1,), ("r",)),
+    (torch, "mvlgamma"): ((1,), ("p",)),
+    (torch, "polygamma"): ((0,), ("n",)),
+    (torch, "dist"): ((2,), ("p",)),
+    (torch, "threshold"): ((1, 2), ("threshold", "value")),
+    (torch.nn.functional, "one_hot"): ((1,), ("num_classes",)),
+    (torch.nn.functional, "threshold"): ((1, 2), ("threshold", "value")),
+    (torch.nn.functional, "celu"): ((1,), ("alpha",)),
+    (torch.nn.functional, "pdist"): ((1,), ("p",)),
+    (torch.nn.functional, "huber_loss"): ((3,), ("delta",)),
+    (torch.nn.functional, "smooth_l1_loss"): ((5,), ("beta",)),
+    (torch.nn.functional, "margin_ranking_loss"): ((3,), ("margin",)),
+    (torch.nn.functional, "triplet_margin_loss"): ((3, 4, 5), ("margin", "p", "eps")),
+}
+
+
+def _number_arguments_read(positions, keywords):
+    def make(original):
+        def read(*args, **kwargs):
+            """A function whose number arguments eager also takes as 0-dim
+            tensors (torch.histc(x, min=x.min()), F.one_hot(y, y.max() + 1)),
+            reading them: a 0-dim LazyTensor there is read too, a graph
+            computed as eager reads the value on the host.  Its tensor
+            arguments stay as they are."""
+            if any(p < len(args) and _lazy_number(args[p]) for p in positions) \
+                    or any(_lazy_number(kwargs.get(k)) for k in keywords):
+                args = tuple(a.item() if p in positions and _lazy_number(a) else a
+                             for p, a in enumerate(args))
+                kwargs = {k: v.item() if k in keywords and _lazy_number(v) else v
+                          for k, v in kwargs.items()}
+            return original(*args, **kwargs)
+        return _core.lazy_arguments_first(original, read)
+    return make
+
+
 def wrappers():
     """(owner, attribute, make_wrapper) for every wrapper enable() installs;
     make_wrapper takes the attribute's current value."""
@@ -173,3 +219,5 @@ def wrappers():
     yield torch.nn.Module, "to", _module_to
     for name in NUMBER_FACTORIES:
         yield torch, name, _numbers_read
+    for (owner, name), (positions, keywords) in NUMBER_ARGUMENTS.items():
+        yield owner, name, _number_arguments_read(positions, keywords)

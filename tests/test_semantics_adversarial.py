@@ -911,6 +911,24 @@ def test_0_dim_tensor_indices(f):
     same_as_eager(f)
 
 
+# -- numbers given as 0-dim tensors ---------------------------------------------
+
+def fn_numbers_given_as_0_dim_tensors(lz):
+    # eager reads a 0-dim tensor where a function takes a number
+    x = lz(torch.randn(10, generator=torch.Generator().manual_seed(0)))
+    y = lz(torch.tensor([0, 2, 1]))
+    t = lz(torch.tensor(0.5))
+    return (torch.histc(x, 4, min=x.min(), max=x.max()), F.one_hot(y, y.max() + 1),
+            torch.full_like(x, x.mean()), torch.nan_to_num(x.log(), nan=x.mean()),
+            F.threshold(x, t, t * 2), F.huber_loss(x, x * 2, "mean", t),
+            torch.round(x, decimals=y.max()), torch.combinations(y, y.max()))
+
+
+@cases(fn_numbers_given_as_0_dim_tensors)
+def test_numbers(f):
+    same_as_eager(f)
+
+
 # -- requires_grad_ after ops were recorded on the tensor ----------------------
 
 def fn_requires_grad_after_an_op(lz):
