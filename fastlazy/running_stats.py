@@ -16,10 +16,10 @@ module holds the very tensors it held before.
 
 Not taken (the call runs eagerly, as before): running statistics that are
 not both buffers of one module found among the calling frames (at this
-call, or at an earlier one while it still holds them), CUDA (where eager
-runs cuDNN's kernel), mixed dtypes other than eager's CPU mix (a bfloat16 or
-float16 input, every other tensor float32: a convolution's output under
-autocast).  A reference to a buffer taken before the step sees the update
+call, or at an earlier one while it still holds them), a call under
+inference_mode, CUDA (where eager runs cuDNN's kernel), mixed dtypes
+other than eager's CPU mix (a bfloat16 or float16 input, every other
+tensor float32: a convolution's output under autocast).  A reference to a buffer taken before the step sees the update
 once the step's graph has run, not before.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from fastlazy import _core, generic
 from fastlazy._core import LazyTensor
+from fastlazy.capture import Unsafe
 
 NOT_HANDLED = object()
 _FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
@@ -77,6 +78,12 @@ def record(func, args, kwargs):
             or x.device.type != "cpu" or type(momentum) not in (float, int)
             or type(eps) not in (float, int)):
         return NOT_HANDLED
+    if torch.is_inference_mode_enabled() and isinstance(mean, torch.Tensor) \
+            and not mean.is_inference():
+        # pending statistics would be inference tensors, which the next
+        # training step could not save for backward; eager writes the
+        # buffers, which stay normal tensors: the call runs eagerly
+        raise Unsafe("updates running statistics under inference_mode")
     # the statistics and affine parameters all in x's dtype, or all float32
     # beside a reduced-precision x (autocast's convolution output: eager's
     # CPU kernel takes that mix, and so does the functional one)

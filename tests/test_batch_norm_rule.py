@@ -246,3 +246,21 @@ def test_references_to_the_statistics_of_a_module_gone_before_the_read_are_updat
     torch.testing.assert_close(y.to_eager(), want[0])
     torch.testing.assert_close(mean, want[1], rtol=0, atol=0)
     torch.testing.assert_close(var, want[2], rtol=0, atol=0)
+
+
+def test_a_training_module_called_under_inference_mode_then_trained(lazy_on):
+    """A validation batch run under inference_mode without eval(): eager
+    writes the buffers, which stay normal tensors that the next training
+    step saves for backward (pending statistics would be inference
+    tensors, which it could not)."""
+    def run(lz):
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm1d(3)
+        x = lz(torch.randn(4, 3, generator=torch.Generator().manual_seed(1)))
+        with torch.inference_mode():
+            bn(x)
+        bn(x).sum().backward()
+        return bn.weight.grad, bn.running_mean, bn.running_var
+
+    for got, want in zip(run(fastlazy.lazy), run(lambda t: t)):
+        torch.testing.assert_close(got.to_eager() if hasattr(got, "to_eager") else got, want)
