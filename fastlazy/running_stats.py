@@ -205,9 +205,12 @@ def _restore(module_ref, originals, names, news):
     """The graph computing `news` has run (or failed): copy each into its
     buffer's original tensor (`originals`: the module's entry in
     _originals) and put that back, unless a later step rebound the buffer
-    again.  A module gone meanwhile still has its originals written: a
-    reference to a buffer (a state_dict, `bn.running_mean` kept by the
-    caller) sees the step's update as eager's does.  Where the step's graph
+    to its own pending statistics.  A module gone meanwhile, or one whose
+    buffer was set to another tensor meanwhile (torch.func.functional_call
+    puts the module's own buffers back after the call), still has its
+    originals written: a reference to a buffer (a state_dict,
+    `bn.running_mean` kept by the caller, functional_call's dict) sees the
+    step's update as eager's does.  Where the step's graph
     failed before its update (an index out of range in an embedding ahead
     of the batch norm), the original goes back as it was: eager raised
     before the batch norm ran, and the module's statistics must not stay an
@@ -221,8 +224,9 @@ def _restore(module_ref, originals, names, news):
     buffers = None if module is None else module._buffers
     with torch.no_grad():
         for name, new in zip(names, news):
-            if buffers is not None and buffers.get(name) is not new:
-                continue
+            held = None if buffers is None else buffers.get(name)
+            if held is not None and held is not new and type(held) is LazyTensor:
+                continue            # a later step's pending statistics: its write-back
             original = originals.pop(name, None)
             if original is None:
                 continue
@@ -237,6 +241,6 @@ def _restore(module_ref, originals, names, news):
                 # training reads none of them), and a write it saw would
                 # make the backward refuse to run
                 original.data.copy_(value)
-            if buffers is not None:
+            if held is new:
                 buffers[name] = original
             _core.rebind_value(new, original.view_as(original))

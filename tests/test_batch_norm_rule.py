@@ -264,3 +264,23 @@ def test_a_training_module_called_under_inference_mode_then_trained(lazy_on):
 
     for got, want in zip(run(fastlazy.lazy), run(lambda t: t)):
         torch.testing.assert_close(got.to_eager() if hasattr(got, "to_eager") else got, want)
+
+
+def test_functional_call_with_buffers_updates_the_tensors_given(lazy_on):
+    """torch.func.functional_call swaps the given buffers in for the call and
+    puts the module's own back after it: eager's batch norm wrote the given
+    tensors in place, and so does the step's write-back."""
+    from torch.func import functional_call
+
+    def run(lz):
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm1d(3)
+        buffers = {name: b.clone() for name, b in bn.named_buffers()}
+        mean, var = buffers["running_mean"], buffers["running_var"]
+        x = lz(torch.randn(4, 3, generator=torch.Generator().manual_seed(1)))
+        y = functional_call(bn, buffers, (x,))
+        y = y.to_eager() if hasattr(y, "to_eager") else y
+        return y, mean, var, bn.running_mean
+
+    for got, want in zip(run(fastlazy.lazy), run(lambda t: t)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
