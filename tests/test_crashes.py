@@ -78,8 +78,8 @@ def test_the_legacy_tensor_constructor_takes_a_lazy_tensor():
 # torch's argument parser reads the at::Tensor of any object isinstance()
 # calls a tensor where a signature lets a 0-dim tensor stand for a number:
 # remainder's (Scalar self, Tensor other) overload is tried before (Tensor,
-# Scalar), threshold's value, histc's bins (torch's factories read theirs:
-# fastlazy/conversions.py).
+# Scalar), renorm's maxnorm (torch's factories, threshold's value, histc's
+# bins and the others of conversions.NUMBER_ARGUMENTS read theirs).
 NUMBER_PARAMETERS = textwrap.dedent("""
     import torch, fastlazy
     fastlazy.enable()
@@ -97,11 +97,14 @@ NUMBER_PARAMETERS = textwrap.dedent("""
                       (torch.full((2,), ls), torch.full((2,), s)),
                       (torch.arange(li.sum()), torch.arange(i.sum())),
                       (torch.zeros((li.sum(), 2)), torch.zeros((i.sum(), 2))),
-                      (torch.tril_indices(li.sum(), 2), torch.tril_indices(i.sum(), 2))]:
+                      (torch.tril_indices(li.sum(), 2), torch.tril_indices(i.sum(), 2)),
+                      # and so do the functions of conversions.NUMBER_ARGUMENTS
+                      (torch.threshold(lx, 0.0, ls), torch.threshold(x, 0.0, s)),
+                      (torch.histc(x, bins=li.sum()), torch.histc(x, bins=i.sum()))]:
         got = got.to_eager() if type(got) is fastlazy.LazyTensor else got
         torch.testing.assert_close(got, want, equal_nan=True)
-    # a LazyTensor given for a number: torch's own TypeError, not a crash
-    for call in (lambda: torch.threshold(lx, 0.0, ls), lambda: torch.histc(x, bins=li.sum())):
+    # a LazyTensor given for a number elsewhere: torch's own TypeError, not a crash
+    for call in (lambda: torch.renorm(x[None], 2, 0, maxnorm=ls),):
         try:
             call()
         except TypeError as exc:
