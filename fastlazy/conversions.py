@@ -102,8 +102,7 @@ def _tensor_new(original):
     return staticmethod(__new__)
 
 
-def _is_lazy(device):
-    return type(device) is str and device == "lazy"
+_is_lazy = _core.is_lazy_device
 
 
 def _module_to(original):

@@ -35,8 +35,9 @@ def _refuse(*args, **kwargs):
     raise RuntimeError(
         "torch cannot allocate a tensor on the device 'lazy' (torch._lazy's device, "
         "which fastlazy does not use). With fastlazy a LazyTensor is made from an "
-        "existing tensor: t.to('lazy') with the string 'lazy', or fastlazy.lazy(t); "
-        "make the tensor on its real device first (torch.rand(...).to('lazy')). A "
+        "existing tensor: t.to('lazy') (or 'lazy:0', torch.device('lazy')), or "
+        "fastlazy.lazy(t); make the tensor on its real device first "
+        "(torch.rand(...).to('lazy')). A "
         "LazyTensor's device is where its value will live (cpu or cuda).")
 
 

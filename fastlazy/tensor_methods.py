@@ -107,9 +107,8 @@ def lazy_to(self, args, kwargs):
     return self.to_eager().to(*args, **kwargs)
 
 
-def _is_lazy_device(x):
-    # (a tensor argument compared with == would be an op of its own)
-    return type(x) is str and x == "lazy"
+# (a tensor argument is never taken for one: == would be an op of its own)
+_is_lazy_device = _core.is_lazy_device
 
 
 def _target_device(args, kwargs):

@@ -371,3 +371,21 @@ def test_any_inplace_method_on_an_eager_input_computes_pending_nodes_first():
     b.view(-1)[0:1].logical_not_()          # not an op-table row, still patched
     b[1] = False                            # __setitem__ too
     assert torch.equal(r.to_eager(), torch.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: x.to("lazy", torch.float64), lambda x: x.to("lazy", non_blocking=True),
+    lambda x: x.to(torch.device("lazy")), lambda x: x.to("lazy:0"),
+    lambda x: x.to(device=torch.device("lazy", 0), dtype=torch.float16),
+    lambda x: x.to(device="lazy", copy=True)])
+def test_to_the_lazy_device_as_torch_xla_style_code_names_it(call):
+    """'lazy:0', torch.device('lazy') and the other arguments of .to() (a
+    dtype, non_blocking, copy) with the lazy device: a LazyTensor of the
+    tensor converted as the rest of the call asks."""
+    x = torch.rand(3, 4)
+    got = call(x)
+    assert type(got) is fastlazy.LazyTensor
+    want = call(x).to_eager()
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.to_eager(), x.to(want.dtype), rtol=0, atol=0)
+    assert got.to(torch.device("lazy")) is got and got.to("lazy:0") is got

@@ -318,10 +318,29 @@ def make_to_entry(orig):
     return _tensor_to
 
 
+def is_lazy_device(device):
+    """Does `device` name the lazy device, as torch_xla- and
+    torch._lazy-style code names it: "lazy", "lazy:0", torch.device("lazy")?"""
+    kind = type(device)
+    if kind is str:
+        return device == "lazy" or (<str>device).startswith("lazy:")
+    return kind is _torch_device and device.type == "lazy"
+
+
+cdef object _torch_device = torch.device
+
+
 def _tensor_to(self, *args, **kwargs):
-    if (len(args) == 1 and type(args[0]) is str and args[0] == "lazy" and not kwargs
-            or not args and len(kwargs) == 1 and kwargs.get("device") == "lazy"):
-        return lazy(self)
+    """Tensor.to, where a lazy device makes a LazyTensor of the tensor --
+    converted first as the call's other arguments ask (`x.to("lazy",
+    torch.float16)`, `x.to(device, non_blocking=True)`)."""
+    if args:
+        if is_lazy_device(args[0]):
+            rest = args[1:]
+            return lazy(_orig_to(self, *rest, **kwargs) if rest or kwargs else self)
+    elif kwargs and is_lazy_device(kwargs.get("device")):
+        del kwargs["device"]
+        return lazy(_orig_to(self, **kwargs) if kwargs else self)
     if kwargs:
         return _orig_to(self, *args, **kwargs)
     return _orig_to(self, *args)
