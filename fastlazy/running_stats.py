@@ -19,8 +19,9 @@ not both buffers of one module found among the calling frames (at this
 call, or at an earlier one while it still holds them), a call under
 inference_mode, CUDA (where eager runs cuDNN's kernel), mixed dtypes
 other than eager's CPU mix (a bfloat16 or float16 input, every other
-tensor float32: a convolution's output under autocast).  A reference to a buffer taken before the step sees the update
-once the step's graph has run, not before.
+tensor float32: a convolution's output under autocast).  A reference to a
+buffer taken before the step sees the update once the step's graph has
+run, not before.
 """
 from __future__ import annotations
 
