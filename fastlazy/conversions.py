@@ -196,10 +196,8 @@ def _number_arguments_read(positions, keywords):
             arguments stay as they are."""
             if any(p < len(args) and _lazy_number(args[p]) for p in positions) \
                     or any(_lazy_number(kwargs.get(k)) for k in keywords):
-                args = tuple(a.item() if p in positions and _lazy_number(a) else a
-                             for p, a in enumerate(args))
-                kwargs = {k: v.item() if k in keywords and _lazy_number(v) else v
-                          for k, v in kwargs.items()}
+                args = tuple(_read(a) if p in positions else a for p, a in enumerate(args))
+                kwargs = {k: _read(v) if k in keywords else v for k, v in kwargs.items()}
             return original(*args, **kwargs)
         return _core.lazy_arguments_first(original, read)
     return make

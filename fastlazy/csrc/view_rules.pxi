@@ -526,19 +526,16 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
         out.ndim = n
         if not infer_sizes(out.shape, n, numel):
             return not_taken(entry, args, nargs, kwnames, form, "sizes eager refuses")
-        if not eager_could_view(src, n, out.shape):
-            # eager's layout of the root has no view of these sizes
-            if not op_flags[op] & OPF_COPIES:
-                raise RuntimeError(_NOT_VIEWABLE)
-            found = record_sized_view(reshape_copy_op, src, &out, values, n, numel, NULL, 0)
-            if found is None:
-                return not_taken(entry, args, nargs, kwnames, form, "interned size lists full")
-            return found
-        if view_strides(m.ndim, size, stride, n, out.shape, new_stride):
+        # (eager's layout of a root may have no view of the sizes where its
+        # contiguous placement has one)
+        eager_views = eager_could_view(src, n, out.shape)
+        if eager_views and view_strides(m.ndim, size, stride, n, out.shape, new_stride):
             found = record_sized_view(op, src, &out, values, n, numel, new_stride, offset)
         elif op_flags[op] & OPF_COPIES:
             # as eager's reshape: a contiguous copy, a new tensor
             found = record_sized_view(reshape_copy_op, src, &out, values, n, numel, NULL, 0)
+        elif not eager_views:
+            raise RuntimeError(_NOT_VIEWABLE)
         else:
             return not_taken(entry, args, nargs, kwnames, form, "sizes it cannot view")
         if found is None:
