@@ -188,23 +188,23 @@ def generic_keeps_contiguous(attr) -> bool:
     """Is the result of the generic node of this attr, where its operands
     are contiguous, a new contiguous tensor: no view of an input (its aten
     op's schema returns no alias), and contiguous in every real run of its
-    signatures on contiguous operands (a linalg result is column-major)?
-    The core asks once per attr (csrc/view_rules.pxi): a view of a pending
-    result decides by its eager layout."""
+    signatures on contiguous operands (a linalg result is column-major),
+    where there were such runs (without, it is taken as contiguous, as a
+    layout not known is elsewhere)?  The core asks once per attr
+    (csrc/view_rules.pxi): a view of a pending result decides by its eager
+    layout."""
     lowering = generic.lowering(attr & ((1 << _core.ATTR_GENERIC_OUT_SHIFT) - 1))
     index = attr >> _core.ATTR_GENERIC_OUT_SHIFT & 255
     if index >= len(lowering.outputs) or not node_program.returns_new(lowering.outputs[index]):
         return False
-    seen = False
     for known in lowering.result_strides.get(index, {}).values():
         for operands, strides in known.items():
-            if all(o is None or views.contiguous(*o) for o in operands):
-                seen = True
-                # a dense result laid out otherwise has a stride smaller
-                # than the next one's
-                if any(a < b for a, b in zip(strides, strides[1:])):
-                    return False
-    return seen
+            # a dense result laid out otherwise has a stride smaller than
+            # the next one's
+            if all(o is None or views.contiguous(*o) for o in operands) \
+                    and any(a < b for a, b in zip(strides, strides[1:])):
+                return False
+    return True
 
 
 def _preserves_layout(attr) -> bool:
