@@ -23,6 +23,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 
 import torch
 
@@ -153,15 +154,24 @@ def idle(timeout: float | None = None) -> bool:
     """Wait until every submitted compile, and every job run beside, has
     finished (tiering.wait: tests and benchmarks); False if `timeout`
     passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     done = submit(lambda: None)
     # the caller blocks meanwhile: nothing to leave the core and GIL for
     with unthrottled():
         try:
             done.result(timeout)
-            concurrent.futures.wait(list(_beside), timeout)
         except concurrent.futures.TimeoutError:
             return False
-    return not _beside
+        # a finished job leaves _beside in its done-callback, which runs
+        # after the waiters are woken: judge by the futures' state, not by
+        # the set's emptiness; and a job may queue another beside it
+        while True:
+            pending = [f for f in list(_beside) if not f.done()]
+            if not pending:
+                return True
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if concurrent.futures.wait(pending, left).not_done:
+                return False
 
 
 _waiting = 0                    # threads inside unthrottled()
