@@ -1805,6 +1805,44 @@ def test_a_saved_intermediate_written_in_place_raises_as_in_eager(f):
     same_as_eager(f)
 
 
+# an in-place activation that saves its result for backward (relu_, elu_,
+# selu_, leaky_relu_ ...), then a write to that result: eager's backward
+# raises, and a functional replay (the activation on a copy) would give a
+# gradient eager never computes; written in each form a program takes
+_SAVING_RESULT = {
+    "Tensor.relu_": lambda t: t.relu_(),
+    "torch.relu_": torch.relu_,
+    "F.relu": lambda t: F.relu(t, inplace=True),
+    "F.elu_": F.elu_,
+    "F.elu": lambda t: F.elu(t, inplace=True),
+    "torch.selu_": torch.selu_,
+    "F.celu_": F.celu_,
+    "F.leaky_relu_": lambda t: F.leaky_relu_(t, 0.2),
+    "F.leaky_relu": lambda t: F.leaky_relu(t, 0.2, True),
+    "F.threshold_": lambda t: F.threshold_(t, 0.1, 20.0),
+    "torch.sigmoid_": torch.sigmoid_,
+}
+_THEN = {
+    "mul_": lambda z: z.mul_(3),
+    "add_then_read": lambda z: z.add_(1) * z,
+    "another_activation": F.elu_,
+    "read": lambda z: z * 3,
+}
+
+
+@pytest.mark.parametrize("then", _THEN)
+@pytest.mark.parametrize("activation", _SAVING_RESULT)
+def test_a_result_saved_by_an_in_place_activation_written_again(activation, then):
+    def f(lz):
+        torch.manual_seed(0)
+        w = torch.randn(8, requires_grad=True)
+        y = lz(w) * 2 + 0.1
+        r = _THEN[then](_SAVING_RESULT[activation](y))
+        (r * y).sum().backward()
+        return w.grad
+    same_as_eager(f)
+
+
 # -- a Python number meeting a half or bfloat16 intermediate ----------------
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

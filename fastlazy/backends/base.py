@@ -78,12 +78,12 @@ def as_written(view):
     by_index = {node.index: node for node in view.nodes}
     last_read = _last_reads(view)
     runs = collections.Counter(run_key(node) for node in view.nodes)
-    written = []
+    written = set()
     for node in view.nodes:
-        producer = _written_into(node, by_index) if node.written else None
+        producer = _written_into(node, by_index, written) if node.written else None
         if (producer is not None and last_read[producer.index] == node.index
                 and runs[run_key(producer)] == 1):
-            written.append(node.index)
+            written.add(node.index)
     return frozenset(written)
 
 
@@ -97,6 +97,9 @@ def written_form(node, written):
         return node.program, False
     if _inplace_call(node) is not None:
         return node.program, True
+    called = _as_called(node.program)
+    if called is not None:
+        return called, False
     return _copied_back(node.program), False
 
 
@@ -118,18 +121,111 @@ def exact_scalars(node, program, inplace, written, is_number):
     return (_copied_back(program) if node.index in written else program), False
 
 
+# aten activations whose `<name>_` variant eager's in-place call runs
+# (torch.selu_, F.elu_, F.leaky_relu(x, inplace=True) ...), the same
+# arguments computing into the first: some save their result for backward
+# where the functional form saves its input, so only the in-place call
+# makes a later write to that result raise eager's error at backward
+ACTIVATION_VARIANTS = frozenset({
+    "elu", "selu", "celu", "leaky_relu", "hardtanh", "silu", "hardswish", "hardsigmoid",
+    "mish", "threshold",
+})
+
+_as_called_programs: dict = {}      # NodeProgram -> its in-place form, or None
+
+
+def _as_called(program):
+    """The program of a written node as the user's in-place call ran it in
+    eager, writing the node's first input, or None where it has none:
+
+    - an activation's one call (ACTIVATION_VARIANTS), as its `<name>_`;
+    - a captured in-place call (torch.relu_, F.elu_ recorded through
+      mutation.py): clone the input, write the clone in place, and alias
+      ops no output reads, as the write of the input itself.
+
+    The clone-and-copy-back form (_copied_back) computes the values, but
+    autograd then sees the write as a copy: the saved result of an
+    in-place activation is the clone, so a later write to the result
+    never made backward raise eager's error."""
+    made = _as_called_programs.get(program, False)
+    if made is False:
+        made = _in_place_program(program)
+        if len(_as_called_programs) >= _MAX_COPIED_BACK:
+            _as_called_programs.clear()
+        _as_called_programs[program] = made
+    return made
+
+
+def _in_place_program(program):
+    calls = program.calls
+    if len(calls) == 1 and program.outputs == (Value(0),):
+        call = calls[0]
+        if call.name not in ACTIVATION_VARIANTS or call.args[:1] != _FIRST_INPUT:
+            return None
+        if call.overload is None:
+            overload = None
+        else:
+            packet = getattr(torch.ops.aten, call.name + "_", None)
+            overload = getattr(packet, call.overload._overloadname, None)
+            if overload is None:
+                return None
+        return NodeProgram(call.name + "_", (AtenCall(call.name + "_", overload, call.args,
+                                                      call.kwargs, call.optional),),
+                           (Value(0),), fresh=False, new_output=False)
+    if (len(calls) < 2 or program.outputs != (Value(1),) or calls[0].overload is not _CLONE
+            or calls[0].args != _FIRST_INPUT or calls[0].kwargs
+            or not _writes_first_argument(calls[1]) or calls[1].args[:1] != (Value(0),)
+            or any(c.overload not in _ALIASES for c in calls[2:])):
+        return None
+    write = calls[1]
+    if _reads_a_value((write.args[1:], tuple(v for _, v in write.kwargs))):
+        return None
+    return NodeProgram(program.name, (AtenCall(write.name, write.overload,
+                                               _FIRST_INPUT + write.args[1:], write.kwargs,
+                                               write.optional),),
+                       (Value(0),), fresh=False, new_output=False)
+
+
+def _reads_a_value(template):
+    """Does the argument read a value an earlier call of the program made?"""
+    if isinstance(template, Value):
+        return True
+    if isinstance(template, Sizes):
+        return _reads_a_value(template.of)
+    if isinstance(template, (list, tuple)):
+        return any(_reads_a_value(t) for t in template)
+    return False
+
+
+_CLONE = torch.ops.aten.clone.default
+_ALIASES = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
+
+
+def _writes_first_argument(call):
+    """Is call an aten overload that writes its first argument and
+    returns it (an in-place op: `relu_`, `add_.Tensor`)?"""
+    overload = call.overload
+    if not isinstance(overload, torch._ops.OpOverload):
+        return False
+    schema = overload._schema
+    if not schema.arguments or len(schema.returns) != 1:
+        return False
+    written, returned = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    return (written is not None and written.is_write and returned is not None
+            and returned.before_set == written.before_set)
+
+
 _copied_back_programs: dict = {}     # NodeProgram -> its copied-back form
 _MAX_COPIED_BACK = 4096
 
 
 def _copied_back(program):
     """The program computed from a clone of its first input, its result
-    then copied into that input.  From the clone: a call that saves its
-    input for backward (silu, hardswish, elu ... whose F.<act>(x,
-    inplace=True) has no one-call in-place form here) must not see it
-    overwritten by the copy, as eager's in-place kernel saves the
-    original; the copy still bumps the input's version, so a tensor saved
-    by an earlier call raises eager's error at backward."""
+    then copied into that input: the written form of a program with no
+    in-place form (_as_called), such as a decomposed call.  From the clone:
+    a call that saves its input for backward must not see it overwritten
+    by the copy; the copy still bumps the input's version, so a tensor
+    saved by an earlier call raises eager's error at backward."""
     made = _copied_back_programs.get(program)
     if made is None:
         if len(_copied_back_programs) >= _MAX_COPIED_BACK:
@@ -243,10 +339,12 @@ def _inplace_call(node):
     return call
 
 
-def _written_into(node, by_index):
+def _written_into(node, by_index, written=frozenset()):
     """The node producing node's first input if that input is an
     intermediate no LazyTensor holds, of the result's shape and dtype, which
-    node's one result could be written into; else None."""
+    node's one result could be written into; else None.  A producer in
+    `written` (as_written's so far) returns the intermediate it wrote
+    (`y.relu_().mul_(3)`: both calls write y's storage, as in eager)."""
     if len(node.program.outputs) != 1:
         return None
     kind, index = node.inputs[0]
@@ -257,7 +355,7 @@ def _written_into(node, by_index):
     # does not).  keeps_shape, not the shapes at hand: the graph is reused
     # for every shape of this structure, and a broadcast elsewhere must
     # not write a larger result into the producer
-    if (producer.program.new_output and not producer.is_output and node.keeps_shape
-            and producer.dtype == node.dtype):
+    if ((producer.program.new_output or producer.index in written) and not producer.is_output
+            and node.keeps_shape and producer.dtype == node.dtype):
         return producer
     return None
