@@ -1066,8 +1066,36 @@ def fn_sparse_csr(lz):
     return lz(torch.eye(3)).to_sparse_csr().to_dense()
 
 
+def fn_sparse_coo_from_lazy_indices(lz):
+    # a graph network's adjacency from its edge index, then a product
+    edges = lz(torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]))
+    weights = lz(torch.ones(4)) * 0.5
+    adjacency = torch.sparse_coo_tensor(edges, weights, (3, 3))
+    return torch.sparse.mm(adjacency, lz(torch.arange(6.0).view(3, 2))) + 1
+
+
+def fn_sparse_coo_of_lazy_values_with_grad(lz):
+    w = torch.ones(3, requires_grad=True)
+    a = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [2, 0, 1]]), lz(w) * 3, (3, 3))
+    torch.sparse.sum(a).backward()
+    return w.grad
+
+
+def fn_sparse_csr_from_lazy_parts(lz):
+    crow, col = lz(torch.tensor([0, 1, 3])), lz(torch.tensor([1, 0, 1]))
+    return torch.sparse_csr_tensor(crow, col, lz(torch.tensor([1.0, 2.0, 3.0])), (2, 2)).to_dense()
+
+
+def fn_sparse_coo_checked_against_its_size(lz):
+    # eager's ValueError/RuntimeError for an index past the size, at the call
+    torch.sparse_coo_tensor(lz(torch.tensor([[0, 5]])), lz(torch.ones(2)), (3,),
+                            check_invariants=True)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@cases(fn_to_sparse_dense, fn_sparse_arith, fn_sparse_csr)
+@cases(fn_to_sparse_dense, fn_sparse_arith, fn_sparse_csr, fn_sparse_coo_from_lazy_indices,
+       fn_sparse_coo_of_lazy_values_with_grad, fn_sparse_csr_from_lazy_parts,
+       fn_sparse_coo_checked_against_its_size)
 def test_layouts(f):
     same_as_eager(f)
 
