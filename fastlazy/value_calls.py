@@ -14,7 +14,10 @@ looks it up, and with a LazyTensor argument it runs on the values:
   eagerly inside the checkpoint's saved-tensor hooks: csrc/saved_hooks.pxi);
 - `torch.utils.dlpack.to_dlpack` exports the value's memory;
 - `torch.vmap` (and functorch's transforms built on `_add_batch_dim`)
-  batches the value: the function runs eagerly, as do its results;
+  batches the value: the function runs eagerly, as do its results; its
+  arguments not batched (`in_dims` None: an ensemble's shared input) are
+  given as values too, for a LazyTensor met by a batched tensor inside
+  the transform could not record;
 - `torch.func.grad` and `grad_and_value` (their implementations, which
   torch.func looks up at each call) take the values of LazyTensor
   arguments before the transform's level opens: a pending one computed
@@ -67,6 +70,7 @@ _BINDINGS = (
     ("torch.utils.dlpack", "to_dlpack"),
     ("torch", "to_dlpack"),
     ("torch._functorch.vmap", "_add_batch_dim"),
+    ("torch._functorch.apis", "vmap_impl"),
     ("torch._functorch.eager_transforms", "_wrap_for_grad"),
     ("torch._functorch.eager_transforms", "grad_impl"),
     ("torch._functorch.eager_transforms", "grad_and_value_impl"),

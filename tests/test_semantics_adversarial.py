@@ -1777,6 +1777,19 @@ def fn_vmap(lz):
     return torch.vmap(lin)(lz(torch.randn(5, 4)))
 
 
+def fn_vmap_of_an_unbatched_lazy_argument(lz):
+    # an ensemble (stack_module_state) over one shared input: in_dims None
+    import copy
+    from torch.func import functional_call, stack_module_state
+    models = [torch.nn.Linear(3, 2) for _ in range(4)]
+    params, buffers = stack_module_state(models)
+    template = copy.deepcopy(models[0]).to("meta")
+
+    def one(p, b, x):
+        return functional_call(template, (p, b), (x,))
+    return torch.func.vmap(one, in_dims=(0, 0, None))(params, buffers, lz(torch.randn(5, 3)) * 2)
+
+
 def fn_func_grad(lz):
     return torch.func.grad(lambda t: (t * t).sum())(lz(torch.randn(3)))
 
@@ -1793,7 +1806,8 @@ def fn_to_dlpack(lz):
     return torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(y))
 
 
-@cases(fn_checkpoint_non_reentrant, fn_checkpoint_sequential, fn_vmap, fn_func_grad,
+@cases(fn_checkpoint_non_reentrant, fn_checkpoint_sequential, fn_vmap,
+       fn_vmap_of_an_unbatched_lazy_argument, fn_func_grad,
        fn_jit_trace, fn_to_dlpack)
 def test_cpp_bindings_run_on_values(f):
     same_as_eager(f)
