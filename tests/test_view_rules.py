@@ -680,6 +680,46 @@ def test_view_of_a_channels_last_convolution_raises_eagers_error():
     _same_as_eager(_view_of_channels_last_convolution)
 
 
+def _write_to_contiguous_of_detached_transposed_product(x):
+    y = x.t() * 3
+    y.detach().contiguous().zero_()     # eager's contiguous() copies: y keeps its values
+    return y
+
+
+def _write_to_contiguous_of_whole_slice_of_transposed_product(x):
+    y = x.t() * 3
+    y[:].contiguous().fill_(7.0)
+    return y
+
+
+def _write_to_reshape_of_detached_transposed_product(x):
+    y = x.t() * 3
+    y.detach().reshape(-1).zero_()      # a copy in eager
+    return y
+
+
+def _view_of_detached_transposed_product(x):
+    return (x.t() * 3).view_as(x.t()).view(-1)     # eager raises
+
+
+def _write_to_contiguous_of_detached_channels_last_value(x):
+    held = torch.arange(24.0).view(1, 2, 3, 4).contiguous(memory_format=torch.channels_last)
+    if type(x) is not torch.Tensor:
+        held = fastlazy.lazy(held)
+    held.detach().contiguous().zero_()
+    return held + x.sum()
+
+
+@pytest.mark.parametrize("program", [
+    _write_to_contiguous_of_detached_transposed_product,
+    _write_to_contiguous_of_whole_slice_of_transposed_product,
+    _write_to_reshape_of_detached_transposed_product,
+    _view_of_detached_transposed_product,
+    _write_to_contiguous_of_detached_channels_last_value])
+def test_a_view_covering_a_root_whole_is_laid_out_as_the_root(program):
+    _same_as_eager(program)
+
+
 @pytest.mark.xfail(strict=True, reason="known gap: the views of a pending result eager lays out "
                    "non-contiguously are placed in its contiguous layout")
 @pytest.mark.parametrize("program", [

@@ -501,14 +501,17 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     if rule == R_CONTIGUOUS:
         if nargs != 1:
             return not_taken(entry, args, nargs, kwnames, form, "argument pattern")
-        if type(src.family) is not Member and not root_laid_out_contiguously(src):
+        laid_out = src if type(src.family) is not Member else whole_view_root(src)
+        if laid_out is not None and not root_laid_out_contiguously(laid_out):
             # a root's layout is not in its metadata: a value is held as
             # it is (channels last, or a non-contiguous tensor made lazy),
             # and a pending result is laid out as eager lays it out (an
-            # elementwise op of a transposed tensor is transposed).  Copied
-            # where it is not contiguous, or its producers do not tell (a
-            # generic call): where eager would return the tensor itself,
-            # that is a copy of the same values, sizes and strides.
+            # elementwise op of a transposed tensor is transposed); a view
+            # covering its root whole (`y.detach()`) is laid out as the
+            # root is.  Copied where it is not contiguous, or its producers
+            # do not tell (a generic call): where eager would return the
+            # tensor itself, that is a copy of the same values, sizes and
+            # strides.
             found = record_sized_view(reshape_copy_op, src, &out, m.shape, m.ndim,
                                       numel_of(m), NULL, 0)
             if found is None:
@@ -573,6 +576,28 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     return record_view(op, src, &out, attr, new_stride, offset)
 
 
+cdef LazyTensor whole_view_root(LazyTensor src):
+    """The root of view src where src covers it whole, in its order
+    (`y.detach()`, `y[:]`, `y.view_as(y)`): eager lays such a view out as
+    it lays the root out, which its place in the root's contiguous layout
+    does not show.  Else None."""
+    cdef int64_t size[MAX_NDIM]
+    cdef int64_t stride[MAX_NDIM]
+    cdef int64_t offset
+    cdef int i
+    if type(src.family) is not Member:
+        return None
+    cdef Member where = <Member>src.family
+    cdef LazyTensor root = <LazyTensor>where.root
+    if where.offset != 0 or where.ndim != root.meta.ndim:
+        return None
+    place_of(root, size, stride, &offset)
+    for i in range(where.ndim):
+        if where.size_[i] != size[i] or size[i] > 1 and where.stride_[i] != stride[i]:
+            return None
+    return root
+
+
 cdef bint root_laid_out_contiguously(LazyTensor root) except -1:
     """Is this root (not a view) contiguous in eager: its value, or its
     pending result as its recorded producers lay it out
@@ -597,7 +622,8 @@ cdef bint eager_could_view(LazyTensor src, int n, int64_t *sizes) except -1:
     layout), but eager lays out an elementwise op of a transposed tensor,
     or a generic call's result, as its operands are: where that layout is
     known and has no view of the sizes, eager's view() raises and its
-    reshape() copies.  True for a view (its place is its layout), and
+    reshape() copies.  True for a view (its place is its layout) but one
+    covering its root whole, which is laid out as the root is, and
     where the layout is contiguous or not known."""
     cdef int64_t eager_stride[MAX_NDIM]
     cdef int64_t new_stride[MAX_NDIM]
@@ -621,7 +647,9 @@ cdef object eager_layout(LazyTensor src):
     (attention's result, laid out as its query is, is taken as
     contiguous)."""
     if type(src.family) is Member:
-        return None
+        src = whole_view_root(src)
+        if src is None:
+            return None
     if src.value is not None:
         value = src.value
         return None if value.is_contiguous() else tuple(value.stride())
