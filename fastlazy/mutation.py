@@ -50,17 +50,22 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
         return _set(target, args[1])
     if name == "Tensor.detach_":
         return _detach(target)
-    if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
-        raise Unsafe("writes through a view whose elements overlap")
-    views.check_no_overlap(target, name.rpartition(".")[2], args[1:], kwargs)
+    method = name.rpartition(".")[2]
+    # a reshaping call changes a view's place, not the values: only a call
+    # that writes values may be replayed as a write (backends.base.as_written),
+    # and only one may meet overlapping elements (an expanded view may be
+    # unsqueeze_()d as in eager)
+    reshaping = method in _RESHAPING
+    if reshaping:
+        views.check_leaf(target)
+    else:
+        if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
+            raise Unsafe("writes through a view whose elements overlap")
+        views.check_no_overlap(target, method, args[1:], kwargs)
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
     if _leaf_under_no_grad(target):
         raise Unsafe("writes a leaf under no_grad")
-    # a reshaping call changes a view's place, not the values: only a call
-    # that writes values may be replayed as a write (backends.base.as_written)
-    method = name.rpartition(".")[2]
-    reshaping = method in _RESHAPING
     if reshaping and (_has_views(target) or method in _RELAYING and target.family is None):
         _leave_storage_to_views(target)
     if flag is None:

@@ -1471,6 +1471,48 @@ def test_writes_through_overlapping_views(f):
     same_as_eager(f)
 
 
+def _reshaped_then_read(make, reshape):
+    # an in-place reshape of a view whose elements overlap moves the view
+    # (no element is written): its shape, its values, and after a write to
+    # the base, its values again
+    def f(lz):
+        x = lz(torch.arange(20.0).view(4, 5))
+        v = make(x)
+        same = reshape(v) is v
+        before = v * 1
+        x.add_(1)
+        return same, tuple(v.shape), before, v * 1
+    return f
+
+
+@cases(*[_reshaped_then_read(make, reshape) for make, reshape in [
+    (lambda x: x.unsqueeze(0).expand(2, 4, 5), lambda v: v.unsqueeze_(0)),
+    (lambda x: x.unfold(0, 2, 1), lambda v: v.transpose_(0, 2)),
+    (lambda x: x.expand(3, 4, 5), lambda v: v.transpose_(0, 1)),
+    (lambda x: x.expand(3, 4, 5), lambda v: v.as_strided_((2, 2), (1, 0))),
+    (lambda x: x[:1].expand(3, 5), lambda v: v.t_()),
+    (lambda x: x[:, :1].expand(4, 3), lambda v: v.squeeze_()),
+]])
+def test_in_place_reshapes_of_overlapping_views(f):
+    same_as_eager(f)
+
+
+def fn_write_after_reshaping_an_overlapping_view(lz):
+    e = lz(torch.zeros(3)).expand(2, 3)
+    e.unsqueeze_(0)
+    e.add_(1)           # eager: the elements still overlap
+
+
+def fn_reshape_in_place_of_a_leaf(lz):
+    w = torch.zeros(3, requires_grad=True)
+    lz(w).unsqueeze_(0)
+
+
+@cases(fn_write_after_reshaping_an_overlapping_view, fn_reshape_in_place_of_a_leaf)
+def test_in_place_reshapes_keep_eagers_refusals(f):
+    same_as_eager(f)
+
+
 def _base_after(base, write):
     write(base)
     return base
