@@ -55,7 +55,7 @@ def boot() -> None:
     cpu_pool.configure()
     running_stats.install()
     _core.set_dropout_draws(random_ops.draws_plainly)
-    _core.set_generic_layouts(layouts.generic_keeps_contiguous)
+    _core.set_generic_layouts(layouts.generic_keeps_contiguous, layouts.generic_follows_operands)
     metrics.count_flush_sites()
     optable.register(_core.register_op)
     host_checks.define()

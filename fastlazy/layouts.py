@@ -88,12 +88,17 @@ class _Layouts:
         where = None if owner is None else views.geometry(owner)
         if where is not None:
             return tuple(where[1])                      # a live view
+        if node.flags & _core.NodeFlag.NODE_WRITTEN and node.inputs:
+            # an in-place call (its functional form): eager writes the
+            # tensor, whose layout it keeps
+            operand = self._operand(*node.inputs[0])
+            return None if operand is None else tuple(operand[1])
         row = optable.OPS[node.op] if 0 <= node.op < len(optable.OPS) else None
         rule = None if row is None else row.rule
         if row is not None and row.aliases:
             # a view no tensor holds any more: its strides follow from its
             # input's alone, as its own program gives them on meta tensors
-            strides = self._view_strides(node)
+            strides = self._meta_strides(node)
             if strides is not None:
                 return strides
         if node.op == _core.GENERIC_OP:
@@ -105,8 +110,14 @@ class _Layouts:
             # any other call: as the real run of its signature laid it out,
             # where its operands are laid out as they were there
             lowering = generic.lowering(node.attr & ((1 << _core.ATTR_GENERIC_OUT_SHIFT) - 1))
-            return lowering.strides_of(node.attr >> _core.ATTR_GENERIC_OUT_SHIFT,
-                                       [self._operand(kind, k) for kind, k in node.inputs])
+            found = lowering.strides_of(node.attr >> _core.ATTR_GENERIC_OUT_SHIFT,
+                                        [self._operand(kind, k) for kind, k in node.inputs])
+            if found is None and generic_follows_operands(node.attr):
+                # no real run laid out so (too large for one, or its operands
+                # laid out otherwise): a pointwise call, a cast, a view is
+                # laid out by its meta kernels as by eager's
+                found = self._meta_strides(node)
+            return found
         if rule in _CONTIGUOUS_RESULTS or (rule in _FORMAT_FOLLOWING and len(node.shape) < 4):
             return views.contiguous_strides(node.shape)
         elementwise = rule in _ELEMENTWISE or (row is not None and row.name in _GENERIC_ELEMENTWISE)
@@ -138,9 +149,10 @@ class _Layouts:
             return views.contiguous_strides(node.shape)
         return None
 
-    def _view_strides(self, node):
-        """The strides of view node `node` where its operands' layouts are
-        known: its program run on meta tensors laid out as they are."""
+    def _meta_strides(self, node):
+        """The strides of node `node` (a view, or a generic call laid out by
+        its operands) where its operands' layouts are known: its program
+        run on meta tensors laid out as they are."""
         inputs = []
         for kind, k in node.inputs:
             value = self.seg.slot(k)[1] if kind == "slot" else None
@@ -205,6 +217,35 @@ def generic_keeps_contiguous(attr) -> bool:
                     and any(a < b for a, b in zip(strides, strides[1:])):
                 return False
     return True
+
+
+def generic_follows_operands(attr) -> bool:
+    """Is the result of the generic node of this attr laid out from its
+    operands' layouts, as its program's meta kernels lay it out: a program
+    of pointwise calls (TensorIterator's: `round`, `lerp`, `nan_to_num`),
+    *_like calls, casts and clones (memory format preserve), and views?
+    Run on meta tensors laid out as its operands are, it gives eager's
+    strides (csrc/view_rules.pxi asks the layouts of such a call of
+    operands laid out otherwise, where it takes any other generic call's
+    result as contiguous)."""
+    return _program_follows_operands(attr & ((1 << _core.ATTR_GENERIC_OUT_SHIFT) - 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _program_follows_operands(index) -> bool:
+    calls = [n for n in generic.lowering(index).gm.graph.nodes if n.op == "call_function"]
+    return bool(calls) and all(_follows_operands(n.target) for n in calls)
+
+
+def _follows_operands(target) -> bool:
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target in _LIKE or target in _LAYOUT_FREE or torch.Tag.pointwise in target.tags:
+        return True
+    schema = target._schema
+    # a view: its one result aliases its first argument, nothing written
+    return (len(schema.returns) == 1 and schema.returns[0].alias_info is not None
+            and not schema.returns[0].alias_info.is_write and not schema.is_mutable)
 
 
 def _preserves_layout(attr) -> bool:

@@ -657,7 +657,8 @@ cdef object eager_layout(LazyTensor src):
         return None
     cdef Segment seg = <Segment>src.seg
     cdef int op = seg.nodes[src.idx].op
-    if not (op == GENERIC_OP or 0 <= op < n_ops and follows_operands(op_rule[op])):
+    if not (op == GENERIC_OP or seg.nodes[src.idx].flags & NODE_WRITTEN
+            or 0 <= op < n_ops and follows_operands(op_rule[op])):
         return None
     cdef int8_t *known = <int8_t*>calloc(seg.n, sizeof(int8_t))
     if known == NULL:
@@ -667,10 +668,14 @@ cdef object eager_layout(LazyTensor src):
             return None
     finally:
         free(known)
-    if op == GENERIC_OP and generic_keeps_contiguous(seg.nodes[src.idx].attr):
+    if op == GENERIC_OP and not seg.nodes[src.idx].flags & NODE_WRITTEN \
+            and generic_keeps_contiguous(seg.nodes[src.idx].attr) \
+            and not generic_follows_operands(seg.nodes[src.idx].attr):
         # a generic call of operands laid out otherwise is taken as
         # contiguous, not asked: GPT-2's attention in training is one, of a
-        # transposed query, at every step (80 us a question)
+        # transposed query, at every step (80 us a question).  But not a
+        # pointwise call, a cast or a clone, laid out as its operands are
+        # (`x.t().clone()`, `x.t().float()`), which is asked
         return None
     strides = _hooks.pending_strides(src)
     if strides is None or is_contiguous_tuple(src.meta.ndim, src.meta.shape, strides):
@@ -678,29 +683,46 @@ cdef object eager_layout(LazyTensor src):
     return strides
 
 
-# fastlazy.layouts.generic_keeps_contiguous, set at boot, and its answers by
-# node attr (a generic program and which of its outputs: a few per model)
+# fastlazy.layouts.generic_keeps_contiguous and generic_follows_operands,
+# set at boot, and their answers by node attr (a generic program and which
+# of its outputs: a few per model)
 cdef object _generic_keeps_contiguous = None
+cdef object _generic_follows_operands = None
 cdef dict _generic_contiguous = {}
+cdef dict _generic_following = {}
 
 
-def set_generic_layouts(keeps_contiguous):
-    """Hand fastlazy.layouts.generic_keeps_contiguous(attr) to the core
-    (once, at boot): is the result a generic node of this attr computes,
-    of contiguous operands, a new contiguous tensor?"""
-    global _generic_keeps_contiguous
+def set_generic_layouts(keeps_contiguous, follows_operands):
+    """Hand fastlazy.layouts' questions about a generic node's layout to
+    the core (once, at boot): keeps_contiguous(attr), is the result a
+    generic node of this attr computes, of contiguous operands, a new
+    contiguous tensor?  follows_operands(attr), is it laid out from its
+    operands' layouts as its meta kernels lay it out (pointwise calls,
+    casts, clones, views)?"""
+    global _generic_keeps_contiguous, _generic_follows_operands
     _generic_keeps_contiguous = keeps_contiguous
+    _generic_follows_operands = follows_operands
     _generic_contiguous.clear()
+    _generic_following.clear()
 
 
 cdef bint generic_keeps_contiguous(int32_t attr) except -1:
     """_generic_keeps_contiguous's answer for a node attr, asked once."""
-    found = _generic_contiguous.get(attr)
+    return generic_answer(_generic_keeps_contiguous, _generic_contiguous, attr)
+
+
+cdef bint generic_follows_operands(int32_t attr) except -1:
+    """_generic_follows_operands's answer for a node attr, asked once."""
+    return generic_answer(_generic_follows_operands, _generic_following, attr)
+
+
+cdef bint generic_answer(object question, dict answers, int32_t attr) except -1:
+    found = answers.get(attr)
     if found is None:
-        found = _generic_keeps_contiguous is not None and bool(_generic_keeps_contiguous(attr))
-        if len(_generic_contiguous) >= 65536:
-            _generic_contiguous.clear()
-        _generic_contiguous[attr] = found
+        found = question is not None and bool(question(attr))
+        if len(answers) >= 65536:
+            answers.clear()
+        answers[attr] = found
     return found is True
 
 
@@ -759,7 +781,8 @@ cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
     normalizations...); a live view placed contiguously in a root so laid
     out; an op that follows its operands' layout (follows_operands), or a
     generic call that keeps contiguous operands' results contiguous
-    (generic_keeps_contiguous), of operands all so laid out.  False where that does not
+    (generic_keeps_contiguous), of operands all so laid out; an in-place
+    call's, of the tensor it writes so laid out.  False where that does not
     show it (fastlazy.layouts may still work it out).  `known` caches each
     node's answer (the graph is a DAG: a residual block reaches its input
     twice)."""
@@ -776,6 +799,14 @@ cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
         view = <Member>(<LazyTensor>nd.owner).family
         found = is_contiguous(view.ndim, view.size_, view.stride_) \
             and root_contiguous(seg, <LazyTensor>view.root, known, depth - 1)
+    elif nd.flags & NODE_WRITTEN and nd.nin > 0:
+        # an in-place call (its functional form): eager writes the tensor,
+        # whose layout it keeps
+        if nd.inputs[0] < 0:
+            value = seg.inputs[~nd.inputs[0]]
+            found = not isinstance(value, TensorType) or value.is_contiguous()
+        else:
+            found = laid_out_contiguously(seg, nd.inputs[0], known, depth - 1)
     elif nd.op == GENERIC_OP:
         found = generic_keeps_contiguous(nd.attr) \
             and operands_laid_out_contiguously(seg, nd, known, depth - 1)
