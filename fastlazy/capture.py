@@ -270,6 +270,10 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     results = [v for v in leaves if v is not None]     # (attn_output, None)
     if not results or not all(isinstance(v, torch.Tensor) for v in results):
         raise Unsafe("returns something other than tensors")
+    if any(v.is_nested or v.layout is not torch.strided for v in results):
+        # (a sparse or nested result: a LazyTensor's metadata is strided)
+        raise Unsafe(f"a result LazyTensor cannot hold (layout {results[0].layout}"
+                     f"{', nested' if results[0].is_nested else ''})")
     if len(tensors) > MAX_INPUTS:
         # the whole call was checked on fake tensors just now, so a bad one
         # raised eager's own error for the whole sequence; generic.py

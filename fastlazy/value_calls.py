@@ -38,9 +38,10 @@ looks it up, and with a LazyTensor argument it runs on the values:
   function does);
 - `torch.jit.trace` traces on the values of its example inputs;
 - the sparse constructors (`torch.sparse_coo_tensor`, `sparse_csr_tensor`
-  ... and their argument checks) build their eager sparse tensor from the
-  values, as every op with a sparse result runs eagerly (a graph network's
-  adjacency matrix from a lazy edge index);
+  ... and their argument checks) and `torch.nested.nested_tensor` build
+  their eager sparse or nested tensor from the values, as every op with
+  such a result runs eagerly (a graph network's adjacency matrix from a
+  lazy edge index);
 - `torch.Tensor._make_subclass` (tensor subclasses' constructors) makes the
   subclass instance around the value;
 - a TorchScript function (`torch.jit.script(fn)`, `torch.jit.trace(fn)`)
@@ -81,6 +82,7 @@ _BINDINGS = (
     *(("torch", f"{check}sparse_{layout}_tensor{suffix}")
       for layout in ("coo", "csr", "csc", "bsr", "bsc", "compressed")
       for check, suffix in (("", ""), ("_validate_", "_args"))),
+    ("torch._C._nested", "nested_tensor"),
 )
 
 

@@ -1092,10 +1092,23 @@ def fn_sparse_coo_checked_against_its_size(lz):
                             check_invariants=True)
 
 
+def _nested(make, layout):
+    def f(lz):
+        parts = [lz(torch.arange(12.0).view(3, 4)) * 2, lz(torch.ones(2, 4)) + 1]
+        nested = make(parts, layout=layout)
+        assert nested.is_nested
+        return list(nested.unbind())
+    f.__name__ = f"fn_{make.__name__}_{str(layout).rpartition('.')[2]}_of_lazy_parts"
+    return f
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @cases(fn_to_sparse_dense, fn_sparse_arith, fn_sparse_csr, fn_sparse_coo_from_lazy_indices,
        fn_sparse_coo_of_lazy_values_with_grad, fn_sparse_csr_from_lazy_parts,
-       fn_sparse_coo_checked_against_its_size)
+       fn_sparse_coo_checked_against_its_size,
+       *[_nested(make, layout) for make in (torch.nested.nested_tensor,
+                                            torch.nested.as_nested_tensor)
+         for layout in (torch.strided, torch.jagged)])
 def test_layouts(f):
     same_as_eager(f)
 

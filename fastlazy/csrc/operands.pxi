@@ -210,7 +210,10 @@ cdef int meta_and_version(Meta *m, object t, int64_t *version) except -1:
     cdef int d = dtype_code(t.dtype)
     if d == DT_UNDEF:
         return 0
-    shape = t.shape
+    try:
+        shape = t.shape
+    except RuntimeError:
+        return 0                # a nested tensor's sizes are no list: kept eager
     cdef Py_ssize_t nd = len(shape)
     if nd > MAX_NDIM:
         return 0
@@ -236,7 +239,10 @@ cdef int meta_from_getters(Meta *m, object t) except -1:
     cdef int d = dtype_code(tensor_get(_get_dtype, t))
     if d == DT_UNDEF:
         return 0
-    shape = tensor_get(_get_shape, t)
+    try:
+        shape = tensor_get(_get_shape, t)
+    except RuntimeError:
+        return 0                # a nested tensor's sizes are no list: kept eager
     cdef Py_ssize_t nd = PyTuple_GET_SIZE(shape), i
     if nd > MAX_NDIM:
         return 0
