@@ -270,10 +270,13 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     results = [v for v in leaves if v is not None]     # (attn_output, None)
     if not results or not all(isinstance(v, torch.Tensor) for v in results):
         raise Unsafe("returns something other than tensors")
-    if any(v.is_nested or v.layout is not torch.strided for v in results):
-        # (a sparse or nested result: a LazyTensor's metadata is strided)
-        raise Unsafe(f"a result LazyTensor cannot hold (layout {results[0].layout}"
-                     f"{', nested' if results[0].is_nested else ''})")
+    for v in results:
+        if v.is_nested or v.layout is not torch.strided:
+            # (x.to_sparse(), a nested tensor: a LazyTensor's metadata is
+            # strided; checked before the program's sizes are traced, which
+            # a nested result has none of)
+            raise Unsafe(f"a result LazyTensor cannot hold (layout {v.layout}"
+                         f"{', nested' if v.is_nested else ''})")
     if len(tensors) > MAX_INPUTS:
         # the whole call was checked on fake tensors just now, so a bad one
         # raised eager's own error for the whole sequence; generic.py
@@ -346,9 +349,6 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
             continue
         if leaf.dim() > _core.MAX_NDIM or _core.dtype_code_of(leaf.dtype) < 0:
             raise Unsafe("a result LazyTensor cannot hold (dtype or rank)")
-        if leaf.layout is not torch.strided:
-            # (x.to_sparse(): a LazyTensor's metadata is strided)
-            raise Unsafe(f"a result LazyTensor cannot hold (layout {leaf.layout})")
         aliased = [i for i, f in enumerate(fakes) if torch._C._is_alias_of(leaf, f)]
         if aliased:
             i = aliased[0]

@@ -762,16 +762,20 @@ cdef bint operands_laid_out_contiguously(Segment seg, Node *nd, int8_t *known,
     """Is every tensor operand of node nd laid out contiguously in eager
     (laid_out_contiguously)?"""
     cdef int j
-    cdef int32_t r
     for j in range(nd.nin):
-        r = nd.inputs[j]
-        if r < 0:
-            value = seg.inputs[~r]
-            if isinstance(value, TensorType) and not value.is_contiguous():
-                return False
-        elif not laid_out_contiguously(seg, r, known, depth):
+        if not input_laid_out_contiguously(seg, nd.inputs[j], known, depth):
             return False
     return True
+
+
+cdef bint input_laid_out_contiguously(Segment seg, int32_t r, int8_t *known,
+                                      int depth) except -1:
+    """Is node input r (a slot where negative, else a node) laid out
+    contiguously in eager (a slot's tensor by its value, a number always)?"""
+    if r < 0:
+        value = seg.inputs[~r]
+        return not isinstance(value, TensorType) or value.is_contiguous()
+    return laid_out_contiguously(seg, r, known, depth)
 
 
 cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
@@ -802,11 +806,7 @@ cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
     elif nd.flags & NODE_WRITTEN and nd.nin > 0:
         # an in-place call (its functional form): eager writes the tensor,
         # whose layout it keeps
-        if nd.inputs[0] < 0:
-            value = seg.inputs[~nd.inputs[0]]
-            found = not isinstance(value, TensorType) or value.is_contiguous()
-        else:
-            found = laid_out_contiguously(seg, nd.inputs[0], known, depth - 1)
+        found = input_laid_out_contiguously(seg, nd.inputs[0], known, depth - 1)
     elif nd.op == GENERIC_OP:
         found = generic_keeps_contiguous(nd.attr) \
             and operands_laid_out_contiguously(seg, nd, known, depth - 1)
