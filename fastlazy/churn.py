@@ -19,6 +19,11 @@ fallback, counted with REASON: a flush of the inputs and eager's call,
 tens of microseconds), and the graphs around the call keep one structure
 each.  Values analysed before are still recorded.  The many values of a
 loop unrolled into one graph count once.
+
+A call whose results alias its arguments (`x.unfold(0, size, step)`,
+`x.as_strided(...)`, `x.narrow(0, start, n)`) is never sent to eager: run
+eagerly, its result would be a copy of the lazy value, not a view that
+writes reach, so such a signature is always analysed (aliases()).
 """
 from __future__ import annotations
 
@@ -33,9 +38,10 @@ REASON = ("a Python number argument takes a new value at every call (each value 
 
 _lock = threading.Lock()
 # signature with its numbers erased -> [the last segment with a new value,
-# how many segments had one]
+# how many segments had one (ALIASES: never run eagerly)]
 _counts: dict = {}
 _NUMBER = (int,)
+ALIASES = -1
 
 
 def forget():
@@ -43,18 +49,38 @@ def forget():
         _counts.clear()
 
 
-def runs_eagerly(key) -> bool:
-    """A call of signature `key` (generic.py's), never analysed, is about
-    to be: count its new value, and say whether it should run eagerly
-    instead.  signature_key writes an int as itself and a float as (float,
-    its hex), everything flattened into key[1]."""
+def _erased(key):
+    """key with its numbers erased, or None where it holds none.
+    signature_key writes an int as itself and a float as (float, its hex),
+    everything flattened into key[1]."""
     parts = key[1]
     erased = tuple([_NUMBER if type(p) is int else
                     _NUMBER if type(p) is tuple and len(p) == 2 and p[0] is float else p
                     for p in parts])
     if erased == parts:
+        return None
+    return (key[0], erased) + key[2:]
+
+
+def aliases(key):
+    """The analysed call of signature `key` returns views of its arguments
+    (or an argument itself): its new values are always analysed."""
+    erased = _erased(key)
+    if erased is None:
+        return
+    with _lock:
+        count = _counts.get(erased)
+        if count is not None:
+            count[1] = ALIASES
+
+
+def runs_eagerly(key) -> bool:
+    """A call of signature `key` (generic.py's), never analysed, is about
+    to be: count its new value, and say whether it should run eagerly
+    instead."""
+    erased = _erased(key)
+    if erased is None:
         return False
-    erased = (key[0], erased) + key[2:]
     segment = _core.segments_begun()
     with _lock:
         count = _counts.get(erased)
@@ -65,7 +91,7 @@ def runs_eagerly(key) -> bool:
             return False
         if count[1] >= NEW_VALUE_SEGMENTS:
             return True
-        if count[0] != segment:
+        if count[0] != segment and count[1] != ALIASES:
             count[0] = segment
             count[1] += 1
         return False

@@ -163,6 +163,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             scalars = ()
             title = name or getattr(func, "__name__", "?")
             sig = _analyse(func, args, kwargs, tensors, title, ruled)
+            if churns and sig.reason is None and any(k[0] in _ALIASING for k in sig.kinds):
+                churn.aliases(key)
             with _lock:
                 if len(_signatures) >= MAX_SIGNATURES:
                     # a loop over ever-new shapes: start over rather than grow
@@ -309,6 +311,8 @@ def _index_tensor(v) -> bool:
 
 
 _CONJ = _core.ViewFlag.VIEW_CONJ
+# result kinds that share an argument's storage (churn.aliases)
+_ALIASING = ("view", "input")
 # calls that return their argument itself unless it has eager's conjugate
 # (or negative) bit, which a LazyTensor keeps as its view's VIEW_CONJ flag
 _RESOLVERS = frozenset({"resolve_conj", "resolve_neg"})

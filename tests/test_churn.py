@@ -84,3 +84,28 @@ def test_programs_past_the_cores_limit_run_eagerly(monkeypatch):
     got = torch.cummax(fastlazy.lazy(x0) * 3, 1).values
     assert torch.equal(got.to_eager(), torch.cummax(x0 * 3, 1).values)
     assert fastlazy.metrics.counters()["fallbacks"] == 1
+
+
+# views whose places are numbers new at every flush: eager's result shares
+# its argument's storage, which a copy run eagerly would not
+VIEW_STREAMS = {
+    "unfold": lambda t, i: t.unfold(0, 2, 2 + i),
+    "as_strided": lambda t, i: t.as_strided((2, 2), (1, 2), i),
+    "narrow": lambda t, i: t.narrow(0, i % 5, 3),
+    "select": lambda t, i: t.select(0, i),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEW_STREAMS))
+def test_views_with_new_numbers_stay_views(name):
+    view = VIEW_STREAMS[name]
+    steps = churn.NEW_VALUE_SEGMENTS + 6
+    x0 = torch.zeros(steps + 8)
+    x = fastlazy.lazy(x0.clone())
+    for i in range(steps):
+        v0, v = view(x0, i), view(x, i)
+        v0.add_(i + 1)
+        v.add_(i + 1)
+        assert torch.equal(x.to_eager(), x0), i
+        assert torch.equal(v.to_eager(), v0), i
+    assert fastlazy.metrics.counters()["fallbacks"] == 0
