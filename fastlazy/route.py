@@ -19,7 +19,7 @@ import numbers
 import torch
 
 from fastlazy import (_core, autograd_calls, fallback, generic, mutation, random_ops,
-                      running_stats)
+                      running_stats, views)
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 
@@ -105,6 +105,11 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
             out = mutation.record_inplace(func, args, kwargs, name, ruled=ruled, flag=flag,
                                           prepared=prepared)
         else:
+            on_root = views.as_strided_of_root(args, kwargs) if name in views.AS_STRIDED_NAMES \
+                else None
+            if on_root is not None:
+                args, kwargs = on_root
+                prepared = None             # (the core's key is the view's call)
             out = generic.record(func, args, kwargs, name, ruled=ruled, prepared=prepared)
     except Unsafe as exc:
         reason = str(exc)

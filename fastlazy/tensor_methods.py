@@ -178,6 +178,7 @@ def install_lazy_tensor_methods():
     # from what is known where that is eager's answer
     for name in ("stride", "is_contiguous"):
         _core.set_method(name, _layout_query(name))
+    _core.set_method("storage_offset", _storage_offset)
 
 
 def _layout_query(name):
@@ -207,23 +208,45 @@ def _layout_query(name):
 
 def eager_strides(x):
     """The strides eager's value of LazyTensor x has, or None where they
-    are not known without computing it: a value's own; a pending result's
-    as its recorded producers lay it out (fastlazy.layouts); a view's place
-    in its root, where the root is laid out contiguously in eager."""
+    are not known without computing it: a view's place in its root, where
+    the root is laid out contiguously in eager (a view's computed value is
+    a tensor of its own once a write has moved it off the root's value,
+    laid out contiguously); a value's own; a pending result's as its
+    recorded producers lay it out (fastlazy.layouts)."""
+    where = views.geometry(x)
+    if where is not None:
+        return tuple(where[1]) if _root_laid_out(x.family.root) else None
     if x.is_materialized:
         return x.to_eager().stride()
     if x.family is None:
         return layouts.pending_strides(x)
-    where = views.geometry(x)
-    if where is None:
-        return None             # a base with live views: not worked out here
-    root = x.family.root
+    return None                 # a base with live views: not worked out here
+
+
+def _root_laid_out(root) -> bool:
+    """Is a view's root laid out contiguously in eager (so that the view's
+    place, counted in the root's contiguous layout, is its eager layout)?"""
     if root.is_materialized:
-        laid_out = root.to_eager().is_contiguous()
-    else:
-        strides = layouts.pending_strides(root)
-        laid_out = strides is not None and views.contiguous(tuple(root.shape), strides)
-    return tuple(where[1]) if laid_out else None
+        return root.to_eager().is_contiguous()
+    strides = layouts.pending_strides(root)
+    return strides is not None and views.contiguous(tuple(root.shape), strides)
+
+
+def _storage_offset(self):
+    """Tensor.storage_offset(): a view's place in its root (and the root's
+    own offset in its storage, where its value is a slice of another
+    tensor), counted in its own elements; else the value's."""
+    where = views.geometry(self)
+    if where is not None and _root_laid_out(self.family.root):
+        root = self.family.root
+        start = (root.to_eager().storage_offset() * root.dtype.itemsize // self.dtype.itemsize
+                 if root.is_materialized else 0)
+        return where[2] + start
+    return _storage_offset_of_value(self)
+
+
+_storage_offset_of_value = _core.make_entry(torch.Tensor.storage_offset, "Tensor.storage_offset",
+                                            -1, FORM_CALL)
 
 
 def _is_conj(self):

@@ -336,3 +336,36 @@ def check_leaf(target, through_view=False):
                     else "a view of a leaf Variable")
             raise RuntimeError(f"{what} that requires grad is being used in an in-place "
                                f"operation.")
+
+
+# as_strided's entry points, by route's names for them
+AS_STRIDED_NAMES = frozenset({"Tensor.as_strided", "as_strided"})
+
+
+def as_strided_of_root(args, kwargs):
+    """(args, kwargs) of `view.as_strided(size, stride, offset)` as a call
+    on the view's root, or None where the call is not one on a view.
+    as_strided places its result in its input's storage, at the offset it
+    names (the input's own where it names none), whatever the input's own
+    place there: the root's storage is the view's, so the root's call is
+    the view's.  A program recorded on the view itself would run on the
+    view's value alone, a tensor of its own, where the offset counts from
+    the view's first element; and a view held from an eager value, traced
+    as a tensor of its own, could not be recorded at all (capture: its
+    eager call returned a copy, which writes did not reach).  Not for a
+    detached or conj() view (its flags are not the root's) or a dtype view
+    (its elements are not the root's)."""
+    if not args or type(args[0]) is not LazyTensor:
+        return None
+    t = args[0]
+    family = t.family
+    if type(family) is not Member or family.flags or family.root.dtype != t.dtype:
+        return None
+    rest = list(args[1:])
+    kwargs = dict(kwargs)
+    if len(rest) >= 3:
+        if rest[2] is None:
+            rest[2] = t.storage_offset()
+    elif kwargs.get("storage_offset") is None:
+        kwargs["storage_offset"] = t.storage_offset()
+    return (family.root, *rest), kwargs

@@ -404,3 +404,47 @@ def test_a_view_made_a_leaf_stays_one_when_its_root_is_written(make):
     for g, w in zip(got, want):
         torch.testing.assert_close(g.to_eager() if type(g) is fastlazy.LazyTensor else g, w)
     assert got[1].requires_grad and got[1].is_leaf
+
+
+# as_strided places its result at the storage offset it names, in its
+# input's storage, whatever the input's own place there
+AS_STRIDED_OF_VIEWS = {
+    "offset_after_a_write": lambda s: (s[2:].add_(1), s[2:].as_strided((3,), (1,), 4) * 1)[1],
+    "write_through_it": lambda s: (s[3:].as_strided((2, 2), (1, 3), 5).mul_(10), s)[1],
+    "no_offset_given": lambda s: (s[3:].add_(1), s[3:].as_strided((2, 2), (1, 2)).add_(5), s)[2],
+    "torch_as_strided": lambda s: torch.as_strided(s.view(3, 4)[1:, 1:], (3,), (2,), 1) * 1,
+    "offset_keyword": lambda s: s[4:].as_strided((3,), (2,), storage_offset=1) * 1,
+    "detached_view": lambda s: (s[4:].detach().as_strided((3,), (2,), 3).add_(2), s)[1],
+}
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+@pytest.mark.parametrize("name", sorted(AS_STRIDED_OF_VIEWS))
+def test_as_strided_of_a_view_places_by_storage_as_eager(name, make):
+    program = AS_STRIDED_OF_VIEWS[name]
+    base = torch.arange(12.0)
+    want = program(base.clone())
+    got = program(make(base.clone()))
+    assert torch.equal(got.to_eager(), want)
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+@pytest.mark.parametrize("view", [lambda s: s[1:], lambda s: s[:, 2:], lambda s: s[1:, ::2],
+                                  lambda s: s.t()[1:]], ids=["rows", "cols", "steps", "t"])
+def test_a_views_layout_after_a_write_through_it_is_eagers(view, make):
+    """Its computed value is a tensor of its own once the write has moved
+    it off its root's value; storage_offset(), stride() and
+    is_contiguous() still answer as eager's view, asked in either order."""
+    x = torch.arange(48.0).view(8, 6)
+    for asks in ([lambda t: t.storage_offset(), lambda t: t.is_contiguous(), _stride],
+                 [_stride, lambda t: t.is_contiguous(), lambda t: t.storage_offset()]):
+        e, lz = view(x.clone()), view(make(x.clone()))
+        e.add_(1)
+        lz.add_(1)
+        assert [ask(lz) for ask in asks] == [ask(e) for ask in asks]
+
+
+def _stride(t):
+    return t.stride()
