@@ -136,7 +136,8 @@ ENTRY_TYPE = _entry_type      # the type of every entry point enable() installs
 
 def lazy(value):
     """A LazyTensor holding `value` (an eager tensor; never mutated: in-place
-    ops on the LazyTensor rebind it to a new node).  Not copied, unless it
+    ops on the LazyTensor rebind it to a new node, also where `value` is a
+    view of another tensor).  Not copied, unless it
     is laid out other than contiguously or channels-last (permuted, a slice
     with steps): a LazyTensor that is not a view is traced as contiguous,
     and its views are placed in its contiguous layout, so such a value is
@@ -153,6 +154,14 @@ def lazy(value):
             value.dim() == 4 and value.is_contiguous(memory_format=_torch.channels_last)
             or value.dim() == 5 and value.is_contiguous(memory_format=_torch.channels_last_3d)):
         value = value.contiguous()
+    elif value._is_view() and not value.requires_grad:
+        # a view of another tensor (a slice of a batch): held through an
+        # alias of its memory that is no view, so that a write to the
+        # LazyTensor rebinds it, as for any other tensor, rather than
+        # writing through to the base (the path of a view an eager
+        # fallback made, whose writes eager's base must see)
+        value = _torch.empty(0, dtype=value.dtype, device=value.device).set_(
+            value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
     return wrap_value(value)
 
 

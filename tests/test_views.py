@@ -108,13 +108,23 @@ def test_conj_views_carry_writes_as_eager(name, device):
                                    w.resolve_conj().resolve_neg(), rtol=0, atol=0)
 
 
-def test_lazy_made_from_a_tensor_is_never_written_by_direct_inplace(device):
-    t = torch.ones(3, device=device)
+@pytest.mark.parametrize("part", [lambda t: t, lambda t: t[2:], lambda t: t.view(5, 1)[1:, 0]],
+                         ids=["whole", "slice", "view_of_a_view"])
+@pytest.mark.parametrize("write", [lambda x: x.add_(1).mul_(3), lambda x: x[1:].add_(1).mul_(3)],
+                         ids=["itself", "through_a_view"])
+def test_lazy_made_from_a_tensor_is_never_written_by_inplace(part, write, device):
+    base = torch.ones(5, device=device)
+    t = part(base)
     x = fastlazy.lazy(t)
-    x.add_(1)
-    x.mul_(3)
-    assert torch.equal(x.to_eager(), torch.full((3,), 6.0, device=device))
-    assert torch.equal(t, torch.ones(3, device=device))
+    write(x)
+    want = t.clone()
+    write(want)
+    assert torch.equal(x.to_eager(), want)
+    assert torch.equal(base, torch.ones(5, device=device))
+    # not copied: until written, the LazyTensor's value is the tensor's memory
+    y = fastlazy.lazy(part(base))
+    base.fill_(2)
+    assert torch.equal(y.to_eager(), part(base))
 
 
 def test_views_are_recorded_not_run(device):
