@@ -140,6 +140,10 @@ cpdef enum NodeFlag:
     NODE_WRITTEN = 16  # the user's call wrote its first operand in place
                        # (x.mul_(2)): a graph that builds autograd history
                        # runs it so, as eager did (backends.base.as_written)
+    NODE_LAID_OUT = 32  # eager lays its result out contiguously, as its
+                        # producers showed (view_rules' laid_out_contiguously:
+                        # a fact of the recorded node, kept so that each
+                        # node's producers are walked once, not at each view)
 
 
 # Node.attr: the structural arguments of a node, packed.
@@ -394,6 +398,10 @@ cdef class Hooks:
     # a pending result's eager strides as its recorded producers tell them,
     # or None (fastlazy.layouts.pending_strides)
     cdef public object pending_strides
+    # (root, strides): make a pending root eager lays out in those strides
+    # a view of its storage in that order, before its first view
+    # (fastlazy.mutation.lay_out_as_eager)
+    cdef public object lay_out_as_eager
     # a Python function of torch's called with LazyTensors:
     # (func, args, kwargs) -> (True, result) where its body was run and
     # recorded, (False, None) where it is to be recorded whole

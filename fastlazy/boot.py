@@ -39,6 +39,7 @@ def hooks() -> _core.Hooks:
         graph_failed=functools.partial(failures.graph_failed, backends.get("eager")),
         site_of_call=sites.site_of_call,
         pending_strides=layouts.pending_strides,
+        lay_out_as_eager=mutation.lay_out_as_eager,
         run_body=python_bodies.run_body,
         unsafe=capture.Unsafe,
         atoms=generic.ATOMS,

@@ -101,10 +101,11 @@ class Signature:
     fastlazy.layouts."""
     __slots__ = ("reason", "written", "lowering", "kinds", "recorded", "spec", "detach",
                  "nested", "constants", "draws", "sequence", "retypes_held",
-                 "operand_layouts", "result_strides", "transient")
+                 "operand_layouts", "result_strides", "transient", "views")
 
     def __init__(self, reason=None, written=()):
         self.retypes_held = False   # a result is a dtype view of a held argument
+        self.views = False          # a result is a view of an argument
         self.reason = reason
         self.written = written      # a refused call's WritesInputs.written
         self.nested = False
@@ -372,6 +373,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
                      | (_core.ViewFlag.VIEW_CONJ if leaf.is_conj() != fakes[i].is_conj() else 0))
             sig.kinds.append(("view", i, (tuple(leaf.shape), leaf.stride(),
                                           leaf.storage_offset()), flags))
+            sig.views = True
         else:
             sig.kinds.append(("new",))
         sig.recorded.append((index, leaf.dtype, tuple(leaf.shape), leaf.requires_grad))

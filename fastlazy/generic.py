@@ -189,6 +189,10 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         raise Unsafe(sig.reason)
     if sig.nested:
         return _record_nested(func, args, kwargs, name)
+    if track_views and sig.views and _lays_out_as_eager(sig, tensors):
+        # a view of a root eager lays out otherwise, now a view of its
+        # storage: recorded as a view of that view
+        return record(func, args, kwargs, name, track_views, ruled, None, written, churns)
     if sig.retypes_held:
         _check_retyped_places(sig, tensors)
         prepared = None             # placed here at each call, never by the core
@@ -259,6 +263,19 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             _resolve_conj(t)
         flat.append(t)
     return sig.sequence(flat) if sig.sequence is not None else pytree.tree_unflatten(flat, sig.spec)
+
+
+def _lays_out_as_eager(sig, tensors) -> bool:
+    """Did a root this call views become a view of its storage in eager's
+    order (_core.place_as_eager: a pending result eager lays out other than
+    contiguously, before its first view)?"""
+    changed = False
+    for kind in sig.kinds:
+        if kind[0] == "view":
+            t = tensors[kind[1]]
+            if type(t) is LazyTensor and type(t.family) is not views.Member:
+                changed = _core.place_as_eager(t) or changed
+    return changed
 
 
 def _check_retyped_places(sig, tensors):

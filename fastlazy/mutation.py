@@ -148,6 +148,53 @@ def _leave_storage_to_views(root):
     views.attach(root, storage, (tuple(root.shape), views.contiguous_strides(root.shape), 0), 0)
 
 
+def lay_out_as_eager(root, strides):
+    """Before the first view of `root`, a pending result eager lays out in
+    `strides` -- not contiguously, but its dims in some order with no gap
+    or overlap (an elementwise op of a transposed tensor, a convolution of
+    a channels-last input): make it a view of its storage, the permutation
+    of it that eager lays out contiguously, now a root of its own.  Views
+    are placed in their root's contiguous layout, so its views are then
+    placed, and judged by view() and reshape(), in eager's storage order:
+    a view of `(x.t() * 2).t()` is contiguous, as eager's is.  Anything
+    else is left as it is (its views placed in its contiguous layout).
+    True where `root` became such a view."""
+    shape = tuple(root.shape)
+    # dims from the outermost in eager's memory; a dim of size 1 has no
+    # place in that order (any stride), so it goes where it stands
+    order = sorted(range(len(shape)), key=lambda d: (-strides[d] if shape[d] > 1 else 0, d))
+    order = [d for d in order if shape[d] > 1]
+    ones = [d for d in range(len(shape)) if shape[d] <= 1]
+    for d in ones:
+        order.insert(d, d)
+    placed = views.contiguous_strides(tuple(shape[d] for d in order))
+    stride = [0] * len(shape)
+    for k, d in enumerate(order):
+        stride[d] = placed[k]
+    if any(stride[d] != strides[d] for d in range(len(shape)) if shape[d] > 1):
+        return False                # gaps or overlaps: not a permutation of its storage
+    for d in ones:
+        stride[d] = strides[d]      # (never stepped: eager's, which its views keep)
+    storage = generic.record(_in_storage_order, (root, order), {}, "eager's storage order",
+                             track_views=False)
+    back = [order.index(d) for d in range(len(shape))]
+    alias = generic.record(torch.permute, (storage, back), {}, "eager's storage order",
+                           track_views=False)
+    if type(storage) is not LazyTensor or type(alias) is not LazyTensor:
+        return False
+    _core.adopt(root, alias)
+    root.family = None
+    views.attach(root, storage, (shape, tuple(stride), 0), 0)
+    return True
+
+
+def _in_storage_order(t, order):
+    """t's dims in `order`, contiguous: a value laid out as its places say,
+    whatever layout the program gave t (a backend may lay a result out
+    other than eager does)."""
+    return t.permute(order).contiguous()
+
+
 # In-place ops that change a view's shape and strides, never its values;
 # those of them that can leave a contiguous tensor non-contiguous (a
 # LazyTensor that is no view reports a contiguous layout: one written so

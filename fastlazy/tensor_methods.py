@@ -178,7 +178,7 @@ def install_lazy_tensor_methods():
     # from what is known where that is eager's answer
     for name in ("stride", "is_contiguous"):
         _core.set_method(name, _layout_query(name))
-    _core.set_method("storage_offset", _storage_offset)
+    _core.set_method("storage_offset", _storage_offset_query())
 
 
 def _layout_query(name):
@@ -232,21 +232,23 @@ def _root_laid_out(root) -> bool:
     return strides is not None and views.contiguous(tuple(root.shape), strides)
 
 
-def _storage_offset(self):
-    """Tensor.storage_offset(): a view's place in its root (and the root's
-    own offset in its storage, where its value is a slice of another
-    tensor), counted in its own elements; else the value's."""
-    where = views.geometry(self)
-    if where is not None and _root_laid_out(self.family.root):
-        root = self.family.root
-        start = (root.to_eager().storage_offset() * root.dtype.itemsize // self.dtype.itemsize
-                 if root.is_materialized else 0)
-        return where[2] + start
-    return _storage_offset_of_value(self)
+def _storage_offset_query():
+    """Tensor.storage_offset() of a LazyTensor: a view's place in its root
+    (and the root's own offset in its storage, where its value is a slice
+    of another tensor), counted in its own elements; else the value's."""
+    on_value = _core.make_entry(torch.Tensor.storage_offset, "Tensor.storage_offset", -1,
+                                FORM_CALL)
 
-
-_storage_offset_of_value = _core.make_entry(torch.Tensor.storage_offset, "Tensor.storage_offset",
-                                            -1, FORM_CALL)
+    def storage_offset(self):
+        where = views.geometry(self)
+        if where is not None and _root_laid_out(self.family.root):
+            root = self.family.root
+            start = (root.to_eager().storage_offset() * root.dtype.itemsize // self.dtype.itemsize
+                     if root.is_materialized else 0)
+            return where[2] + start
+        return on_value(self)
+    storage_offset.__doc__ = torch.Tensor.storage_offset.__doc__
+    return storage_offset
 
 
 def _is_conj(self):

@@ -461,6 +461,7 @@ cdef object view_call(object entry, int op, PyObject **args, Py_ssize_t nargs,
     cdef Meta *m = &src.meta
     if m.dtype == DT_COMPLEX32:
         return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    place_as_eager_lays_out(src)
 
     # the rules that record one step of x[index]
     if rule == R_UNSQUEEZE:
@@ -610,6 +611,29 @@ cdef bint root_laid_out_contiguously(LazyTensor root) except -1:
     return strides is not None and is_contiguous_tuple(root.meta.ndim, root.meta.shape, strides)
 
 
+cdef int place_as_eager_lays_out(LazyTensor src) except -1:
+    """Before the first view of src: a pending root eager lays out other
+    than contiguously (eager_layout) becomes a view of its storage in
+    eager's order (fastlazy.mutation.lay_out_as_eager), so that its views
+    are placed, and view() and reshape() of them judged, as eager's are.
+    A root that has views already keeps their places.  1 where src
+    became such a view."""
+    if src.value is not None or type(src.family) is Member or src.seg is None:
+        return 0
+    if type(src.family) is Family and (<Family>src.family).has_live_views():
+        return 0
+    strides = eager_layout(src)
+    if strides is not None and _hooks.lay_out_as_eager(src, strides):
+        return 1
+    return 0
+
+
+def place_as_eager(LazyTensor t):
+    """place_as_eager_lays_out, for a view the generic path records: True
+    where t became a view of its storage in eager's order."""
+    return place_as_eager_lays_out(t) == 1
+
+
 # eager's view() error where no view of the sizes exists in the layout
 _NOT_VIEWABLE = ("view size is not compatible with input tensor's size and stride (at least "
                  "one dimension spans across two contiguous subspaces). Use .reshape(...) "
@@ -659,6 +683,8 @@ cdef object eager_layout(LazyTensor src):
     cdef int op = seg.nodes[src.idx].op
     if not (op == GENERIC_OP or seg.nodes[src.idx].flags & NODE_WRITTEN
             or 0 <= op < n_ops and follows_operands(op_rule[op])):
+        return None
+    if seg.nodes[src.idx].flags & NODE_LAID_OUT:
         return None
     cdef int8_t *known = <int8_t*>calloc(seg.n, sizeof(int8_t))
     if known == NULL:
@@ -790,6 +816,8 @@ cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
     show it (fastlazy.layouts may still work it out).  `known` caches each
     node's answer (the graph is a DAG: a residual block reaches its input
     twice)."""
+    if seg.nodes[index].flags & NODE_LAID_OUT:
+        return True
     if known[index] != LAYOUT_UNKNOWN:
         return known[index] == LAYOUT_CONTIGUOUS
     cdef Node *nd = &seg.nodes[index]
@@ -818,6 +846,8 @@ cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
     else:
         found = False
     known[index] = LAYOUT_CONTIGUOUS if found else LAYOUT_OTHER
+    if found:
+        nd.flags |= NODE_LAID_OUT
     return found
 
 
@@ -954,6 +984,7 @@ cdef object flatten_call(object entry, int op, PyObject **args, Py_ssize_t nargs
     nd = src.meta.ndim
     if nd == 0 or src.meta.dtype == DT_COMPLEX32:
         return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    place_as_eager_lays_out(src)
     dims[0] = args[1] if nargs > 1 else NULL
     dims[1] = args[2] if nargs > 2 else NULL
     if kwnames is not None:
@@ -1208,6 +1239,7 @@ cdef object getitem_view(LazyTensor self, object idx):
     cdef int64_t start, end, step
     if self.meta.dtype == DT_COMPLEX32 or count > MAX_NDIM:
         return None
+    place_as_eager_lays_out(self)
     for k in range(count):
         item = items[k]
         if type(item) is int or type(item) is slice:
@@ -1487,6 +1519,7 @@ cdef object split_call(object entry, int op, PyObject **args, Py_ssize_t nargs, 
     if src.meta.ndim == 0 or src.meta.dtype == DT_COMPLEX32 or \
             src.meta.requires_grad and grad_enabled():
         return not_taken(entry, args, nargs, kwnames, form, "argument type")
+    place_as_eager_lays_out(src)
     if dim_arg != NULL:
         d = wrap_dim(<object>dim_arg, src.meta.ndim)
         if d < 0:
