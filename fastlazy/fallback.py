@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from fastlazy import _core, metrics
+from fastlazy import _core, metrics, views
 from fastlazy._core import LazyTensor
 
 
@@ -66,11 +66,86 @@ def count(name, reason):
     metrics.count_fallback(name, reason)
 
 
-def run(func, args, kwargs):
+def run(func, args, kwargs, views_of_roots=True):
     """func on the materialized arguments, its tensor results lazy -- except
     an eager `out=` tensor it returns, which eager's caller gets back itself
-    (`r = torch.add(x, 1, out=o)`: r is o)."""
+    (`r = torch.add(x, 1, out=o)`: r is o).  A view argument whose root
+    holds its value laid out contiguously is handed over as eager's view of
+    that value (as_views), and a result that views a root so handed over
+    comes back as a view of that root (x.unfold(...) run eagerly: writes
+    through it reach x, as in eager).  Not with `views_of_roots` False (a
+    call that sets a flag on its argument's own value)."""
     written = kwargs.get("out")
     keep = ((written,) if isinstance(written, torch.Tensor) else
             tuple(written) if type(written) in (tuple, list) else ())
-    return wrap_result(func(*materialize(args), **materialize(kwargs)), keep)
+    roots = {}
+    if views_of_roots:
+        args, kwargs = as_views(args, roots), as_views(kwargs, roots)
+    out = func(*materialize(args), **materialize(kwargs))
+    if roots:
+        out = _viewing_roots(out, roots)
+    return wrap_result(out, keep)
+
+
+def as_views(x, roots):
+    """x with each LazyTensor view in it (top level, or in a list, tuple or
+    dict) replaced by eager's view of its root's value at its place, where
+    that is eager's own view: the root holds its value, laid out
+    contiguously (places are in that layout), that requires no grad (the
+    view would carry as_strided's backward), and the view is of the root's
+    dtype, neither detached nor conjugated.  Eager's kernels then see the
+    view's strides and offset, and judge it as eager's (`v.view(-1)` of a
+    non-contiguous slice raises), where the view's own computed value, a
+    tensor of its own once a write has moved it off its root, is laid out
+    contiguously.  `roots` collects {storage address: root} of the values
+    handed over."""
+    t = type(x)
+    if t is LazyTensor:
+        where = x.family
+        if type(where) is not views.Member or where.flags or views.held(x):
+            return x
+        root = where.root
+        if root.dtype != x.dtype:
+            return x
+        value = root.to_eager()
+        if value.requires_grad or not value.is_contiguous() or value.is_conj() \
+                or value.is_neg() or value.untyped_storage().data_ptr() == 0:
+            return x
+        roots[value.untyped_storage().data_ptr()] = (root, value)
+        view = value.as_strided(where.size, where.stride, value.storage_offset() + where.offset)
+        roots[id(view)] = x       # (a call that returns its argument returns x itself)
+        return view
+    if t in (list, tuple):
+        return t([as_views(v, roots) for v in x])
+    if t is dict:
+        return {k: as_views(v, roots) for k, v in x.items()}
+    return x
+
+
+def _viewing_roots(out, roots):
+    """out with each plain tensor in it that views one of `roots`' values
+    made a LazyTensor view of that root, holding eager's view (as the core's
+    slices of a value hold theirs: views.held)."""
+    if type(out) is torch.Tensor:
+        handed = roots.get(id(out))
+        if handed is not None:
+            return handed
+        found = roots.get(out.untyped_storage().data_ptr()) if out.numel() else None
+        if found is None or found[1].dtype != out.dtype:
+            return out
+        root, value = found
+        if out is value:
+            return root
+        t = _core.lazy_or_eager(out)
+        if type(t) is not LazyTensor:
+            return out
+        views.attach(t, root, (tuple(out.shape), out.stride(),
+                               out.storage_offset() - value.storage_offset()), 0)
+        t.family.held = out
+        return t
+    if isinstance(out, tuple):
+        items = [_viewing_roots(v, roots) for v in out]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    if type(out) is list:
+        return [_viewing_roots(v, roots) for v in out]
+    return out

@@ -69,7 +69,9 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
             # flag it has now: as in eager, they build no history from a
             # later requires_grad_() (and keep theirs after requires_grad_(False))
             _core.flush_reading(target.to_eager())
-        out = run_eagerly(func, name, args, kwargs, False, "sets a flag on the value")
+        # (on the value itself, not eager's view of its root's: fallback.as_views)
+        out = run_eagerly(func, name, args, kwargs, False, "sets a flag on the value",
+                          views_of_roots=False)
         if type(target) is LazyTensor:
             # its metadata follows (ops recorded on it from now on build
             # autograd history: a compiled graph is a training program),
@@ -136,11 +138,12 @@ def _on_meta(device) -> bool:
     return type(device) is str and device.partition(":")[0] == "meta"
 
 
-def run_eagerly(func, name, args, kwargs, inplace, reason):
+def run_eagerly(func, name, args, kwargs, inplace, reason, views_of_roots=True):
     """Run the call eagerly (counted, with `reason`): a write through
-    mutation.py, anything else through fallback.py.  (A call a C rule
-    refused for a NumPy number in it, an in-place method's, is the call
-    again with the Python number instead.)"""
+    mutation.py, anything else through fallback.py (`views_of_roots`: its
+    view arguments as eager's views of their roots' values, fallback.run).
+    (A call a C rule refused for a NumPy number in it, an in-place
+    method's, is the call again with the Python number instead.)"""
     out = _with_python_numbers(name, args, kwargs)
     if out is not _NO_NUMPY:
         return out
@@ -151,7 +154,7 @@ def run_eagerly(func, name, args, kwargs, inplace, reason):
         return mutation.run_out(func, args, kwargs)
     if inplace:
         return mutation.run_inplace(func, name, args, kwargs)
-    return fallback.run(func, args, kwargs)
+    return fallback.run(func, args, kwargs, views_of_roots)
 
 
 _FLAG_SETTERS = frozenset({"Tensor.requires_grad_"})

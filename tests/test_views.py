@@ -1,5 +1,7 @@
 """Mutation through a view shows in its base, as in eager (on the CPU and on
 CUDA: the `device` fixture)."""
+import re
+
 import pytest
 import torch
 
@@ -458,3 +460,51 @@ def test_a_views_layout_after_a_write_through_it_is_eagers(view, make):
 
 def _stride(t):
     return t.stride()
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+@pytest.mark.parametrize("part,call", [(lambda x: x[:, 1:], lambda v: v.view(-1)),
+                                       (lambda x: x[:, ::2], lambda v: v.view(torch.int16))],
+                         ids=["view_flat", "view_dtype"])
+def test_a_view_written_through_is_judged_by_its_place_when_run_eagerly(part, call, make):
+    """Once a write moves a view off its root's value, its computed value
+    is a tensor of its own, laid out contiguously; a call run eagerly sees
+    eager's view of the root's value at its place instead, and raises
+    eager's error."""
+    def program(x):
+        v = part(x)
+        v.add_(100)
+        return call(v)
+    with pytest.raises(RuntimeError) as eager_error:
+        program(torch.arange(12.0).view(3, 4))
+    with pytest.raises(type(eager_error.value), match=re.escape(str(eager_error.value)[:30])):
+        program(make(torch.arange(12.0).view(3, 4)))
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+def test_a_view_run_eagerly_is_a_view_of_its_root(make, monkeypatch):
+    """A view call the generic path leaves to eager (here: every unfold)
+    gives a view of the root whose writes reach it, as eager's does."""
+    from fastlazy import generic
+    from fastlazy.capture import Unsafe
+    record = generic.record
+
+    def refuse_unfold(func, args, kwargs, name=None, **kw):
+        if name == "Tensor.unfold":
+            raise Unsafe("refused by the test")
+        return record(func, args, kwargs, name, **kw)
+    monkeypatch.setattr(generic, "record", refuse_unfold)
+
+    def program(x):
+        v = x[1:]
+        w = v.unfold(0, 2, 3)
+        w.mul_(-1)
+        return x, v, w
+    want = program(torch.arange(10.0))
+    got = program(make(torch.arange(10.0)))
+    assert fastlazy.metrics.counters()["fallbacks"] >= 1
+    for g, w in zip(got, want):
+        assert torch.equal(g.to_eager(), w)
+        assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
