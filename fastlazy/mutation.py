@@ -50,6 +50,7 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
         return _set(target, args[1])
     if name == "Tensor.detach_":
         return _detach(target)
+    _refuse_resizing_a_view(name, target, args)
     method = name.rpartition(".")[2]
     # a reshaping call changes a view's place, not the values: only a call
     # that writes values may be replayed as a write (backends.base.as_written),
@@ -249,10 +250,34 @@ def _functional(func):
     return wrapper
 
 
+_RESIZES = frozenset({"Tensor.resize_", "Tensor.resize_as_"})
+
+
+def _refuse_resizing_a_view(name, target, args):
+    """Raise, before anything is written, for resize_ (or resize_as_) of a
+    view to another shape."""
+    if name in _RESIZES and type(target.family) is Member \
+            and _resized_to(name, args) != tuple(target.family.size):
+        raise RuntimeError(
+            f"fastlazy: {name}() of a view of a LazyTensor: eager resizes the view inside "
+            f"its base's memory, which fastlazy does not follow.  Resize a copy "
+            f"(v.clone().{name.rpartition('.')[2]}(...)) or the base itself.")
+
+
+def _resized_to(name, args):
+    """The shape a resize_ or resize_as_ call asks for (None where it is
+    not read here: eager's call judges it)."""
+    if name == "Tensor.resize_as_":
+        return tuple(args[1].shape) if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+    sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+    return tuple(sizes) if all(type(n) is int for n in sizes) else None
+
+
 def run_inplace(func, name, args, kwargs):
     """An in-place call run eagerly, on materialized arguments."""
     if args and type(args[0]) is LazyTensor:
         target = args[0]
+        _refuse_resizing_a_view(name, target, args)
         if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
             return write_overlapping(func, name, args, kwargs)
         views.check_no_overlap(target, name.rpartition(".")[2], args[1:], kwargs)
@@ -339,6 +364,17 @@ def write_overlapping(func, name, args, kwargs):
     view's place in a copy of its root's value (raising eager's error if it
     does), and the root is rebound to that copy, its views refreshed."""
     target = args[0]
+    root, base, view = _in_a_copy(target)
+    if func(view, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
+        return NotImplemented
+    _core.rebind_value(root, base)
+    after_mutation(root)
+    return None if name.endswith("__setitem__") else target
+
+
+def _in_a_copy(target):
+    """(root, a copy of the root's value, eager's view of that copy at view
+    `target`'s place): where an eager call may write through the view."""
     where = target.family
     root = where.root
     base = root.to_eager().clone(memory_format=torch.contiguous_format)
@@ -348,11 +384,28 @@ def write_overlapping(func, name, args, kwargs):
             torch._neg_view(view) if views.imaginary(where.offset) else view)
     if where.detached:
         view = view.detach()
-    if func(view, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
-        return NotImplemented
+    return root, base, view
+
+
+def _out_overlapping(func, args, kwargs, target):
+    """out= a view whose elements overlap in memory (an expanded or
+    as_strided view): eager's kernel judges it (most refuse it), so the
+    call runs eagerly into the view's place in a copy of its root's value,
+    and the root is rebound to that copy, its views refreshed."""
+    root, base, view = _in_a_copy(target)
+    func(*materialize(args), **dict(materialize(kwargs), out=view))
+    if view.shape != target.shape:
+        raise RuntimeError(_resizes_view(target, view))
     _core.rebind_value(root, base)
     after_mutation(root)
-    return None if name.endswith("__setitem__") else target
+    return target
+
+
+def _resizes_view(target, result):
+    return (f"fastlazy: out= names a view of a LazyTensor, of shape {tuple(target.shape)}, "
+            f"that the result, of shape {tuple(result.shape)}, would resize; eager resizes "
+            f"the view inside its base's memory, which fastlazy does not follow.  Pass "
+            f"an out= tensor of the result's shape, or no out=.")
 
 
 def run_out(func, args, kwargs):
@@ -364,18 +417,15 @@ def run_out(func, args, kwargs):
     for t in targets:
         if type(t) is LazyTensor and t.family is not None:
             # eager's error for an input that partly overlaps the output
-            views.check_write(t, read)
+            if views.check_write(t, read) and type(out) is LazyTensor:
+                return _out_overlapping(func, args, kwargs, t)
     copies = [t.to_eager().clone() if type(t) is LazyTensor else t for t in targets]
     kw = dict(materialize(kwargs), out=copies[0] if type(out) is LazyTensor else type(out)(copies))
     func(*materialize(args), **kw)
     for t, c in zip(targets, copies):
         if type(t) is LazyTensor and type(t.family) is Member and c.shape != t.shape:
             # (checked before any target is rebound: every tensor stays as it was)
-            raise RuntimeError(
-                f"fastlazy: out= names a view of a LazyTensor, of shape {tuple(t.shape)}, "
-                f"that the result, of shape {tuple(c.shape)}, would resize; eager resizes "
-                f"the view inside its base's memory, which fastlazy does not follow.  Pass "
-                f"an out= tensor of the result's shape, or no out=.")
+            raise RuntimeError(_resizes_view(t, c))
     for t, c in zip(targets, copies):
         if type(t) is LazyTensor:
             _core.rebind_value(t, c)

@@ -508,3 +508,34 @@ def test_a_view_run_eagerly_is_a_view_of_its_root(make, monkeypatch):
     for g, w in zip(got, want):
         assert torch.equal(g.to_eager(), w)
         assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+@pytest.mark.parametrize("call", [
+    lambda x: torch.exp(x.as_strided((3, 2), (1, 0), 1), out=x.as_strided((3, 2), (1, 0), 1)),
+    lambda x: torch.add(x[0:1].expand(3, 4), 1, out=x[0:1].expand(3, 4)),
+    lambda x: torch.mul(x[2], 2, out=x[0:1].expand(3, 4)),
+], ids=["exp_as_strided", "add_expanded", "mul_expanded"])
+def test_out_a_view_whose_elements_overlap_is_eagers_error(call, make):
+    """Eager's kernel judges the overlapping out= view (a RuntimeError, not
+    fastlazy's internal refusal), and every tensor stays as it was."""
+    with pytest.raises(RuntimeError) as eager_error:
+        call(torch.arange(12.0).view(3, 4))
+    x = make(torch.arange(12.0).view(3, 4))
+    with pytest.raises(type(eager_error.value), match=re.escape(str(eager_error.value)[:30])):
+        call(x)
+    assert torch.equal(x.to_eager(), torch.arange(12.0).view(3, 4))
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+def test_resizing_a_view_raises_a_clear_error_and_leaves_it_intact(make):
+    x = make(torch.arange(12.0).view(3, 4))
+    v = x[1]
+    v.resize_(4)                        # its own shape: nothing to resize
+    with pytest.raises(RuntimeError, match="resize_.*of a view of a LazyTensor"):
+        v.resize_(2)
+    assert v.shape == (4,)
+    v.add_(1)
+    assert torch.equal(x.to_eager()[1], torch.arange(4.0, 8.0) + 1)
