@@ -57,6 +57,12 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
     # and only one may meet overlapping elements (an expanded view may be
     # unsqueeze_()d as in eager)
     reshaping = method in _RESHAPING
+    if method == "as_strided_" and type(target.family) is Member:
+        # a new place in the root's storage, whose elements it then holds
+        # (_reshape_view): no value of the view's own is read
+        views.check_leaf(target)
+        _reshape_view(target, func, args[1:], kwargs)
+        return target
     if reshaping:
         views.check_leaf(target)
     else:
@@ -215,6 +221,13 @@ def _reshape_view(target, func, args, kwargs):
     func(view, *materialize(args), **materialize(kwargs))
     where.size, where.stride = tuple(view.shape), tuple(view.stride())
     where.offset = view.storage_offset()
+    if func.__name__ == "as_strided_":
+        # its values are the storage's at the new place, which the
+        # functional form, run on the view's own value, did not read
+        _core.adopt(target, generic.record(
+            _view_of, (where.root, where.size, where.stride, where.offset, where.detached,
+                       target.dtype, where.conj), {}, "view refresh", track_views=False,
+            churns=False))
 
 
 _functionals: dict = {}

@@ -539,3 +539,20 @@ def test_resizing_a_view_raises_a_clear_error_and_leaves_it_intact(make):
     assert v.shape == (4,)
     v.add_(1)
     assert torch.equal(x.to_eager()[1], torch.arange(4.0, 8.0) + 1)
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+@pytest.mark.parametrize("part", [lambda x: x[:, 1], lambda x: x[:, 1:1], lambda x: x[1:].t()],
+                         ids=["column", "empty", "transposed"])
+def test_as_strided_in_place_of_a_view_holds_the_storage_at_its_new_place(part, make):
+    def program(x):
+        v = part(x)
+        v.as_strided_((3,), (1,))      # its own storage offset, as eager's
+        v.mul_(-1)
+        return x, v
+    want = program(torch.arange(6.0).view(2, 3))
+    got = program(make(torch.arange(6.0).view(2, 3)))
+    for g, w in zip(got, want):
+        assert torch.equal(g.to_eager(), w)
+        assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
