@@ -90,8 +90,11 @@ class _Layouts:
             return tuple(where[1])                      # a live view
         if node.flags & _core.NodeFlag.NODE_WRITTEN and node.inputs:
             # an in-place call (its functional form): eager writes the
-            # tensor, whose layout it keeps
+            # tensor, whose layout it keeps -- but a resize_ to another
+            # shape, which lays it out contiguously
             operand = self._operand(*node.inputs[0])
+            if operand is not None and tuple(operand[0]) != tuple(node.shape):
+                return views.contiguous_strides(tuple(node.shape))
             return None if operand is None else tuple(operand[1])
         row = optable.OPS[node.op] if 0 <= node.op < len(optable.OPS) else None
         rule = None if row is None else row.rule

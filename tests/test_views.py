@@ -556,3 +556,15 @@ def test_as_strided_in_place_of_a_view_holds_the_storage_at_its_new_place(part, 
     for g, w in zip(got, want):
         assert torch.equal(g.to_eager(), w)
         assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+
+
+@pytest.mark.parametrize("make", [lambda t: t, lambda t: t * 1, lambda t: t.t() * 1],
+                         ids=["value", "pending", "transposed"])
+def test_resize_to_another_shape_is_laid_out_contiguously(make):
+    def program(x):
+        x.resize_(10)
+        first = (tuple(x.shape), x.stride(), x.is_contiguous())
+        x.resize_(2, 12)
+        return first, (tuple(x.shape), x.stride(), x.is_contiguous())
+    want = program(make(torch.zeros(4, 6)))
+    assert program(make(fastlazy.lazy(torch.zeros(4, 6)))) == want
