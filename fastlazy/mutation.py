@@ -51,6 +51,9 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
     if name == "Tensor.detach_":
         return _detach(target)
     _refuse_resizing_a_view(name, target, args)
+    if _copies_onto_itself(name, target, args):
+        views.check_leaf(target)
+        return target
     method = name.rpartition(".")[2]
     # a reshaping call changes a view's place, not the values: only a call
     # that writes values may be replayed as a write (backends.base.as_written),
@@ -266,6 +269,24 @@ def _functional(func):
 _RESIZES = frozenset({"Tensor.resize_", "Tensor.resize_as_"})
 
 
+def _copies_onto_itself(name, target, args):
+    """target.copy_(src) where src is the same elements as target (two
+    views of one place, or target itself): eager's copy_ returns at once,
+    even where those elements overlap (two equal expand()s)."""
+    if name != "Tensor.copy_" or len(args) < 2 or type(args[1]) is not LazyTensor:
+        return False
+    src = args[1]
+    if src is target:
+        return True
+    if src.dtype != target.dtype:
+        return False
+    a, b = target.family, src.family
+    if type(a) is not Member or type(b) is not Member:
+        return False
+    return (a.root is b.root and a.flags == b.flags and a.offset == b.offset
+            and a.size == b.size and a.stride == b.stride)
+
+
 def _refuse_resizing_a_view(name, target, args):
     """Raise, before anything is written, for resize_ (or resize_as_) of a
     view to another shape."""
@@ -291,6 +312,9 @@ def run_inplace(func, name, args, kwargs):
     if args and type(args[0]) is LazyTensor:
         target = args[0]
         _refuse_resizing_a_view(name, target, args)
+        if _copies_onto_itself(name, target, args):
+            views.check_leaf(target)
+            return target
         if views.before_write(target, (args[1:], kwargs), name.endswith("__setitem__")):
             return write_overlapping(func, name, args, kwargs)
         views.check_no_overlap(target, name.rpartition(".")[2], args[1:], kwargs)

@@ -568,3 +568,16 @@ def test_resize_to_another_shape_is_laid_out_contiguously(make):
         return first, (tuple(x.shape), x.stride(), x.is_contiguous())
     want = program(make(torch.zeros(4, 6)))
     assert program(make(fastlazy.lazy(torch.zeros(4, 6)))) == want
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+def test_copy_of_the_same_elements_onto_themselves_is_eagers_no_op(make):
+    """Eager's copy_ returns at once where source and target are the same
+    elements, even where they overlap (two equal expand()s)."""
+    def program(x):
+        x.expand(2, 2, 3).copy_(x.expand(2, 2, 3))
+        x[0].copy_(x[0])
+        return x
+    want = program(torch.arange(6.0).view(2, 3))
+    assert torch.equal(program(make(torch.arange(6.0).view(2, 3))).to_eager(), want)
