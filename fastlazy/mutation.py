@@ -477,7 +477,32 @@ def _storage_as(value, dtype):
     elements, as torch's strides and storage offsets do)."""
     if value.dtype == dtype:
         return value
+    if _complex_of(value.dtype, dtype):
+        # (view_as_complex: a view autograd follows, as eager's complex
+        # view of a real tensor; view(dtype) of another element size is not)
+        return torch.view_as_complex(value.reshape(-1, 2))
+    if _complex_of(dtype, value.dtype):
+        return torch.view_as_real(value).reshape(-1)
     return value.reshape(-1).view(dtype)
+
+
+def _from_storage(written, root):
+    """_storage_as undone: the elements `written` (1-d, of a view's dtype)
+    as a tensor of `root`'s dtype and shape."""
+    if _complex_of(root.dtype, written.dtype):
+        return torch.view_as_complex(written.reshape(-1, 2)).reshape(root.shape)
+    if _complex_of(written.dtype, root.dtype):
+        return torch.view_as_real(written).reshape(root.shape)
+    return _from_storage(written, root)
+
+
+def _complex_of(real, complex_):
+    """Is complex_ the complex dtype whose parts are of dtype `real`?"""
+    return _PARTS.get(complex_) == real
+
+
+_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+          torch.complex128: torch.float64}
 
 
 def _view_of(root, size, stride, offset, detached, dtype, conj=False):
@@ -509,7 +534,7 @@ def _scatter_into(root, view, size, stride, offset, conj=False):
     if view.dtype == root.dtype:
         return _scattered(base, view, size, stride, offset)
     written = _scattered(_storage_as(base, view.dtype), view, size, stride, offset)
-    return written.view(root.dtype).view(root.shape)
+    return _from_storage(written, root)
 
 
 def _scattered(base, view, size, stride, offset):

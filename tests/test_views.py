@@ -581,3 +581,21 @@ def test_copy_of_the_same_elements_onto_themselves_is_eagers_no_op(make):
         return x
     want = program(torch.arange(6.0).view(2, 3))
     assert torch.equal(program(make(torch.arange(6.0).view(2, 3))).to_eager(), want)
+
+
+@pytest.mark.parametrize("dtype,view", [
+    (torch.float32, lambda y: torch.view_as_complex(y.unflatten(-1, (2, 2)))),
+    (torch.complex64, lambda y: y.real)], ids=["view_as_complex", "real_of_complex"])
+def test_a_dtype_view_of_a_tensor_requiring_grad_keeps_its_gradient_after_a_write(dtype, view):
+    def program(make):
+        leaf = make(torch.arange(8.0).view(2, 4).to(dtype).requires_grad_())
+        y = leaf * 1
+        v = view(y)
+        y.add_(1)
+        assert v.requires_grad
+        v.abs().sum().backward()
+        return v, leaf.grad
+    want = program(lambda t: t)
+    got = program(fastlazy.lazy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.to_eager() if type(g) is fastlazy.LazyTensor else g, w)
