@@ -493,7 +493,7 @@ def _from_storage(written, root):
         return torch.view_as_complex(written.reshape(-1, 2)).reshape(root.shape)
     if _complex_of(written.dtype, root.dtype):
         return torch.view_as_real(written).reshape(root.shape)
-    return _from_storage(written, root)
+    return written.view(root.dtype).view(root.shape)
 
 
 def _complex_of(real, complex_):
