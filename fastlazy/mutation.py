@@ -489,10 +489,10 @@ def _storage_as(value, dtype):
 def _from_storage(written, root):
     """_storage_as undone: the elements `written` (1-d, of a view's dtype)
     as a tensor of `root`'s dtype and shape."""
-    if _complex_of(root.dtype, written.dtype):
-        return torch.view_as_complex(written.reshape(-1, 2)).reshape(root.shape)
-    if _complex_of(written.dtype, root.dtype):
+    if _complex_of(root.dtype, written.dtype):          # a complex view of a real root
         return torch.view_as_real(written).reshape(root.shape)
+    if _complex_of(written.dtype, root.dtype):          # a real view of a complex root
+        return torch.view_as_complex(written.reshape(-1, 2)).reshape(root.shape)
     return written.view(root.dtype).view(root.shape)
 
 
