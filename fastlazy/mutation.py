@@ -477,11 +477,11 @@ def _storage_as(value, dtype):
     elements, as torch's strides and storage offsets do)."""
     if value.dtype == dtype:
         return value
-    if _complex_of(value.dtype, dtype):
+    if views.complex_of(value.dtype, dtype):
         # (view_as_complex: a view autograd follows, as eager's complex
         # view of a real tensor; view(dtype) of another element size is not)
         return torch.view_as_complex(value.reshape(-1, 2))
-    if _complex_of(dtype, value.dtype):
+    if views.complex_of(dtype, value.dtype):
         return torch.view_as_real(value).reshape(-1)
     return value.reshape(-1).view(dtype)
 
@@ -489,20 +489,12 @@ def _storage_as(value, dtype):
 def _from_storage(written, root):
     """_storage_as undone: the elements `written` (1-d, of a view's dtype)
     as a tensor of `root`'s dtype and shape."""
-    if _complex_of(root.dtype, written.dtype):          # a complex view of a real root
+    if views.complex_of(root.dtype, written.dtype):          # a complex view of a real root
         return torch.view_as_real(written).reshape(root.shape)
-    if _complex_of(written.dtype, root.dtype):          # a real view of a complex root
+    if views.complex_of(written.dtype, root.dtype):          # a real view of a complex root
         return torch.view_as_complex(written.reshape(-1, 2)).reshape(root.shape)
     return written.view(root.dtype).view(root.shape)
 
-
-def _complex_of(real, complex_):
-    """Is complex_ the complex dtype whose parts are of dtype `real`?"""
-    return _PARTS.get(complex_) == real
-
-
-_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
-          torch.complex128: torch.float64}
 
 
 def _view_of(root, size, stride, offset, detached, dtype, conj=False):

@@ -133,7 +133,9 @@ def check_write(target, operands, index=None):
     elements of target[index] (eager copies a value that is exactly those
     elements onto themselves: `x[1:] += 1`)."""
     root, size, stride, offset = place(target)
-    if target.dtype != root.dtype and root.requires_grad:
+    if target.dtype != root.dtype and root.requires_grad \
+            and not complex_of(target.dtype, root.dtype) \
+            and not complex_of(root.dtype, target.dtype):
         # eager writes the bits under the root's autograd history; a recorded
         # graph's write-back is a reinterpretation autograd cannot follow
         raise RuntimeError(
@@ -369,3 +371,14 @@ def as_strided_of_root(args, kwargs):
     elif kwargs.get("storage_offset") is None:
         kwargs["storage_offset"] = t.storage_offset()
     return (family.root, *rest), kwargs
+
+
+def complex_of(real, complex_):
+    """Is complex_ the complex dtype whose parts are of dtype `real`?  (A
+    view between the two -- view_as_complex, .real, view_as_real -- is one
+    autograd follows: mutation writes back through it.)"""
+    return _PARTS.get(complex_) == real
+
+
+_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+          torch.complex128: torch.float64}
