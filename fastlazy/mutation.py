@@ -60,6 +60,10 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
     # and only one may meet overlapping elements (an expanded view may be
     # unsqueeze_()d as in eager)
     reshaping = method in _RESHAPING
+    if method == "as_strided_" and type(target.family) is not Member:
+        # a pending result eager lays out otherwise: its storage in eager's
+        # order is what the call places in
+        _core.place_as_eager(target)
     if method == "as_strided_" and type(target.family) is Member:
         # a new place in the root's storage, whose elements it then holds
         # (_reshape_view): no value of the view's own is read

@@ -240,6 +240,8 @@ def _storage_offset_query():
                                 FORM_CALL)
 
     def storage_offset(self):
+        if self.family is None and not self.is_materialized:
+            return 0            # a pending result: eager's is a new tensor
         where = views.geometry(self)
         if where is not None and _root_laid_out(self.family.root):
             root = self.family.root

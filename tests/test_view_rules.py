@@ -847,3 +847,40 @@ def test_views_of_results_laid_out_contiguously_ask_the_layouts_module_nothing()
         assert asked == [(8, 2, 16)]
     finally:
         _core.install(boot.hooks())
+
+
+def test_a_generic_view_published_for_a_contiguous_root_keys_a_transposed_one_again():
+    """`t` is a generic call whose signature the core records by itself once
+    published; published from a contiguous root, it meets a root eager lays
+    out transposed, which becomes a view of its storage first: the call is
+    keyed again, and its view placed as eager's."""
+    (fastlazy.lazy(torch.ones(3, 2)) * 2).t()       # publishes t of a pending (3, 2)
+
+    def program(x):
+        v = (x.t() * 2).t()
+        v.reshape(-1)[0] = 100.0        # a view in eager: x.t() * 2 is written
+        return v, v.view(-1), v.stride()
+    _same_as_eager(program)
+
+
+def _as_strided_in_place_of_a_transposed_product(x):
+    y = x.t() * 2
+    y.as_strided_((2, 2), (1, 2))      # eager's storage order: y's column-major elements
+    return y, y.stride()
+
+
+def test_as_strided_in_place_of_a_result_eager_lays_out_transposed():
+    _same_as_eager(_as_strided_in_place_of_a_transposed_product)
+
+
+def _views_of_a_transposed_product_computed_already(x):
+    y = x.t() * 2
+    y.storage_offset()                 # (no value needed: eager's new tensor starts at 0)
+    y.sum().item()                     # computed: its value is laid out as eager's
+    v = y[1:]
+    v.mul_(2)
+    return y, v, y.t().view(-1), y.stride(), v.stride(), v.storage_offset()
+
+
+def test_views_of_a_result_computed_already_and_laid_out_transposed():
+    _same_as_eager(_views_of_a_transposed_product_computed_already)

@@ -302,6 +302,19 @@ def forget_generic():
     _fast_hits.clear()
 
 
+# Set where record_hit left a call unrecorded because its view's base
+# became a view of its storage: record_by_signature keys the call again.
+cdef bint _relaid_out = False
+
+
+cdef inline bint relays_view_base(object base) except -1:
+    """Did `base`, the argument a published signature's result views, just
+    become a view of its storage in eager's order?"""
+    if type(base) is not LazyTensor or type((<LazyTensor>base).family) is Member:
+        return False
+    return place_as_eager_lays_out(<LazyTensor>base) == 1
+
+
 cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
     """Append the node of a published signature whose first n operands
     (the call's tensors) are sorted in ops; the constants go after them."""
@@ -312,6 +325,13 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
         counters[C_GENERIC] += 1
         return <object>ops[hit.returns_input].obj
     if n + nc > MAX_IN:
+        return None
+    global _relaid_out
+    if 0 <= hit.view_of < n and relays_view_base(<object>ops[hit.view_of].obj):
+        # its base, a pending result eager lays out otherwise, is now a view
+        # of its storage (place_as_eager_lays_out): the signature's place
+        # was for the base as a root, so the call is keyed again
+        _relaid_out = True
         return None
     cdef list held = None       # the LazyTensors made here, alive until recorded
     for k in range(nc):
@@ -384,9 +404,14 @@ cdef object record_by_signature(object func, object name, tuple pos, dict kw, bi
                             autocast_key_now() if fl_autocast else None)
     except Exception:
         return _hooks.record_call(func, name, pos, kw, False, ruled, ())
+    global _relaid_out
+    _relaid_out = False
     out = record_by_key(key, tensors, fast)
     if out is not None:
         return out
+    if _relaid_out:
+        _relaid_out = False
+        return record_by_signature(func, name, pos, kw, ruled, None)
     return _hooks.record_call(func, name, pos, kw, False, ruled, (key, tensors, fast))
 
 

@@ -612,13 +612,23 @@ cdef bint root_laid_out_contiguously(LazyTensor root) except -1:
 
 
 cdef int place_as_eager_lays_out(LazyTensor src) except -1:
-    """Before the first view of src: a pending root eager lays out other
-    than contiguously (eager_layout) becomes a view of its storage in
-    eager's order (fastlazy.mutation.lay_out_as_eager), so that its views
-    are placed, and view() and reshape() of them judged, as eager's are.
-    A root that has views already keeps their places.  1 where src
-    became such a view."""
-    if src.value is not None or type(src.family) is Member or src.seg is None:
+    """Before the first view of src: a root eager lays out other than
+    contiguously (eager_layout: a pending result, or one computed already
+    and so laid out, a channels-last value) becomes a view of its storage
+    in eager's order (fastlazy.mutation.lay_out_as_eager), so that its
+    views are placed, and view() and reshape() of them judged, as eager's
+    are.  Not a leaf that requires grad (it stays a leaf), nor a value that
+    views another tensor (an eager fallback's view, written through).  A
+    root that has views already keeps their places.  1 where src became
+    such a view."""
+    if type(src.family) is Member:
+        return 0
+    if src.value is not None:
+        value = src.value
+        if value.is_contiguous() or value.requires_grad and value.is_leaf \
+                or value._is_view() or value.is_conj() or value.is_neg():
+            return 0
+    elif src.seg is None:
         return 0
     if type(src.family) is Family and (<Family>src.family).has_live_views():
         return 0
