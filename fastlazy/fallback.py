@@ -97,8 +97,9 @@ def as_views(x, roots):
     view's strides and offset, and judge it as eager's (`v.view(-1)` of a
     non-contiguous slice raises), where the view's own computed value, a
     tensor of its own once a write has moved it off its root, is laid out
-    contiguously.  `roots` collects {storage address: root} of the values
-    handed over."""
+    contiguously.  `roots` collects, for the results, ("storage", address):
+    (root, its value) of each value handed over, and ("argument", id):
+    the LazyTensor of each view handed over."""
     t = type(x)
     if t is LazyTensor:
         where = x.family
@@ -111,9 +112,9 @@ def as_views(x, roots):
         if value.requires_grad or not value.is_contiguous() or value.is_conj() \
                 or value.is_neg() or value.untyped_storage().data_ptr() == 0:
             return x
-        roots[value.untyped_storage().data_ptr()] = (root, value)
+        roots["storage", value.untyped_storage().data_ptr()] = (root, value)
         view = value.as_strided(where.size, where.stride, value.storage_offset() + where.offset)
-        roots[id(view)] = x       # (a call that returns its argument returns x itself)
+        roots["argument", id(view)] = x   # (a call that returns its argument returns x itself)
         return view
     if t in (list, tuple):
         return t([as_views(v, roots) for v in x])
@@ -127,10 +128,10 @@ def _viewing_roots(out, roots):
     made a LazyTensor view of that root, holding eager's view (as the core's
     slices of a value hold theirs: views.held)."""
     if type(out) is torch.Tensor:
-        handed = roots.get(id(out))
+        handed = roots.get(("argument", id(out)))
         if handed is not None:
             return handed
-        found = roots.get(out.untyped_storage().data_ptr()) if out.numel() else None
+        found = roots.get(("storage", out.untyped_storage().data_ptr())) if out.numel() else None
         if found is None or found[1].dtype != out.dtype:
             return out
         root, value = found
