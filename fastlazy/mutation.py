@@ -163,10 +163,11 @@ def _leave_storage_to_views(root):
 
 
 def lay_out_as_eager(root, strides):
-    """Before the first view of `root`, a pending result eager lays out in
+    """Before the first view of `root`, a result eager lays out in
     `strides` -- not contiguously, but its dims in some order with no gap
     or overlap (an elementwise op of a transposed tensor, a convolution of
-    a channels-last input): make it a view of its storage, the permutation
+    a channels-last input; pending, or computed already and so laid out):
+    make it a view of its storage, the permutation
     of it that eager lays out contiguously, now a root of its own.  Views
     are placed in their root's contiguous layout, so its views are then
     placed, and judged by view() and reshape(), in eager's storage order:
