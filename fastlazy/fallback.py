@@ -38,24 +38,30 @@ def materialize(x):
 has_lazy = _core.has_lazy
 
 
-def wrap_result(out, keep=()):
+def wrap_result(out, keep=(), roots=None):
     """Eager results as LazyTensors (tensors inside tuples/lists too); an
     instance of a tensor subclass keeps its type (x.as_subclass(cls), a
     library's tensor type), which a LazyTensor would lose; and so does a
-    tensor of `keep` (the eager `out=` tensors a call wrote and returned)."""
+    tensor of `keep` (the eager `out=` tensors a call wrote and returned).
+    `roots`: as_views' record of the roots' values handed over, whose views
+    among the results come back as views of those roots (_viewing_root)."""
     if isinstance(out, torch.Tensor):
         if type(out) is not torch.Tensor and type(out) is not torch.nn.Parameter:
             return out
         if any(out is k for k in keep):
             return out
+        if roots and type(out) is torch.Tensor:
+            viewing = _viewing_root(out, roots)
+            if viewing is not None:
+                return viewing
         return _core.lazy_or_eager(out)
     if isinstance(out, tuple):
-        items = [wrap_result(v, keep) for v in out]
+        items = [wrap_result(v, keep, roots) for v in out]
         if hasattr(out, "_fields"):      # a namedtuple
             return type(out)(*items)
         return type(out)(items)          # tuple, torch.return_types.*
     if type(out) is list:
-        return [wrap_result(v, keep) for v in out]
+        return [wrap_result(v, keep, roots) for v in out]
     return out
 
 
@@ -81,10 +87,7 @@ def run(func, args, kwargs, views_of_roots=True):
     roots = {}
     if views_of_roots:
         args, kwargs = as_views(args, roots), as_views(kwargs, roots)
-    out = func(*materialize(args), **materialize(kwargs))
-    if roots:
-        out = _viewing_roots(out, roots)
-    return wrap_result(out, keep)
+    return wrap_result(func(*materialize(args), **materialize(kwargs)), keep, roots)
 
 
 def as_views(x, roots):
@@ -123,30 +126,24 @@ def as_views(x, roots):
     return x
 
 
-def _viewing_roots(out, roots):
-    """out with each plain tensor in it that views one of `roots`' values
-    made a LazyTensor view of that root, holding eager's view (as the core's
-    slices of a value hold theirs: views.held)."""
-    if type(out) is torch.Tensor:
-        handed = roots.get(("argument", id(out)))
-        if handed is not None:
-            return handed
-        found = roots.get(("storage", out.untyped_storage().data_ptr())) if out.numel() else None
-        if found is None or found[1].dtype != out.dtype:
-            return out
-        root, value = found
-        if out is value:
-            return root
-        t = _core.lazy_or_eager(out)
-        if type(t) is not LazyTensor:
-            return out
-        views.attach(t, root, (tuple(out.shape), out.stride(),
-                               out.storage_offset() - value.storage_offset()), 0)
-        t.family.held = out
-        return t
-    if isinstance(out, tuple):
-        items = [_viewing_roots(v, roots) for v in out]
-        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
-    if type(out) is list:
-        return [_viewing_roots(v, roots) for v in out]
-    return out
+def _viewing_root(out, roots):
+    """The LazyTensor for result `out` where it is an argument handed over
+    (that argument itself), a root's value (the root) or a view of one (a
+    view of that root, holding eager's view, as the core's slices of a value
+    hold theirs: views.held); else None."""
+    handed = roots.get(("argument", id(out)))
+    if handed is not None:
+        return handed
+    found = roots.get(("storage", out.untyped_storage().data_ptr())) if out.numel() else None
+    if found is None or found[1].dtype != out.dtype:
+        return None
+    root, value = found
+    if out is value:
+        return root
+    t = _core.lazy_or_eager(out)
+    if type(t) is not LazyTensor:
+        return None
+    views.attach(t, root, (tuple(out.shape), out.stride(),
+                           out.storage_offset() - value.storage_offset()), 0)
+    t.family.held = out
+    return t

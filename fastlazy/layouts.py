@@ -92,9 +92,9 @@ class _Layouts:
             # an in-place call (its functional form): eager writes the
             # tensor, whose layout it keeps -- but a resize_ to another
             # shape, which lays it out contiguously
-            operand = self._operand(*node.inputs[0])
-            if operand is not None and tuple(operand[0]) != tuple(node.shape):
+            if not node.flags & _core.NodeFlag.NODE_KEEPS_SHAPE:
                 return views.contiguous_strides(tuple(node.shape))
+            operand = self._operand(*node.inputs[0])
             return None if operand is None else tuple(operand[1])
         row = optable.OPS[node.op] if 0 <= node.op < len(optable.OPS) else None
         rule = None if row is None else row.rule

@@ -60,16 +60,16 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
     # and only one may meet overlapping elements (an expanded view may be
     # unsqueeze_()d as in eager)
     reshaping = method in _RESHAPING
-    if method == "as_strided_" and type(target.family) is not Member:
-        # a pending result eager lays out otherwise: its storage in eager's
-        # order is what the call places in
+    if method == "as_strided_":
+        # a result eager lays out otherwise is placed in its storage in
+        # eager's order first (a no-op for any other tensor)
         _core.place_as_eager(target)
-    if method == "as_strided_" and type(target.family) is Member:
-        # a new place in the root's storage, whose elements it then holds
-        # (_reshape_view): no value of the view's own is read
-        views.check_leaf(target)
-        _reshape_view(target, func, args[1:], kwargs)
-        return target
+        if type(target.family) is Member:
+            # a new place in the root's storage, whose elements it then
+            # holds (_reshape_view): no value of the view's own is read
+            views.check_leaf(target)
+            _reshape_view(target, func, args[1:], kwargs)
+            return target
     if reshaping:
         views.check_leaf(target)
     else:
@@ -499,7 +499,6 @@ def _from_storage(written, root):
     if views.complex_of(written.dtype, root.dtype):          # a real view of a complex root
         return torch.view_as_complex(written.reshape(-1, 2)).reshape(root.shape)
     return written.view(root.dtype).view(root.shape)
-
 
 
 def _view_of(root, size, stride, offset, detached, dtype, conj=False):

@@ -310,9 +310,7 @@ cdef bint _relaid_out = False
 cdef inline bint relays_view_base(object base) except -1:
     """Did `base`, the argument a published signature's result views, just
     become a view of its storage in eager's order?"""
-    if type(base) is not LazyTensor or type((<LazyTensor>base).family) is Member:
-        return False
-    return place_as_eager_lays_out(<LazyTensor>base) == 1
+    return type(base) is LazyTensor and place_as_eager_lays_out(<LazyTensor>base) == 1
 
 
 cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):

@@ -844,7 +844,7 @@ cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
     elif nd.flags & NODE_WRITTEN and nd.nin > 0:
         # an in-place call (its functional form): eager writes the tensor,
         # whose layout it keeps (a resize_ to another shape: contiguously)
-        found = not same_shape_as_input(seg, nd, nd.inputs[0]) \
+        found = not nd.flags & NODE_KEEPS_SHAPE \
             or input_laid_out_contiguously(seg, nd.inputs[0], known, depth - 1)
     elif nd.op == GENERIC_OP:
         found = generic_keeps_contiguous(nd.attr) \
@@ -860,29 +860,6 @@ cdef bint laid_out_contiguously(Segment seg, int32_t index, int8_t *known,
     if found:
         nd.flags |= NODE_LAID_OUT
     return found
-
-
-cdef bint same_shape_as_input(Segment seg, Node *nd, int32_t r) except -1:
-    """Has node nd the shape of its input r (a slot where negative)?"""
-    cdef int i
-    if r < 0:
-        value = seg.inputs[~r]
-        if not isinstance(value, TensorType):
-            return True
-        shape = value.shape
-        if len(shape) != nd.meta.ndim:
-            return False
-        for i in range(nd.meta.ndim):
-            if shape[i] != nd.meta.shape[i]:
-                return False
-        return True
-    cdef Node *src = &seg.nodes[r]
-    if src.meta.ndim != nd.meta.ndim:
-        return False
-    for i in range(nd.meta.ndim):
-        if src.meta.shape[i] != nd.meta.shape[i]:
-            return False
-    return True
 
 
 cdef bint root_contiguous(Segment seg, LazyTensor root, int8_t *known, int depth) except -1:
