@@ -498,10 +498,12 @@ def test_a_view_run_eagerly_is_a_view_of_its_root(make, monkeypatch):
     monkeypatch.setattr(generic, "record", refuse_unfold)
 
     def program(x):
+        u = x[:3]
+        u.add_(1)                       # u's value is a tensor of its own now
         v = x[1:]
         w = v.unfold(0, 2, 3)
-        w.mul_(-1)
-        return x, v, w
+        w.mul_(-1)                      # reaches x, v and u
+        return x, u, v, w
     want = program(torch.arange(10.0))
     got = program(make(torch.arange(10.0)))
     assert fastlazy.metrics.counters()["fallbacks"] >= 1
