@@ -392,12 +392,23 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
     # transformer layer's -- gave its results without the casts, as the
     # recorded program, run without autocast, will; eager's kernel casts.)
     trial_under_autocast = trial is not None and _core.autocast_depth()
+    # Nor is it eager's run in another way: ATen's composite functions
+    # take their tensor-subclass branch under any dispatch mode
+    # (isTensorSubclassLike), where eager's own branch may refuse the
+    # arguments (max_pool1d of an int64 tensor) or lay its result out
+    # otherwise.  So a plain run judges too, where it draws nothing from
+    # the user's random stream; it costs a few microseconds beside the
+    # trial's hundreds.
+    plain_run = trial is not None and not templated and not draws
     real = None
-    if (trial is None and (not templated or ruled)) or trial_under_autocast:
+    if (trial is None and (not templated or ruled)) or trial_under_autocast or plain_run:
         real = _run_small(func, args, kwargs, tensors, results, ruled,
                           "the fake kernel's result metadata differs from eager's"
-                          if trial is None else "its kernel casts inside itself under autocast")
-    if real is None and trial is not None and not trial_under_autocast:
+                          if trial is None else
+                          "its kernel casts inside itself under autocast"
+                          if trial_under_autocast else
+                          "its result's metadata under a dispatch mode differs from eager's")
+    if real is None and trial is not None:
         real = results              # (the trial run's: the real kernel's)
     if real is not None:
         # a result's strides as the real kernel laid it out, from arguments

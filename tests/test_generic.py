@@ -281,6 +281,24 @@ def test_where_fake_kernels_and_eager_disagree_a_trial_run_judges():
     assert counters()["fallbacks"] == 0
 
 
+def test_a_composite_function_that_eager_refuses_raises_although_its_trial_run_passed():
+    """ATen's composite functions take their tensor-subclass branch under
+    any dispatch mode, the trial run's recorder's included: max_pool1d of
+    an int64 tensor then calls max_pool1d_with_indices, which takes it,
+    where eager's own branch raises NotImplementedError.  A plain run
+    beside the recorded one gives eager's verdict at the call."""
+    program_templates.forget()
+    x = torch.arange(12).reshape(1, 2, 6)
+    with pytest.raises(NotImplementedError):
+        F.max_pool1d(x, 2)
+    with pytest.raises(NotImplementedError):
+        F.max_pool1d(fastlazy.lazy(x), 2)
+    f = x.float()
+    got = F.max_pool1d(fastlazy.lazy(f), 2)
+    assert type(got) is fastlazy.LazyTensor
+    assert torch.equal(got.to_eager(), F.max_pool1d(f, 2))
+
+
 def test_where_fake_kernels_and_eager_disagree_beyond_a_trial_run_the_call_runs_eagerly():
     """The same call too large for a trial run: the fake run is not trusted
     where the C rule refused, and the call runs eagerly."""
