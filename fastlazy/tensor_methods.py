@@ -96,6 +96,13 @@ def lazy_to(self, args, kwargs):
     target = _target_device(args, kwargs)
     if target is None or _same_device(target, self.device):
         prepared = None
+        if kwargs and not args and kwargs.keys() <= _TO_KEYWORDS:
+            # (HF's `.to(dtype=..., device=..., copy=True)`: the same call
+            # positionally, which the core's signature cache takes, 0.8 us
+            # against 3-4 us through route.call)
+            args = (kwargs.get("dtype", self.dtype), kwargs.get("non_blocking", False),
+                    kwargs.get("copy", False))
+            kwargs = {}
         if not kwargs and _core.eager_only_reason() is None:
             # (a cast or a move to where the value lives, per call in model
             # code: a signature seen before is recorded by the core alone)
@@ -106,6 +113,10 @@ def lazy_to(self, args, kwargs):
     fallback.count("to", "device move (gives an eager tensor)")
     return self.to_eager().to(*args, **kwargs)
 
+
+# the keywords of Tensor.to(dtype, non_blocking, copy) (a device among them
+# is the value's own here)
+_TO_KEYWORDS = frozenset({"dtype", "device", "non_blocking", "copy"})
 
 # (a tensor argument is never taken for one: == would be an op of its own)
 _is_lazy_device = _core.is_lazy_device

@@ -214,8 +214,12 @@ def test_getitem_is_a_hit_in_c(monkeypatch):
     lambda m, i: m & (i > 2), lambda m, i: ~m, lambda m, i: i // 3, lambda m, i: i % 3,
     lambda m, i: m ^ m, lambda m, i: i << 1,
     lambda m, i: i.to(torch.float32), lambda m, i: m.to("cpu"),
+    lambda m, i: i.to(dtype=torch.float16),
+    lambda m, i: i.to(copy=True, dtype=torch.float32, device=i.device),
+    lambda m, i: i.to(copy=True), lambda m, i: i.to(device="cpu", copy=False),
 ], ids=["and", "invert", "floordiv", "mod", "xor", "lshift", "to-dtype",
-        "to-own-device"])
+        "to-own-device", "to-dtype-keyword", "to-keywords-copy", "to-copy",
+        "to-keywords-no-copy"])
 def test_operators_without_a_row_and_to_are_hits_in_c(call, monkeypatch):
     # HuggingFace's generate calls these on its masks and token ids per
     # token: a signature seen before is recorded without Python
