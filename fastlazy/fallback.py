@@ -106,16 +106,28 @@ def as_views(x, roots):
     t = type(x)
     if t is LazyTensor:
         where = x.family
-        if type(where) is not views.Member or where.flags or views.held(x):
+        if type(where) is not views.Member:
+            # a root: handed over as its value (materialize), and noted,
+            # so that a result viewing that value (x.as_strided(...) run
+            # eagerly) comes back as a view of x, placed in x's own
+            # elements, which need not start its storage (lazy(t[2:]));
+            # as a LazyTensor of its own, a write through it wrote the
+            # value's storage itself, the tensor x was made from
+            if x.is_materialized:
+                _note_root(x, x.to_eager(), roots)
             return x
         root = where.root
-        if root.dtype != x.dtype:
+        if where.flags or root.dtype != x.dtype:
+            return x
+        if views.held(x):
+            # handed over as the view of its root's value it holds; noted
+            # as a root's is
+            if root.is_materialized:
+                _note_root(root, root.to_eager(), roots)
             return x
         value = root.to_eager()
-        if value.requires_grad or not value.is_contiguous() or value.is_conj() \
-                or value.is_neg() or value.untyped_storage().data_ptr() == 0:
+        if not _note_root(root, value, roots):
             return x
-        roots["storage", value.untyped_storage().data_ptr()] = (root, value)
         view = value.as_strided(where.size, where.stride, value.storage_offset() + where.offset)
         roots["argument", id(view)] = x   # (a call that returns its argument returns x itself)
         return view
@@ -126,6 +138,18 @@ def as_views(x, roots):
     return x
 
 
+def _note_root(root, value, roots) -> bool:
+    """Note `root`'s `value` for _viewing_root where its views can be
+    eager's: laid out contiguously (places are in that layout), requiring
+    no grad (a view would carry as_strided's backward), no conj or neg
+    bit, with storage."""
+    if value.requires_grad or not value.is_contiguous() or value.is_conj() \
+            or value.is_neg() or value.untyped_storage().data_ptr() == 0:
+        return False
+    roots["storage", value.untyped_storage().data_ptr()] = (root, value)
+    return True
+
+
 def _viewing_root(out, roots):
     """The LazyTensor for result `out` where it is an argument handed over
     (that argument itself), a root's value (the root) or a view of one (a
@@ -134,7 +158,9 @@ def _viewing_root(out, roots):
     handed = roots.get(("argument", id(out)))
     if handed is not None:
         return handed
-    found = roots.get(("storage", out.untyped_storage().data_ptr())) if out.numel() else None
+    if out.layout is not torch.strided or out.is_nested or not out.numel():
+        return None             # (a sparse or nested result has no storage to share)
+    found = roots.get(("storage", out.untyped_storage().data_ptr()))
     if found is None or found[1].dtype != out.dtype:
         return None
     root, value = found

@@ -512,6 +512,32 @@ def test_a_view_run_eagerly_is_a_view_of_its_root(make, monkeypatch):
         assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
 
 
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "slice"])
+@pytest.mark.parametrize("call", [
+    lambda x: x.unfold(0, 2, 2), lambda x: x.as_strided((2,), (1,), 3),
+    lambda x: x.view(2, 3).diagonal(), lambda x: x.view(2, 3).t()[1:],
+], ids=["unfold", "as_strided_offset", "diagonal_of_view", "slice_of_t_of_view"])
+def test_a_view_of_a_value_run_eagerly_never_writes_the_tensor_made_lazy(call, sliced):
+    """Under saved-tensor hooks every call runs eagerly: a view of a root's
+    value (or of a view it holds of it) comes back as a view of that root,
+    so a write through it reaches the LazyTensor, as eager's does, and
+    never the tensor fastlazy.lazy() was given -- also where that tensor is
+    a slice, whose elements do not start its storage (as_strided's offset
+    counts from the storage's start)."""
+    def program(t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x):
+            v = call(t)
+        v.mul_(100)
+        return t, v
+    base = torch.arange(8.0)
+    want = program(torch.arange(8.0)[2:] if sliced else torch.arange(8.0)[:6])
+    got = program(fastlazy.lazy(base[2:] if sliced else base[:6]))
+    assert fastlazy.metrics.counters()["fallbacks"] >= 1
+    for g, w in zip(got, want):
+        assert torch.equal(g.to_eager(), w)
+    assert torch.equal(base, torch.arange(8.0))
+
+
 @pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
                          ids=["value", "pending"])
 @pytest.mark.parametrize("call", [
