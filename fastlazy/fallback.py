@@ -160,7 +160,11 @@ def _viewing_root(out, roots):
         return handed
     if out.layout is not torch.strided or out.is_nested or not out.numel():
         return None             # (a sparse or nested result has no storage to share)
-    found = roots.get(("storage", out.untyped_storage().data_ptr()))
+    try:
+        address = out.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return None             # (functorch's wrapper of a result has none either)
+    found = roots.get(("storage", address))
     if found is None or found[1].dtype != out.dtype:
         return None
     root, value = found

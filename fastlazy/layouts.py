@@ -13,6 +13,7 @@ run laid it out; where the producers do not tell, None.
 """
 from __future__ import annotations
 
+import collections
 import functools
 
 import torch
@@ -40,6 +41,11 @@ _GENERIC_ELEMENTWISE = frozenset(f"generic_{name}" for name in
 # ops whose result is contiguous where their operands are (attention: its
 # CPU kernel lays its output out as the query is laid out)
 _CONTIGUOUS_FROM_CONTIGUOUS = frozenset((Rule.R_SDPA, Rule.R_NATIVE_MHA))
+# _Layouts._meta_strides' answers: (op, attr, dtype, shape, inputs) -> strides,
+# a tensor input described by a _MetaOperand
+_MetaOperand = collections.namedtuple("_MetaOperand", "shape strides dtype")
+_META_STRIDES: dict = {}
+_META_STRIDES_KEPT = 4096
 # how many recorded nodes a layout may be followed through (a CNN's
 # channels-last input decides the layout of every convolution after it)
 _LAYOUT_NODES = 512
@@ -63,6 +69,8 @@ def pending_strides(x):
     and strides, never their values).  Any other op -- a generic call too
     large for a real run, one whose operands are laid out otherwise --
     does not tell."""
+    # (worked out afresh at each question: a segment drops the nodes at its
+    # end that no tensor holds, and records the next ones at their indices)
     seg, index = _core.pending_in(x)
     return _Layouts(seg).strides(index)
 
@@ -155,7 +163,10 @@ class _Layouts:
     def _meta_strides(self, node):
         """The strides of node `node` (a view, or a generic call laid out by
         its operands) where its operands' layouts are known: its program
-        run on meta tensors laid out as they are."""
+        run on meta tensors laid out as they are -- once per op, operand
+        layouts and other inputs (_META_STRIDES): a model's step asks the
+        same of every call's nodes (a reshape of a transposed projection's
+        pointwise result, at every token), and a meta run costs 30-100 us."""
         inputs = []
         for kind, k in node.inputs:
             value = self.seg.slot(k)[1] if kind == "slot" else None
@@ -164,8 +175,25 @@ class _Layouts:
                 if operand is None:
                     return None
                 dtype = self.seg.node(k).dtype if kind == "node" else value.dtype
-                value = torch.empty_strided(*operand, dtype=dtype, device="meta")
+                value = _MetaOperand(tuple(operand[0]), tuple(operand[1]), dtype)
             inputs.append(value)
+        key = (node.op, node.attr, node.dtype, tuple(node.shape), tuple(inputs))
+        try:
+            return _META_STRIDES[key]
+        except KeyError:
+            pass
+        except TypeError:           # (an input no key can hold: not kept)
+            return self._meta_run(node, inputs)
+        found = self._meta_run(node, inputs)
+        if len(_META_STRIDES) >= _META_STRIDES_KEPT:
+            _META_STRIDES.clear()
+        _META_STRIDES[key] = found
+        return found
+
+    @staticmethod
+    def _meta_run(node, inputs):
+        inputs = [torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta")
+                  if type(v) is _MetaOperand else v for v in inputs]
         program, output = node_program.of_record(node.op, node.attr, node.dtype)[1:]
         values = []
         try:
@@ -289,6 +317,29 @@ def _channels_last_strides(shape):
     return (h * w * c, 1, w * c, c)
 
 
+def _is_channels_last(shape, strides) -> bool:
+    """c10's channels-last contiguity of a 4-D geometry, approximately:
+    the strides of a channels-last layout in every dim of size above 1."""
+    if 0 in shape:
+        return False
+    return all(n == 1 or st == want
+               for n, st, want in zip(shape, strides, _channels_last_strides(shape)))
+
+
+def _dense(shape, strides) -> bool:
+    """Non-overlapping and dense: the elements fill a block of numel()
+    places exactly (some permutation of a contiguous layout)."""
+    if 0 in shape:
+        return False
+    expected = 1
+    for n, st in sorted(zip(shape, strides), key=lambda d: (d[1], d[0])):
+        if n != 1:
+            if st != expected:
+                return False
+            expected *= n
+    return True
+
+
 def _suggests_channels_last(shape, strides) -> bool:
     """Does a tensor of this geometry suggest the channels-last memory
     format (c10's is_channels_last_strides_2d_s4, which
@@ -313,10 +364,29 @@ def iterator_strides(shape, operands):
     elementwise op of operands [(shape, strides)] (aten's
     TensorIteratorBase::reorder_dimensions: dimensions sorted by the
     operands' strides, the first operand with an opinion deciding, a
-    broadcast dimension giving none; the result dense in that order)."""
+    broadcast dimension giving none; the result dense in that order).
+    Each answer is worked out once: a model's step asks the same ones at
+    every call."""
+    return _iterator_strides(tuple(shape), tuple((tuple(s), tuple(st)) for s, st in operands))
+
+
+@functools.lru_cache(maxsize=4096)
+def _iterator_strides(shape, operands):
     ndim = len(shape)
     if ndim <= 1:
         return views.contiguous_strides(shape)
+    if operands and all(s == shape for s, _ in operands):
+        # TensorIterator's fast set-up, where no operand broadcasts: every
+        # operand contiguous (c10's check, blind to a size-1 dim's stride),
+        # a contiguous result; every one channels last, a channels-last
+        # one; all dense with the same strides, those
+        if all(views.contiguous(shape, st) for _, st in operands):
+            return views.contiguous_strides(shape)
+        if ndim == 4 and all(_is_channels_last(shape, st) for _, st in operands):
+            return _channels_last_strides(shape)
+        first = operands[0][1]
+        if all(st == first for _, st in operands) and _dense(shape, first):
+            return first
     broadcast = []
     for operand_shape, operand_strides in operands:
         offset = ndim - len(operand_shape)

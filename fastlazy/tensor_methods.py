@@ -222,16 +222,14 @@ def eager_strides(x):
     are not known without computing it: a view's place in its root, where
     the root is laid out contiguously in eager (a view's computed value is
     a tensor of its own once a write has moved it off the root's value,
-    laid out contiguously); a value's own; a pending result's as its
-    recorded producers lay it out (fastlazy.layouts)."""
+    laid out contiguously); a value's own; a pending result's (a base of
+    views too) as its recorded producers lay it out (fastlazy.layouts)."""
     where = views.geometry(x)
     if where is not None:
         return tuple(where[1]) if _root_laid_out(x.family.root) else None
     if x.is_materialized:
         return x.to_eager().stride()
-    if x.family is None:
-        return layouts.pending_strides(x)
-    return None                 # a base with live views: not worked out here
+    return layouts.pending_strides(x)   # (a base with live views too: they keep its layout)
 
 
 def _root_laid_out(root) -> bool:

@@ -849,6 +849,46 @@ def test_views_of_results_laid_out_contiguously_ask_the_layouts_module_nothing()
         _core.install(boot.hooks())
 
 
+def test_a_layout_worked_out_by_meta_runs_is_worked_out_once(monkeypatch):
+    """fastlazy.layouts runs a view's program on meta tensors to find its
+    strides (30-100 us each): a model's step asks the same questions of
+    every call's new nodes (a transposed projection's rotary embedding
+    reshaped, at every generated token), so each answer is kept by the
+    op, its operands' layouts and its other inputs, and a call's second
+    question of one node is the first's answer."""
+    from fastlazy import layouts
+    runs = []
+    meta_run = layouts._Layouts._meta_run
+    monkeypatch.setattr(layouts._Layouts, "_meta_run",
+                        staticmethod(lambda node, inputs: runs.append(node.op)
+                                     or meta_run(node, inputs)))
+    asked = []
+    pending_strides = layouts.pending_strides
+    monkeypatch.setattr(layouts, "pending_strides",
+                        lambda t: asked.append(t.shape) or pending_strides(t))
+    from fastlazy import boot
+    _core.install(boot.hooks())
+    cos, sin = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def step(h):
+        q = torch.nn.functional.linear(h, torch.ones(64, 64)).view(2, 1, 4, 16).transpose(1, 2)
+        q = q * cos + torch.cat((-q[..., 8:], q[..., :8]), dim=-1) * sin
+        return q.reshape(2, 2, 2, 16), q.stride()
+    h = torch.randn(2, 1, 64)
+    try:
+        for _ in range(3):
+            got, strides = step(fastlazy.lazy(h))
+            want, want_strides = step(h)
+            assert torch.equal(got.to_eager(), want) and strides == want_strides
+            if not runs:
+                break
+            first, runs[:] = len(runs), []
+    finally:
+        monkeypatch.undo()
+        _core.install(boot.hooks())
+    assert asked and first > 0 and runs == []
+
+
 def test_a_generic_view_published_for_a_contiguous_root_keys_a_transposed_one_again():
     """`t` is a generic call whose signature the core records by itself once
     published; published from a contiguous root, it meets a root eager lays
