@@ -17,6 +17,8 @@ after_mutation:
 """
 from __future__ import annotations
 
+import contextlib
+
 
 import torch
 
@@ -602,10 +604,14 @@ def after_mutation(t):
             continue
         where = view.family
         try:
-            fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
-                                              where.detached, view.dtype, where.conj), {},
-                                   "view refresh",
-                                   track_views=False, churns=False)
+            # (a view that carried its root's gradient carries it on: eager's
+            # view of a leaf written under no_grad -- an optimizer's step --
+            # still requires grad, its backward rebuilt as the leaf's view)
+            with torch.enable_grad() if view.requires_grad else contextlib.nullcontext():
+                fresh = generic.record(_view_of, (root, where.size, where.stride, where.offset,
+                                                  where.detached, view.dtype, where.conj), {},
+                                       "view refresh",
+                                       track_views=False, churns=False)
         except Unsafe:
             # its place is no longer in the root (`x.resize_` to fewer
             # elements): eager's view keeps the storage's elements there,

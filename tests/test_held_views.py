@@ -202,3 +202,34 @@ def test_a_dtype_view_of_a_slice_of_a_value_at_a_storage_offset():
                                base[1:65][1:9].view(torch.int32), rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="storage_offset"):
         x[0:8].view(torch.int32)
+
+
+LEAVES_OF_VIEWS = {
+    "detach_of_result": lambda t: t.exp().detach().requires_grad_(),
+    "slice": lambda t: t[1:].requires_grad_(),
+    "detach": lambda t: t.detach().requires_grad_(),
+    "data": lambda t: t.data.requires_grad_(),
+    "attribute": lambda t: (t + 1).detach().requires_grad_(True),
+}
+
+
+@pytest.mark.parametrize("view", [lambda c: c[0:1], lambda c: c[0], lambda c: c.narrow(0, 0, 1),
+                                  lambda c: c[:, 1]],
+                         ids=["slice", "select", "narrow", "column"])
+@pytest.mark.parametrize("make_leaf", LEAVES_OF_VIEWS.values(), ids=LEAVES_OF_VIEWS.keys())
+def test_a_slice_of_a_leaf_made_of_a_view_carries_the_leafs_gradient(make_leaf, view):
+    """`x_adv = x.clone().detach().requires_grad_()` (an adversarial
+    attack's leaf): the leaf is a view whose root holds a value requiring
+    no grad, and a slice of it is no held view of that value (it would
+    not require grad), but the leaf's own view, whose gradient reaches it."""
+    def program(t):
+        c = make_leaf(t)
+        v = view(c)
+        ((v * 2).sum() + c.sum()).backward()
+        return v.requires_grad, c.grad
+    x = torch.arange(6.0).reshape(3, 2)
+    want = program(x.clone())
+    got = program(fastlazy.lazy(x.clone()))
+    assert got[0] == want[0] is True
+    assert torch.equal(got[1].to_eager() if isinstance(got[1], fastlazy.LazyTensor) else got[1],
+                       want[1])

@@ -135,3 +135,33 @@ def test_requires_grad_on_a_lazy_leaf_is_a_flag_not_a_write():
     assert torch.equal(y.grad, torch.full((2, 3), 2.0))
     with pytest.raises(RuntimeError, match="only change requires_grad flags of leaf"):
         (fastlazy.lazy(torch.randn(2, requires_grad=True)) * 2).requires_grad_(False)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda ps: torch.optim.SGD(ps, lr=0.1),
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, foreach=True),
+    lambda ps: torch.optim.AdamW(ps, lr=0.05, foreach=True),
+    lambda ps: torch.optim.Adam(ps, lr=0.05, fused=True),
+], ids=["sgd", "sgd-foreach", "adamw-foreach", "adam-fused"])
+def test_a_view_of_a_parameter_taken_once_carries_its_gradient_across_steps(optimizer):
+    """A tied (transposed) weight taken once before the loop: each step's
+    write of the leaf under no_grad leaves the view requiring grad, as
+    eager's, so its share of the gradient reaches the leaf (it was dropped,
+    silently, from the second step on)."""
+    def train(make):
+        w = make(torch.tensor([[0.5, -0.2, 0.1], [0.3, 0.9, -0.4]])).requires_grad_()
+        tied, row = w.t(), w[1:]
+        opt = optimizer([w])
+        losses = []
+        for _ in range(4):
+            loss = (w @ tied).sum() + (row * row).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert tied.requires_grad and row.requires_grad
+        return losses, w.detach()
+    want = train(lambda t: t)
+    got = train(fastlazy.lazy)
+    assert got[0] == want[0]
+    assert torch.equal(got[1].to_eager(), want[1])

@@ -1115,6 +1115,11 @@ cdef object view_of_value(LazyTensor src, Meta *out, int64_t *stride, int64_t of
     layout), not conjugated nor negated, that requires no grad (the view
     would carry as_strided's backward, not slicing's), and a view of the
     root's dtype that neither detaches nor conjugates (its member flags)."""
+    if src.meta.requires_grad:
+        # (a leaf made of a view, x[1:].requires_grad_() or
+        # x.detach().requires_grad_(): its root's value requires no grad,
+        # but a slice of it must carry the leaf's)
+        return None
     family = src.family
     if type(family) is Member:
         if (<Member>family).flags:
