@@ -59,6 +59,12 @@ def call(func, name, args, kwargs, inplace, ruled=False, prepared=None):
     if func is torch.autograd.grad:
         fallback.count(name, "gradients are computed eagerly")
         return autograd_calls.grad(func, args, kwargs)
+    if inplace and name.startswith("_foreach_"):
+        done = _foreach_in_place(name, args, kwargs)
+        if done is not _NOT_SPLIT:
+            # (torch's function returns the list it wrote, torch.ops' None)
+            return None if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
+                else args[0]
     if name in _FLAG_SETTERS:
         # (named like an in-place call, but no write: a leaf that requires
         # grad may set it, which the write checks would refuse)
@@ -158,6 +164,51 @@ def run_eagerly(func, name, args, kwargs, inplace, reason, views_of_roots=True):
 
 
 _FLAG_SETTERS = frozenset({"Tensor.requires_grad_"})
+
+_NOT_SPLIT = object()
+
+
+def _foreach_in_place(name, args, kwargs):
+    """torch._foreach_<op>_(tensors, ...) (an optimizer's foreach step, or
+    torch.ops.aten._foreach_<op>_.<overload>) as the in-place call of each
+    tensor in turn, its list arguments taken item by item and the others
+    whole, so that every write is recorded as a LazyTensor's own (its views
+    follow; the tensor it was made from is never written): run eagerly on
+    the list, it wrote the values themselves.  <op>_ where Tensor has that
+    method, else a copy_ of torch.<op>'s result (maximum; a number taken as
+    a 0-dim tensor there).  None where done; _NOT_SPLIT where the lists
+    differ in length (run eagerly, the call raises eager's error)."""
+    op = name.partition(".")[0][len("_foreach_"):-1]
+    method = getattr(torch.Tensor, op + "_", None)
+    whole = getattr(torch, op, None)
+    if not args or type(args[0]) not in (list, tuple) or (method is None and whole is None):
+        return _NOT_SPLIT
+    if op in ("addcmul", "addcdiv"):
+        # per-item scalars given as one tensor, which eager reads on the
+        # host; the scalar is Tensor.addcmul_'s keyword `value`
+        args = [a.tolist() if isinstance(a, torch.Tensor) and a.dim() == 1 else a for a in args]
+        kwargs = {"value" if k == "scalars" else k:
+                  v.tolist() if isinstance(v, torch.Tensor) and v.dim() == 1 else v
+                  for k, v in kwargs.items()}
+        if len(args) > 3:
+            args, kwargs = args[:3], dict(kwargs, value=args[3])
+    targets = args[0]
+    n = len(targets)
+    for a in (*args[1:], *kwargs.values()):
+        if type(a) in (list, tuple) and len(a) != n:
+            return _NOT_SPLIT           # (eager raises its own error)
+
+    def item(a, i):
+        return a[i] if type(a) in (list, tuple) else a
+    for i, target in enumerate(targets):
+        rest = [item(a, i) for a in args[1:]]
+        keywords = {k: item(v, i) for k, v in kwargs.items()}
+        if method is not None:
+            method(target, *rest, **keywords)
+        else:
+            rest = [torch.tensor(a) if type(a) in (int, float, bool) else a for a in rest]
+            target.copy_(whole(target, *rest, **keywords))
+    return None
 
 
 _NO_NUMPY = object()

@@ -628,3 +628,40 @@ def test_a_dtype_view_of_a_tensor_requiring_grad_keeps_its_gradient_after_a_writ
     got = program(fastlazy.lazy)
     for g, w in zip(got, want):
         torch.testing.assert_close(g.to_eager() if type(g) is fastlazy.LazyTensor else g, w)
+
+
+IN_PLACE_SPELLINGS = {
+    "aten_overload": lambda x: torch.ops.aten.mul_.Scalar(x, 2),
+    "aten_overload_tensor": lambda x: torch.ops.aten.sub_.Tensor(x, torch.ones(3)),
+    "aten_copy": lambda x: torch.ops.aten.copy_.default(x, torch.full((3,), 7.0)),
+    "foreach": lambda x: torch._foreach_mul_([x], 3.0),
+    "foreach_lists": lambda x: torch._foreach_add_([x, x[0:1]], [torch.ones(3), torch.ones(1)],
+                                                   alpha=2),
+    "foreach_no_method": lambda x: torch._foreach_maximum_([x], 2.5),
+    "foreach_scalars_tensor": lambda x: torch._foreach_addcmul_([x], [torch.ones(3)],
+                                                                [torch.ones(3)], torch.tensor([2.0])),
+    "ops_foreach": lambda x: torch.ops.aten._foreach_add_.Scalar([x], 1.0),
+}
+
+
+@pytest.mark.parametrize("earlier_write", [False, True], ids=["first", "after_a_write"])
+@pytest.mark.parametrize("write", IN_PLACE_SPELLINGS.values(), ids=IN_PLACE_SPELLINGS.keys())
+def test_writes_spelled_as_aten_overloads_or_foreach_reach_views(write, earlier_write):
+    """torch.ops.aten.mul_.Scalar and torch._foreach_mul_ (an optimizer's
+    foreach step) are writes as x.mul_ is: recorded as the LazyTensor's
+    own, so its live views see them (they kept their old values after an
+    earlier write), and never written into the tensor fastlazy.lazy() was
+    given."""
+    def program(x):
+        v = x[1:]
+        if earlier_write:
+            x.add_(1)
+        out = write(x)
+        return x, v, out
+    t = torch.tensor([1.0, 2.0, 3.0])
+    want = program(t.clone())
+    got = program(fastlazy.lazy(t))
+    for g, w in zip(got[:2], want[:2]):
+        assert torch.equal(g.to_eager(), w)
+    assert (got[2] is None) == (want[2] is None)
+    assert torch.equal(t, torch.tensor([1.0, 2.0, 3.0]))

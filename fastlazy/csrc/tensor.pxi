@@ -656,7 +656,10 @@ cdef class LazyTensor:
             # the watch entry enable() put in its module, returns x itself)
             func = entry.__wrapped__
         name = getattr(func, "__name__", None) or repr(func)
-        if name.endswith("_") and not name.endswith("__"):
+        # (an aten overload names its overload after the op's name:
+        # torch.ops.aten.mul_.Scalar is "mul_.Scalar", a write as mul_ is)
+        base = name.partition(".")[0] if type(func) is _op_overload_type else name
+        if base.endswith("_") and not base.endswith("__"):
             return _hooks.record_call(func, name, args, kwargs, True, False)
         # a Python function of torch's (F.multi_head_attention_forward):
         # its body recorded call by call (fastlazy.python_bodies), or the
@@ -666,6 +669,8 @@ cdef class LazyTensor:
             return result
         return record_by_signature(func, name, args, kwargs, False, None)
 
+
+_op_overload_type = torch._ops.OpOverload
 
 fl_handle_install(LazyTensor)
 
