@@ -112,9 +112,9 @@ def as_views(x, roots):
             # eagerly) comes back as a view of x, placed in x's own
             # elements, which need not start its storage (lazy(t[2:]));
             # as a LazyTensor of its own, a write through it wrote the
-            # value's storage itself, the tensor x was made from
-            if x.is_materialized:
-                _note_root(x, x.to_eager(), roots)
+            # value's storage itself, the tensor x was made from (a pending
+            # x is computed here, as materialize would)
+            _note_root(x, x.to_eager(), roots)
             return x
         root = where.root
         if where.flags or root.dtype != x.dtype:
@@ -122,8 +122,7 @@ def as_views(x, roots):
         if views.held(x):
             # handed over as the view of its root's value it holds; noted
             # as a root's is
-            if root.is_materialized:
-                _note_root(root, root.to_eager(), roots)
+            _note_root(root, root.to_eager(), roots)
             return x
         value = root.to_eager()
         if not _note_root(root, value, roots):
@@ -172,7 +171,12 @@ def _viewing_root(out, roots):
         return root
     t = _core.lazy_or_eager(out)
     if type(t) is not LazyTensor:
-        return None
+        # (a view of more dims than a LazyTensor holds: as an eager tensor
+        # it would hold the root's value, and a write through it reach the
+        # tensor the root was made from, a later write to the root not it)
+        raise TypeError(f"fastlazy cannot hold a view of {out.dim()} dims ({out.dtype}) of a "
+                        f"LazyTensor (at most {_core.MAX_NDIM}); take its value first "
+                        f"(x.to_eager()) to work with it eagerly")
     views.attach(t, root, (tuple(out.shape), out.stride(),
                            out.storage_offset() - value.storage_offset()), 0)
     t.family.held = out

@@ -665,3 +665,18 @@ def test_writes_spelled_as_aten_overloads_or_foreach_reach_views(write, earlier_
         assert torch.equal(g.to_eager(), w)
     assert (got[2] is None) == (want[2] is None)
     assert torch.equal(t, torch.tensor([1.0, 2.0, 3.0]))
+
+
+@pytest.mark.parametrize("make", [fastlazy.lazy, lambda t: fastlazy.lazy(t) * 1],
+                         ids=["value", "pending"])
+def test_a_view_of_more_dims_than_a_lazy_tensor_holds_raises_at_the_call(make):
+    """A LazyTensor holds at most MAX_NDIM dims; a view of more, as an
+    eager tensor of the root's value, wrote the tensor fastlazy.lazy() was
+    given and missed the root's later writes: a clear error instead, and
+    every tensor stays as it was."""
+    t = torch.zeros(4)
+    x = make(t)
+    with pytest.raises(TypeError, match="cannot hold a view of 9 dims"):
+        x.view(1, 1, 1, 1, 1, 1, 1, 2, 2)
+    assert torch.equal(x.to_eager(), torch.zeros(4)) and torch.equal(t, torch.zeros(4))
+    assert x.view(1, 1, 1, 1, 1, 1, 2, 2).dim() == 8
