@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 
-
 import torch
 
 from fastlazy import _core, generic, views
