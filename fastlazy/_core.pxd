@@ -357,6 +357,10 @@ cdef class LazyTensor:
     cdef bint retains_grad    # retain_grad() was called: each value it holds
                               # from now on retains its grad (an in-place op
                               # gives it a new one, as eager's moves the hook)
+    cdef object leaf_of       # pending: the eager leaf that requires grad
+                              # whose update under no_grad it holds (an
+                              # optimizer's step); its value becomes that
+                              # leaf's successor (tensor.pxi take_leaf)
     cdef object __weakref__
 
 

@@ -34,6 +34,7 @@ import warnings
 
 import torch
 from cpython.object cimport PyObject, PyTypeObject
+from cpython.exc cimport PyErr_WriteUnraisable
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint64_t, uintptr_t
 

@@ -79,8 +79,16 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
         views.check_no_overlap(target, method, args[1:], kwargs)
     if target.family is None and target.is_materialized and target.to_eager()._is_view():
         raise Unsafe("writes through a view an eager fallback made")
+    # a leaf that requires grad written under no_grad: recorded, its value
+    # made the leaf's successor when it runs (_core.pend_leaf); one with
+    # views runs eagerly, its views refreshed after (run_inplace)
+    leaf = None
     if _leaf_under_no_grad(target):
-        raise Unsafe("writes a leaf under no_grad")
+        if reshaping or target.family is not None:
+            raise Unsafe("writes a leaf under no_grad")
+        leaf = _core.leaf_of(target)
+        if leaf is None:
+            leaf = target.to_eager()
     if reshaping and (_has_views(target) or method in _RELAYING and target.family is None):
         _leave_storage_to_views(target)
     if flag is None:
@@ -95,6 +103,8 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
         value = generic.record(func, args, kwargs, name, track_views=False, ruled=ruled,
                                written=not reshaping)
     _core.adopt(target, value)
+    if leaf is not None:
+        _core.pend_leaf(target, leaf)
     if type(target.family) is Member and reshaping:
         # x[:].squeeze_(0): the values stay, the view's place changes
         _reshape_view(target, func, args[1:], kwargs)
@@ -108,6 +118,8 @@ def _detach(target):
     a leaf that requires grad may call it).  A view refuses, as eager's."""
     if type(target.family) is Member:
         raise RuntimeError("Can't detach views in-place. Use detach() instead.")
+    if _core.leaf_of(target) is not None:
+        target.to_eager()       # the leaf's pending update: detached as that leaf
     _core.adopt(target, generic.record(torch.Tensor.detach, (target,), {}, "Tensor.detach_",
                                        track_views=False))
     return target
@@ -551,7 +563,10 @@ def _scattered(base, view, size, stride, offset):
 
 
 def _grad_leaf(t):
-    """A materialized leaf that requires grad (a parameter)."""
+    """A leaf that requires grad (a parameter), materialized or its pending
+    update (_core.pend_leaf)."""
+    if _core.leaf_of(t) is not None:
+        return True
     return t.requires_grad and t.is_materialized and t.to_eager().is_leaf
 
 

@@ -40,12 +40,16 @@ def attribute(name):
     elif name == "grad":
         # the gradient autograd accumulated into the value: the tensor
         # itself, so that x.grad.zero_() and x.grad[0] = v write it (and
-        # `x.grad = None` sets it), as in eager
+        # `x.grad = None` sets it), as in eager.  A leaf's pending update
+        # (an optimizer's step) has its leaf's, which its value takes when
+        # it runs: reading or clearing it (zero_grad) computes nothing.
         def get(self):
-            return self.to_eager().grad
+            leaf = _core.leaf_of(self)
+            return (self.to_eager() if leaf is None else leaf).grad
 
         def set_grad(self, value):
-            self.to_eager().grad = fallback.materialize(value)
+            leaf = _core.leaf_of(self)
+            (self.to_eager() if leaf is None else leaf).grad = fallback.materialize(value)
 
         get.__name__ = name
         return property(get, set_grad, doc="Tensor.grad.")

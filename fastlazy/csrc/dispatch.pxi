@@ -78,6 +78,7 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
     cdef Meta out
     cdef int attr = 0, flags = 0, i, nops = op_noperands[op]
     cdef LazyTensor self_t = None
+    cdef object leaf = None     # a leaf written under no_grad: its old value
 
     if (fl_saved_hooks or fl_dual_levels) and eager_only_now():
         return run_eager_only(entry, args, nargs, kwnames, form)
@@ -140,14 +141,22 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
         if ops[0].kind != K_LAZY:
             return run_eager(entry, args, nargs, kwnames, form, "in-place on an eager tensor")
         self_t = <LazyTensor>p[0]
-        if self_t.value is not None or self_t.family is not None or self_t.meta.inference:
-            # only a materialized value (or a view's root) can be a leaf; an
-            # inference tensor may also be pending
+        if (self_t.value is not None or self_t.family is not None or self_t.meta.inference
+                or self_t.leaf_of is not None):
+            # only a materialized value, a leaf's pending update (or a view's
+            # root) can be a leaf; an inference tensor may also be pending
             _hooks.check_leaf(self_t)
-            if (self_t.meta.requires_grad and self_t.value is not None
-                    and self_t.value.is_leaf and not grad_enabled()):
-                # a leaf that requires grad written under no_grad stays one
-                return run_eager(entry, args, nargs, kwnames, form, "writes a leaf under no_grad")
+            if (self_t.meta.requires_grad and not grad_enabled()
+                    and (self_t.leaf_of is not None or self_t.value is not None
+                         and self_t.value.is_leaf)):
+                # a leaf that requires grad written under no_grad stays one:
+                # recorded, its value made that leaf when it runs
+                # (tensor.pxi pend_leaf); one with views (a tied `w.t()`)
+                # runs eagerly, its views refreshed (fastlazy.mutation)
+                if self_t.family is not None:
+                    return run_eager(entry, args, nargs, kwnames, form,
+                                     "writes a leaf with views under no_grad")
+                leaf = self_t.leaf_of if self_t.leaf_of is not None else self_t.value
         if self_t.family is None and self_t.value is not None and self_t.value._is_view():
             # a view of another tensor (made by an eager fallback such as
             # x[0] or x.view(-1)): writing through it must reach its base
@@ -187,6 +196,8 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
                 return run_eager(entry, args, nargs, kwnames, form,
                                  "writes through a view whose elements overlap")
         record(op, ops, nops, &out, attr, flags, self_t)
+        if leaf is not None:
+            pend_leaf(self_t, leaf)
         if self_t.family is not None:
             # a view or a base of views: the write shows in the others
             _hooks.after_mutation(self_t)

@@ -420,8 +420,12 @@ cdef inline bint writes_own_pending(LazyTensor target):
     the view read is gone by the write) and no inference mode made --
     eager's refusals of a write (a leaf, an inference tensor, overlapping
     views) cannot apply to it, and the write is the node alone, with
-    nothing to carry to views."""
+    nothing to carry to views.  A leaf's pending update (tensor.pxi
+    pend_leaf) is one under no_grad (with grad, eager refuses the write:
+    the Python path raises its error)."""
     if target.value is not None or target.meta.inference:
+        return False
+    if target.leaf_of is not None and grad_enabled():
         return False
     family = target.family
     return family is None or type(family) is Family and not (<Family>family).has_live_views()
@@ -452,8 +456,12 @@ cdef object record_inplace(object func, object name, PyObject **args, Py_ssize_t
 
 cdef object wrote(object name, LazyTensor target, LazyTensor value):
     """target moved onto the node of its written value; what the call
-    returns (x[i] = v: None, as eager's __setitem__; else the target)."""
+    returns (x[i] = v: None, as eager's __setitem__; else the target).
+    A leaf's pending update stays one (tensor.pxi pend_leaf)."""
+    leaf = target.leaf_of
     adopt(target, value)
+    if leaf is not None:
+        pend_leaf(target, leaf)
     return None if name.endswith("__setitem__") else target
 
 

@@ -761,7 +761,10 @@ cdef LazyTensor record(int op, Operand *ops, int nops, Meta *out, int attr,
         i = 0
         while i < nops:
             if (ops[i].kind == K_LAZY and (<LazyTensor>ops[i].obj).seg is not None
-                    and (<LazyTensor>ops[i].obj).seg is not seg):
+                    and ((<LazyTensor>ops[i].obj).seg is not seg
+                         # a leaf's pending update read by an op with grad:
+                         # autograd's leaf is its value (tensor.pxi pend_leaf)
+                         or out.requires_grad and (<LazyTensor>ops[i].obj).leaf_of is not None)):
                 materialize(<LazyTensor>ops[i].obj)
                 seg = current_segment()
                 # that ran Python: check them all again, and read the eager

@@ -82,10 +82,62 @@ cdef inline void set_value(LazyTensor t, object value) noexcept:
     """t holds `value` from now on: it joins the cycle collector (a value's
     attributes or hooks may refer back to it)."""
     t.value = value
+    if t.leaf_of is not None:
+        take_leaf(t, value)
     if t.retains_grad:
         retain_grad_of(value)
     if not PyObject_GC_IsTracked(<PyObject*>t):
         PyObject_GC_Track(<PyObject*>t)
+
+
+# A leaf that requires grad, written under no_grad (an optimizer's step,
+# `with torch.no_grad(): p -= lr * p.grad`), stays a leaf that requires
+# grad in eager.  The write is recorded like any other: the handle holds
+# the update's node, computed without history, and `leaf_of` the leaf it
+# updates, whose gradient and hooks its value takes when the graph runs.
+# Until then it answers as that leaf (requires_grad, is_leaf, grad), and an
+# op recorded with grad enabled computes it first (segment.pxi record), so
+# that autograd's leaf is the updated value: every parameter's update of a
+# step runs in one graph, at the first read.
+
+def leaf_of(LazyTensor t):
+    """The eager leaf whose pending update t holds, or None."""
+    return t.leaf_of
+
+
+def pend_leaf(LazyTensor t, leaf):
+    """t, just rebound to the node of an update of `leaf` (an eager leaf
+    that requires grad) recorded under no_grad, becomes that leaf's
+    successor: pending, it answers as a leaf that requires grad; its value
+    becomes one, with leaf's gradient and hooks."""
+    t.leaf_of = leaf
+    if t.value is not None:
+        take_leaf(t, t.value)
+        return
+    t.meta.requires_grad = 1
+    if not PyObject_GC_IsTracked(<PyObject*>t):
+        PyObject_GC_Track(<PyObject*>t)
+
+
+cdef void take_leaf(LazyTensor t, object value) noexcept:
+    """value, t's update of t.leaf_of computed without history, becomes
+    the leaf: requiring grad, with the old leaf's gradient and hooks (the
+    same dicts, so the handles register_hook gave still remove them)."""
+    leaf, t.leaf_of = t.leaf_of, None
+    try:
+        if value.grad_fn is not None:
+            value = value.detach()
+            t.value = value
+        value.requires_grad_(True)
+        value.grad = leaf.grad
+        if leaf._backward_hooks is not None:
+            value._backward_hooks = leaf._backward_hooks
+        if leaf._post_accumulate_grad_hooks is not None:
+            value._post_accumulate_grad_hooks = leaf._post_accumulate_grad_hooks
+    except BaseException:
+        # (cannot happen to a float update computed under no_grad; were it
+        # to, the error is shown rather than lost)
+        PyErr_WriteUnraisable(t)
 
 
 cdef void retain_grad_of(object value) noexcept:
@@ -409,11 +461,11 @@ cdef class LazyTensor:
         # grad_fn; one that does not is a leaf, as in eager.
         if self.value is not None:
             return self.value.is_leaf
-        return not self.meta.requires_grad
+        return self.leaf_of is not None or not self.meta.requires_grad
 
     @property
     def grad_fn(self):
-        if self.value is None and not self.meta.requires_grad:
+        if self.value is None and (not self.meta.requires_grad or self.leaf_of is not None):
             return None
         return materialize(self).grad_fn
 
