@@ -380,6 +380,8 @@ cdef class Hooks:
     cdef public object check_leaf
     cdef public object check_write
     cdef public object after_mutation
+    # a leaf's written value becomes its successor: (new, old) (fastlazy.leaves)
+    cdef public object succeed_leaf
     # a node that builds autograd history reads an inference tensor:
     # (op, attr, result dtype, [(operand, is inference)]) raises eager's
     # error if the node would save it (fastlazy.inference_saves)

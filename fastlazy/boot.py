@@ -14,9 +14,9 @@ import os
 
 from fastlazy import (_core, autograd_calls, backends, capture, compile_process, compile_worker,
                       cpu_pool, detached_writes, failures, fx_threads, generic, graph_cache,
-                      host_checks, inference_saves, layouts, lazy_device, metrics, mutation, optable,
-                      python_bodies, random_ops, recompiles, route, running_stats, sites, step_executor,
-                      tensor_methods, tiering, views, watch)
+                      host_checks, inference_saves, layouts, lazy_device, leaves, metrics,
+                      mutation, optable, python_bodies, random_ops, recompiles, route,
+                      running_stats, sites, step_executor, tensor_methods, tiering, views, watch)
 from fastlazy.backends import inductor
 
 _booted = False
@@ -31,6 +31,7 @@ def hooks() -> _core.Hooks:
         check_leaf=views.check_leaf,
         check_write=views.check_write,
         after_mutation=mutation.after_mutation,
+        succeed_leaf=leaves.succeed,
         check_saved_inference=inference_saves.check_saved,
         compile_and_run=graph_cache.compile_and_run,
         recover=graph_cache.recover,

@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from fastlazy import _core, generic, views
+from fastlazy import _core, generic, leaves, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import Unsafe
 from fastlazy.fallback import materialize
@@ -355,7 +355,7 @@ def run_inplace(func, name, args, kwargs):
         if _leaf_under_no_grad(target):
             # eager writes the leaf itself: it stays a leaf that requires
             # grad, with its gradient (an optimizer's step, then p.grad read)
-            _as_leaf(clone, value)
+            leaves.succeed(clone, value)
         _core.rebind_value(target, clone)
         if target.family is not None:
             after_mutation(target)
@@ -385,7 +385,7 @@ def own_values(targets):
             # gradient, as eager's leaf would when written under no_grad
             with torch.no_grad():
                 clone = value.clone()
-            _as_leaf(clone, value)
+            leaves.succeed(clone, value)
         else:
             clone = value.clone()
         _core.rebind_value(target, clone)
@@ -397,18 +397,6 @@ def _leaf_view(view):
         return None
     value = view.to_eager()
     return value if value.is_leaf else None
-
-
-def _as_leaf(clone, value):
-    """Make `clone`, the written copy of leaf `value`, the leaf: requiring
-    grad, with value's gradient and hooks (the same dicts, so the handles
-    register_hook gave still remove them)."""
-    clone.requires_grad_(True)
-    clone.grad = value.grad
-    if value._backward_hooks is not None:
-        clone._backward_hooks = value._backward_hooks
-    if value._post_accumulate_grad_hooks is not None:
-        clone._post_accumulate_grad_hooks = value._post_accumulate_grad_hooks
 
 
 def write_overlapping(func, name, args, kwargs):
@@ -580,7 +568,7 @@ def _write_leaf(root, view, where):
     with torch.no_grad():
         written = _scatter_into(value.detach(), view.to_eager().detach(), where.size,
                                 where.stride, where.offset, where.conj)
-    _as_leaf(written, value)
+    leaves.succeed(written, value)
     _core.rebind_value(root, written)
 
 
@@ -638,5 +626,5 @@ def after_mutation(t):
             # a view made a leaf (`x[4:8].requires_grad_()`) stays one, with
             # its gradient and hooks, as eager's does
             value = view.to_eager().detach()
-            _as_leaf(value, leaf)
+            leaves.succeed(value, leaf)
             _core.rebind_value(view, value)

@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-from fastlazy import _core, autograd_calls, fallback, layouts, route, views
+from fastlazy import _core, autograd_calls, fallback, layouts, leaves, route, views
 from fastlazy._core import LazyTensor
 from fastlazy.patching import FORM_CALL, FORM_INPLACE, entry_points, qualname
 
@@ -78,8 +78,7 @@ def _set_data(self, value):
                            "not supported; use x.detach() or assign it on the leaf")
     new = fallback.materialize(value).detach()
     if old.requires_grad:
-        new.requires_grad_(True)
-        new.grad = old.grad
+        leaves.succeed(new, old)
     _core.rebind_value(self, new)
 
 

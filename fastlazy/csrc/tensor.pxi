@@ -121,19 +121,13 @@ def pend_leaf(LazyTensor t, leaf):
 
 cdef void take_leaf(LazyTensor t, object value) noexcept:
     """value, t's update of t.leaf_of computed without history, becomes
-    the leaf: requiring grad, with the old leaf's gradient and hooks (the
-    same dicts, so the handles register_hook gave still remove them)."""
+    the leaf (fastlazy.leaves.succeed)."""
     leaf, t.leaf_of = t.leaf_of, None
     try:
         if value.grad_fn is not None:
             value = value.detach()
             t.value = value
-        value.requires_grad_(True)
-        value.grad = leaf.grad
-        if leaf._backward_hooks is not None:
-            value._backward_hooks = leaf._backward_hooks
-        if leaf._post_accumulate_grad_hooks is not None:
-            value._post_accumulate_grad_hooks = leaf._post_accumulate_grad_hooks
+        _hooks.succeed_leaf(value, leaf)
     except BaseException:
         # (cannot happen to a float update computed under no_grad; were it
         # to, the error is shown rather than lost)
