@@ -2303,3 +2303,23 @@ def test_an_out_view_the_result_would_resize_is_refused_at_the_call():
     assert v.shape == (3, 4)
     torch.testing.assert_close(v.mul_(2).to_eager(), torch.arange(12.).reshape(3, 4) * 2)
     torch.testing.assert_close(b.to_eager()[3:], torch.arange(12., 20.).reshape(2, 4))
+
+
+# -- results that cannot require grad --------------------------------------
+
+def _flags_before_the_value(f):
+    """f's result's (requires_grad, is_leaf, dtype), read while pending."""
+    def g(lz):
+        r = f(lz(torch.tensor([1., -4., 2.])).requires_grad_())
+        return r.requires_grad, r.is_leaf, r.dtype
+    g.__name__ = f.__name__
+    return g
+
+
+@cases(*[_flags_before_the_value(f) for f in (
+    lambda w: w > 0, lambda w: w.eq(1), lambda w: w.ne(w), lambda w: (w > 0) * 2.0,
+    lambda w: (w > 0) * w, lambda w: w.to(torch.int64), lambda w: w.floor().long())])
+def test_a_comparison_or_integer_result_never_requires_grad(f):
+    """A bool or integer result of an op on a tensor that requires grad is
+    a leaf without grad in eager; the pending one answers so too."""
+    same_as_eager(f)

@@ -178,6 +178,9 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
                                       False, False)
         return call_generic(entry, args, nargs, kwnames, form,
                             not op_flags[op] & OPF_RULE_IN_GENERIC)
+    if out.requires_grad and not (is_float(out.dtype) or is_complex(out.dtype)):
+        # a comparison's bool, an integer result: eager's never requires grad
+        out.requires_grad = 0
     if not out.requires_grad:
         for i in range(nops):
             if is_tensor(&ops[i]) and ops[i].m.requires_grad:
