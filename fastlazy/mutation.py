@@ -131,6 +131,11 @@ def _set(target, source):
     through either show in the other).  An eager source: target holds a
     view of it, so reads see its writes and target's writes reach it
     (in-place ops through an eager view run eagerly)."""
+    if source is target:
+        return target           # its own storage, sizes and strides: eager's no-op
+    if source.dtype != target.dtype:
+        # eager's refusal, raised by eager's own check
+        torch.empty(0, dtype=target.dtype).set_(torch.empty(0, dtype=source.dtype))
     if _has_views(target):
         _leave_storage_to_views(target)
     old = target.family

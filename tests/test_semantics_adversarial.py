@@ -2323,3 +2323,24 @@ def test_a_comparison_or_integer_result_never_requires_grad(f):
     """A bool or integer result of an op on a tensor that requires grad is
     a leaf without grad in eager; the pending one answers so too."""
     same_as_eager(f)
+
+
+def _set_to_itself_then_write(lz):
+    base = lz(torch.arange(6.).reshape(2, 3))
+    v = base.t()
+    v.set_(v)
+    v.mul_(10)
+    return base, v
+
+
+def _set_to_another_dtype(lz):
+    a = lz(torch.zeros(3, dtype=torch.int32))
+    a.set_(lz(torch.ones(3)))
+    return a
+
+
+@cases(_set_to_itself_then_write, _set_to_another_dtype)
+def test_set_to_itself_and_to_another_dtype_are_eagers(f):
+    """v.set_(v) is a no-op (a view stays one: writes reach its base);
+    set_ to a tensor of another dtype raises eager's RuntimeError."""
+    same_as_eager(f)
