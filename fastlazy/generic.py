@@ -189,7 +189,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         raise Unsafe(sig.reason)
     if sig.nested:
         return _record_nested(func, args, kwargs, name)
-    if track_views and sig.views and _lays_out_as_eager(sig, tensors):
+    exact = sig.views and _addresses_storage(func)
+    if track_views and sig.views and _lays_out_as_eager(sig, tensors, exact):
         # a view of a root eager lays out otherwise, now a view of its
         # storage: recorded as a view of that view
         return record(func, args, kwargs, name, track_views, ruled, None, written, churns)
@@ -224,7 +225,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             # the core records this signature's later calls itself (an
             # in-place call's functional form: its fresh result, which the
             # core moves the written tensor onto)
-            _publish(prepared, sig, sig.kinds[0], written=written)
+            _publish(prepared, sig, sig.kinds[0], written=written, exact_layout=exact)
         return t
     resolves = getattr(func, "__name__", None) in _RESOLVERS
     if resolves and sig.kinds[0][0] == "input" and _has_bit(tensors[sig.kinds[0][1]]):
@@ -265,17 +266,27 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
     return sig.sequence(flat) if sig.sequence is not None else pytree.tree_unflatten(flat, sig.spec)
 
 
-def _lays_out_as_eager(sig, tensors) -> bool:
+def _lays_out_as_eager(sig, tensors, exact=False) -> bool:
     """Did a root this call views become a view of its storage in eager's
     order (_core.place_as_eager: a pending result eager lays out other than
-    contiguously, before its first view)?"""
+    contiguously, before its first view)?  exact: a call that addresses
+    the storage itself (as_strided), for which eager's layout is asked
+    wherever it is taken as contiguous otherwise."""
     changed = False
     for kind in sig.kinds:
         if kind[0] == "view":
             t = tensors[kind[1]]
             if type(t) is LazyTensor and type(t.family) is not views.Member:
-                changed = _core.place_as_eager(t) or changed
+                changed = _core.place_as_eager(t, exact) or changed
     return changed
+
+
+def _addresses_storage(func) -> bool:
+    """as_strided in any of its spellings (Tensor.as_strided, torch's,
+    aten's overloads): its result's elements are read off the storage at
+    the offsets it names, so its input must sit there in eager's order."""
+    return getattr(func, "__name__", "").partition(".")[0] == "as_strided"
+
 
 
 def _check_retyped_places(sig, tensors):
@@ -358,13 +369,14 @@ def _physical(t):
     return torch.conj_physical(t.conj())
 
 
-def _publish(prepared, sig, kind, form=None, written=False):
+def _publish(prepared, sig, kind, form=None, written=False, exact_layout=False):
     """Hand the signature's one recorded result (`kind`: new, or a view and
     its place) to the core, which records its later calls itself."""
     view = kind[0] == "view"
     _core.publish_generic(prepared, sig.lowering.index, sig.recorded, sig.detach,
                           tuple(sig.constants or ()), kind[1] if view else -1,
-                          kind[2] if view else None, kind[3] if view else 0, form, written)
+                          kind[2] if view else None, kind[3] if view else 0, form, written,
+                          exact_layout)
 
 
 def _places(sig):

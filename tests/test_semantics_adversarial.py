@@ -2344,3 +2344,56 @@ def test_set_to_itself_and_to_another_dtype_are_eagers(f):
     """v.set_(v) is a no-op (a view stays one: writes reach its base);
     set_ to a tensor of another dtype raises eager's RuntimeError."""
     same_as_eager(f)
+
+
+def _as_strided_of(make):
+    """as_strided of a pending result eager lays out as its transposed
+    input is (not contiguously): read off the storage in eager's order,
+    twice (the second call's signature is known)."""
+    def f(lz):
+        out = []
+        for _ in range(2):
+            t = lz(torch.arange(48.).reshape(4, 3, 4)).transpose(0, -1)
+            r = make(t)
+            out += [r.stride(), r.as_strided((6,), (2,)), torch.as_strided(r, (2, 2), (1, 3), 1)]
+        return out
+    f.__name__ = make.__name__
+    return f
+
+
+def _index(t):
+    return t[torch.tensor([0, 2])]
+
+
+def _clamp(t):
+    return t.clamp(2, 40)
+
+
+def _flip(t):
+    return torch.flip(t, [0])
+
+
+def _pow(t):
+    return t ** 2
+
+
+def _times_ones_like(t):
+    return t * torch.ones_like(t)
+
+
+def _lerp(t):
+    return torch.lerp(t, t * 2, 0.25)
+
+
+def _abs_of_clone(t):
+    return t.clone().abs_()
+
+
+def _nan_to_num(t):
+    return torch.nan_to_num(t)
+
+
+@cases(*[_as_strided_of(m) for m in (_index, _clamp, _flip, _pow, _times_ones_like, _lerp,
+                                      _abs_of_clone, _nan_to_num)])
+def test_as_strided_of_a_result_laid_out_otherwise_reads_eagers_elements(f):
+    same_as_eager(f)

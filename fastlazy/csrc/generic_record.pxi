@@ -150,6 +150,7 @@ cdef class GenericHit:
     cdef int view_of            # the result is a view of tensors[view_of]; -1: not a view
     cdef int returns_input      # the result is tensors[returns_input] itself; -1: a node
     cdef int view_flags
+    cdef bint exact_layout      # as_strided: its base's layout is asked (place_as_eager)
     cdef int view_ndim          # the view's place in its root's storage
     cdef int64_t view_size[MAX_NDIM]
     cdef int64_t view_stride[MAX_NDIM]
@@ -178,16 +179,19 @@ memset(_hit_cache, 0, sizeof(_hit_cache))
 
 def publish_generic(tuple prepared, int lowering, list outs, bint detach, tuple constants,
                     int view_of, where, int view_flags, tuple tuple_form=None,
-                    bint written=False):
+                    bint written=False, bint exact_layout=False):
     """Record later calls of the signature the core described as `prepared`
     (the key, tensors and flat key it handed to fastlazy.generic) in C.
     tuple_form: (length, position) of a call that returns a tuple holding
     its one result and Nones (F.multi_head_attention_forward's (out, None)).
     written: the signature is an in-place call's, recorded as its
-    functional form (NODE_WRITTEN; record_inplace)."""
+    functional form (NODE_WRITTEN; record_inplace).  exact_layout: a view
+    that addresses its base's storage (as_strided): the base's layout is
+    asked before it (place_as_eager_lays_out's exact)."""
     if len(outs) != 1:
         raise ValueError("generic call out of range")
     cdef GenericHit hit = result_hit(lowering, outs[0], detach, view_of, where, view_flags)
+    hit.exact_layout = exact_layout
     if written:
         hit.flags |= NODE_WRITTEN
     hit.constants = constants
@@ -282,6 +286,7 @@ cdef int add_fast_hit(FastKey key, GenericHit hit) except -1:
         memcpy(&h.meta, &hit.meta, sizeof(Meta))
         h.attr, h.flags, h.constants = hit.attr, hit.flags, hit.constants
         h.view_of, h.view_flags, h.view_ndim = hit.view_of, hit.view_flags, hit.view_ndim
+        h.exact_layout = hit.exact_layout
         h.returns_input = hit.returns_input
         h.tuple_len, h.tuple_at = hit.tuple_len, hit.tuple_at
         h.parts, h.sequence = hit.parts, hit.sequence
@@ -307,10 +312,10 @@ def forget_generic():
 cdef bint _relaid_out = False
 
 
-cdef inline bint relays_view_base(object base) except -1:
+cdef inline bint relays_view_base(object base, bint exact) except -1:
     """Did `base`, the argument a published signature's result views, just
     become a view of its storage in eager's order?"""
-    return type(base) is LazyTensor and place_as_eager_lays_out(<LazyTensor>base) == 1
+    return type(base) is LazyTensor and place_as_eager_lays_out(<LazyTensor>base, exact) == 1
 
 
 cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
@@ -325,7 +330,8 @@ cdef object record_hit(GenericHit hit, Operand *ops, Py_ssize_t n):
     if n + nc > MAX_IN:
         return None
     global _relaid_out
-    if 0 <= hit.view_of < n and relays_view_base(<object>ops[hit.view_of].obj):
+    if 0 <= hit.view_of < n and relays_view_base(<object>ops[hit.view_of].obj,
+                                                  hit.exact_layout):
         # its base, a pending result eager lays out otherwise, is now a view
         # of its storage (place_as_eager_lays_out): the signature's place
         # was for the base as a root, so the call is keyed again

@@ -611,7 +611,7 @@ cdef bint root_laid_out_contiguously(LazyTensor root) except -1:
     return strides is not None and is_contiguous_tuple(root.meta.ndim, root.meta.shape, strides)
 
 
-cdef int place_as_eager_lays_out(LazyTensor src) except -1:
+cdef int place_as_eager_lays_out(LazyTensor src, bint exact=False) except -1:
     """Before the first view of src: a root eager lays out other than
     contiguously (eager_layout: a pending result, or one computed already
     and so laid out, a channels-last value) becomes a view of its storage
@@ -620,7 +620,9 @@ cdef int place_as_eager_lays_out(LazyTensor src) except -1:
     are.  Not a leaf that requires grad (it stays a leaf), nor a value that
     views another tensor (an eager fallback's view, written through).  A
     root that has views already keeps their places.  1 where src became
-    such a view."""
+    such a view.  exact: for as_strided, which addresses the storage
+    itself, the strides eager gives are asked wherever eager_layout would
+    take a result as contiguous without asking."""
     if type(src.family) is Member:
         return 0
     if src.value is not None:
@@ -632,16 +634,16 @@ cdef int place_as_eager_lays_out(LazyTensor src) except -1:
         return 0
     if type(src.family) is Family and (<Family>src.family).has_live_views():
         return 0
-    strides = eager_layout(src)
+    strides = eager_layout(src, exact)
     if strides is not None and _hooks.lay_out_as_eager(src, strides):
         return 1
     return 0
 
 
-def place_as_eager(LazyTensor t):
+def place_as_eager(LazyTensor t, bint exact=False):
     """place_as_eager_lays_out, for a view the generic path records: True
     where t became a view of its storage in eager's order."""
-    return place_as_eager_lays_out(t) == 1
+    return place_as_eager_lays_out(t, exact) == 1
 
 
 # eager's view() error where no view of the sizes exists in the layout
@@ -670,7 +672,7 @@ cdef bint eager_could_view(LazyTensor src, int n, int64_t *sizes) except -1:
     return view_strides(src.meta.ndim, src.meta.shape, eager_stride, n, sizes, new_stride)
 
 
-cdef object eager_layout(LazyTensor src):
+cdef object eager_layout(LazyTensor src, bint exact=False):
     """The strides eager gives root src, where they are not contiguous and
     are known: a value held so (a result read earlier); a pending result
     of an op that lays it out as its operands are (elementwise ops,
@@ -679,7 +681,7 @@ cdef object eager_layout(LazyTensor src):
     result that its real runs laid out otherwise (a linalg result is
     column-major).  fastlazy.layouts works the strides out.  Else None
     (attention's result, laid out as its query is, is taken as
-    contiguous)."""
+    contiguous; exact: asked, as for anything else)."""
     if type(src.family) is Member:
         src = whole_view_root(src)
         if src is None:
@@ -704,7 +706,7 @@ cdef object eager_layout(LazyTensor src):
             return None
     finally:
         free(known)
-    if op == GENERIC_OP and not seg.nodes[src.idx].flags & NODE_WRITTEN \
+    if op == GENERIC_OP and not exact and not seg.nodes[src.idx].flags & NODE_WRITTEN \
             and generic_keeps_contiguous(seg.nodes[src.idx].attr) \
             and not generic_follows_operands(seg.nodes[src.idx].attr):
         # a generic call of operands laid out otherwise is taken as
