@@ -2397,3 +2397,22 @@ def _nan_to_num(t):
                                       _abs_of_clone, _nan_to_num)])
 def test_as_strided_of_a_result_laid_out_otherwise_reads_eagers_elements(f):
     same_as_eager(f)
+
+
+def _contiguous_of_a_reduction_written(lz):
+    # (a max() of another dtype first: its layout question was answered
+    # and kept, and the next one's was not)
+    (torch.zeros_like(lz(torch.zeros(4, 2, dtype=torch.int64))) * 0.5).max() * 1
+    m = lz(torch.arange(12.).reshape(4, 3)).max()
+    c = m.contiguous()
+    same = c is m
+    c.add_(0.125)
+    v = lz(torch.arange(12.).reshape(4, 3)).sum(0)
+    d = v.contiguous()
+    d.mul_(2)
+    return same, d is v, m, v
+
+
+@cases(_contiguous_of_a_reduction_written)
+def test_contiguous_of_a_result_of_one_dim_or_less_is_the_tensor_itself(f):
+    same_as_eager(f)

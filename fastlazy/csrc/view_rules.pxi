@@ -605,7 +605,10 @@ cdef bint root_laid_out_contiguously(LazyTensor root) except -1:
     (fastlazy.layouts; False where they do not tell)?"""
     if root.value is not None:
         return root.value.is_contiguous()
-    if root.seg is None or contiguous_result_node(root.seg.nodes[root.idx].op):
+    if root.seg is None or one_dim_or_less(&root.meta) \
+            or contiguous_result_node(root.seg.nodes[root.idx].op):
+        # (a result of at most one dim of more than one element is laid out
+        # contiguously, as eager_layout takes it)
         return True
     strides = _hooks.pending_strides(root)
     return strides is not None and is_contiguous_tuple(root.meta.ndim, root.meta.shape, strides)
