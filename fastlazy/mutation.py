@@ -468,8 +468,12 @@ def run_out(func, args, kwargs):
             if views.check_write(t, read) and type(out) is LazyTensor:
                 return _out_overlapping(func, args, kwargs, t)
     copies = [t.to_eager().clone() if type(t) is LazyTensor else t for t in targets]
-    kw = dict(materialize(kwargs), out=copies[0] if type(out) is LazyTensor else type(out)(copies))
-    func(*materialize(args), **kw)
+    # a target that is also an input (torch.add(a, b, out=a)) is its copy
+    # there too: eager's call sees them aliased, as in eager
+    own = {id(t): c for t, c in zip(targets, copies) if type(t) is LazyTensor}
+    kw = dict(materialize(_substituted(kwargs, own)),
+              out=copies[0] if type(out) is LazyTensor else type(out)(copies))
+    func(*materialize(_substituted(args, own)), **kw)
     for t, c in zip(targets, copies):
         if type(t) is LazyTensor and type(t.family) is Member and c.shape != t.shape:
             # (checked before any target is rebound: every tensor stays as it was)
@@ -480,6 +484,18 @@ def run_out(func, args, kwargs):
             if t.family is not None:
                 after_mutation(t)
     return out
+
+
+def _substituted(value, own):
+    """`value` (args, kwargs, or a list in them) with each LazyTensor that
+    `own` names by id replaced by its copy there."""
+    if type(value) is LazyTensor:
+        return own.get(id(value), value)
+    if type(value) in (list, tuple):
+        return type(value)(_substituted(v, own) for v in value)
+    if type(value) is dict:
+        return {k: _substituted(v, own) for k, v in value.items() if k != "out"}
+    return value
 
 
 def _storage_as(value, dtype):

@@ -2416,3 +2416,24 @@ def _contiguous_of_a_reduction_written(lz):
 @cases(_contiguous_of_a_reduction_written)
 def test_contiguous_of_a_result_of_one_dim_or_less_is_the_tensor_itself(f):
     same_as_eager(f)
+
+
+def _out_is_an_input_that_must_grow(lz):
+    a, b = lz(torch.tensor(1.)), lz(torch.ones(2, 3))
+    torch.add(a, b, out=a)
+    return a
+
+
+def _out_is_an_input(lz):
+    a, b = lz(torch.arange(6.).reshape(2, 3)), lz(torch.ones(2, 3))
+    torch.add(a, b, out=a)
+    torch.mul(a, a, out=a)
+    torch.cumsum(a, 1, out=a)
+    return a, b
+
+
+@cases(_out_is_an_input_that_must_grow, _out_is_an_input)
+def test_out_naming_an_input_is_eagers_aliased_call(f):
+    """torch.add(a, b, out=a): eager's call sees out and its input as one
+    tensor (it refuses to grow it to the broadcast shape)."""
+    same_as_eager(f)
