@@ -41,7 +41,7 @@ def _hand_on(old_ref):
         if leaf is not old_ref():
             return          # a successor's accumulation (the hook dict is shared)
         heir = newest_successor(leaf)
-        if heir is None:
+        if heir is None or leaf.grad is None:
             return
         grad, leaf.grad = leaf.grad, None
         if heir.grad is None:

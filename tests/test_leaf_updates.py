@@ -188,3 +188,34 @@ def test_a_gradient_recorded_before_a_write_reaches_the_written_leaf(write):
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
     assert got[2:] == want[2:]
+
+
+def test_a_known_write_to_a_computed_value_or_parameter_is_recorded_by_the_core(monkeypatch):
+    """An optimizer's state (a computed value) and a parameter written
+    under no_grad: once the signature is known, the core records the write
+    without going up into Python (a materialized value no view shares)."""
+    from fastlazy import generic
+
+    def step(state, p, g):
+        state.lerp_(g, 0.1)
+        with torch.no_grad():
+            p.addcmul_(state, state, value=0.5)
+
+    fastlazy.disable()
+    want_state, want_p = torch.zeros(4), torch.ones(4).requires_grad_()
+    g = torch.arange(4.0)
+    for _ in range(3):
+        step(want_state, want_p, g)
+    fastlazy.enable()
+    state, p = fastlazy.lazy(torch.zeros(4)), fastlazy.lazy(torch.ones(4)).requires_grad_()
+    step(state, p, g)
+    state.to_eager(), p.to_eager()                # both values, as after a step's flush
+    step(state, p, g)
+    state.to_eager(), p.to_eager()
+    monkeypatch.setattr(generic, "record", lambda *a, **k: pytest.fail("went up into generic"))
+    step(state, p, g)
+    monkeypatch.undo()
+    assert p.is_leaf and p.requires_grad and not p.is_materialized
+    torch.testing.assert_close(state.to_eager(), want_state, rtol=0, atol=0)
+    torch.testing.assert_close(p.to_eager().detach(), want_p.detach(), rtol=0, atol=0)
+    assert p.to_eager().is_leaf and p.to_eager().requires_grad

@@ -249,6 +249,17 @@ cdef object same_meta_binary(int op, PyObject **args, Meta *out):
 
 
 
+cdef bint names_twice(PyObject **args, Py_ssize_t nargs, object kwnames) noexcept:
+    """Is the first argument (a write's target) also another argument
+    (`b.index_add_(0, i, b)`: eager's refusal, or its reading of what the
+    write changes, is the Python path's)?"""
+    cdef Py_ssize_t i, n = nargs + (0 if kwnames is None else PyTuple_GET_SIZE(kwnames))
+    for i in range(1, n):
+        if args[i] == args[0]:
+            return True
+    return False
+
+
 cdef tuple split_arguments(PyObject **args, Py_ssize_t nargs, object kwnames):
     """An entry's argument vector as (positional tuple, keyword dict), for
     the Python-side paths."""
@@ -305,9 +316,15 @@ cdef object call_generic(object entry, PyObject **args, Py_ssize_t nargs, object
             return fast
         pos, kw = split_arguments(args, nargs, kwnames)
         return record_by_signature(func, entry.qualname, pos, kw, ruled, fast)
-    if nargs and type(<object>args[0]) is LazyTensor and writes_own_pending(<LazyTensor>args[0]):
-        # a write to a pending result: from its published signature too
-        return record_inplace(func, entry.qualname, args, nargs, kwnames, ruled)
+    if nargs and type(<object>args[0]) is LazyTensor:
+        if writes_own_pending(<LazyTensor>args[0]):
+            # a write to a pending result: from its published signature too
+            return record_inplace(func, entry.qualname, args, nargs, kwnames, ruled)
+        own = writes_own_value(<LazyTensor>args[0])
+        if own is not None and not names_twice(args, nargs, kwnames):
+            # a value's write (an optimizer's state, a parameter's update)
+            return record_inplace(func, entry.qualname, args, nargs, kwnames, ruled,
+                                  None if own is True else own)
     pos, kw = split_arguments(args, nargs, kwnames)
     return _hooks.record_call(func, entry.qualname, pos, kw, True, ruled)
 

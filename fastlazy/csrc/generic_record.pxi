@@ -437,16 +437,36 @@ cdef inline bint writes_own_pending(LazyTensor target):
     return family is None or type(family) is Family and not (<Family>family).has_live_views()
 
 
+cdef object writes_own_value(LazyTensor target):
+    """For an in-place call on materialized target: the leaf it updates
+    (a leaf that requires grad, written under no_grad: the write pends as
+    its successor, tensor.pxi pend_leaf), True for any other value whose
+    write is the node alone (no view shares it, it views no other tensor,
+    nothing of autograd's or inference mode's refuses the write, laid out
+    contiguously), else None: the Python path's checks."""
+    if target.value is None or target.family is not None or target.meta.inference:
+        return None
+    value = target.value
+    if value._is_view() or not value.is_contiguous() or value.is_inference():
+        return None
+    if not target.meta.requires_grad:
+        return True
+    if not grad_enabled() and value.is_leaf and value.requires_grad:
+        return value
+    return None
+
+
 cdef object record_inplace(object func, object name, PyObject **args, Py_ssize_t nargs,
-                           object kwnames, bint ruled):
-    """An in-place call on a LazyTensor that writes_own_pending: its
-    functional form's node recorded from the signature the generic path
-    published under the in-place call's flat key (or, on a miss there,
-    its signature key), and the target moved onto it; on a miss, handed to
-    the generic path with both keys and the tensors (which publishes it)."""
+                           object kwnames, bint ruled, object leaf=None):
+    """An in-place call on a LazyTensor that writes_own_pending (or
+    writes_own_value; `leaf`: the leaf it updates): its functional form's
+    node recorded from the signature the generic path published under the
+    in-place call's flat key (or, on a miss there, its signature key), and
+    the target moved onto it; on a miss, handed to the generic path with
+    both keys and the tensors (which publishes it)."""
     fast = fast_generic_hit(func, args, nargs, kwnames, ruled)
     if type(fast) is LazyTensor:
-        return wrote(name, <LazyTensor>args[0], <LazyTensor>fast)
+        return wrote(name, <LazyTensor>args[0], <LazyTensor>fast, leaf)
     pos, kw = split_arguments(args, nargs, kwnames)
     cdef list tensors = []
     try:
@@ -456,15 +476,17 @@ cdef object record_inplace(object func, object name, PyObject **args, Py_ssize_t
         return _hooks.record_call(func, name, pos, kw, True, ruled)
     value = record_by_key(key, tensors, fast)
     if type(value) is LazyTensor:
-        return wrote(name, <LazyTensor>pos[0], <LazyTensor>value)
+        return wrote(name, <LazyTensor>pos[0], <LazyTensor>value, leaf)
     return _hooks.record_call(func, name, pos, kw, True, ruled, (key, tensors, fast))
 
 
-cdef object wrote(object name, LazyTensor target, LazyTensor value):
+cdef object wrote(object name, LazyTensor target, LazyTensor value, object leaf):
     """target moved onto the node of its written value; what the call
     returns (x[i] = v: None, as eager's __setitem__; else the target).
-    A leaf's pending update stays one (tensor.pxi pend_leaf)."""
-    leaf = target.leaf_of
+    A leaf's pending update stays one, and a leaf's write becomes one
+    (`leaf`; tensor.pxi pend_leaf)."""
+    if leaf is None:
+        leaf = target.leaf_of
     adopt(target, value)
     if leaf is not None:
         pend_leaf(target, leaf)
