@@ -49,6 +49,10 @@ _META_STRIDES_KEPT = 4096
 # how many recorded nodes a layout may be followed through (a CNN's
 # channels-last input decides the layout of every convolution after it)
 _LAYOUT_NODES = 512
+# and how deep a chain of them (each node is three Python frames here: a
+# chain of 512 passed Python's recursion limit, efficientnet_v2_s at
+# batch 3 raised RecursionError at its flatten)
+_LAYOUT_DEPTH = 120
 
 
 def pending_strides(x):
@@ -82,11 +86,19 @@ class _Layouts:
         self.seg = seg
         self.known = {}
         self.budget = _LAYOUT_NODES
+        self.depth = 0
 
     def strides(self, index):
         if index not in self.known:
             self.budget -= 1
-            self.known[index] = None if self.budget < 0 else self._work_out(index)
+            if self.budget < 0 or self.depth >= _LAYOUT_DEPTH:
+                self.known[index] = None
+            else:
+                self.depth += 1
+                try:
+                    self.known[index] = self._work_out(index)
+                finally:
+                    self.depth -= 1
         return self.known[index]
 
     def _work_out(self, index):

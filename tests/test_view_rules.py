@@ -925,3 +925,22 @@ def _views_of_a_transposed_product_computed_already(x):
 
 def test_views_of_a_result_computed_already_and_laid_out_transposed():
     _same_as_eager(_views_of_a_transposed_product_computed_already)
+
+
+def test_a_layout_question_at_the_end_of_a_deep_network_is_answered():
+    """flatten() at the end of 150 conv/bn/silu blocks asks the layout of
+    the last one: worked out through a chain of nodes, three Python frames
+    each, it passed Python's recursion limit (efficientnet_v2_s at batch 3
+    raised RecursionError, which eager does not).  Contiguous and
+    channels-last inputs, each as eager gives it."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1),
+                                                  torch.nn.BatchNorm2d(4), torch.nn.SiLU())
+                              for _ in range(150)],
+                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    for x in (torch.randn(3, 4, 6, 6), torch.randn(3, 4, 6, 6).to(memory_format=torch.channels_last)):
+        with torch.no_grad():
+            want = m(x)
+            got = m(fastlazy.lazy(x))
+            assert got.stride() == want.stride()
+            torch.testing.assert_close(got.to_eager(), want)
