@@ -58,17 +58,26 @@ def eager_value(t):
     return t.to_eager() if type(t) is fastlazy.LazyTensor else t
 
 
+def eager_then_lazy(run):
+    """run(make) on eager tensors (fastlazy off), then on LazyTensors."""
+    fastlazy.disable()
+    want = run(lambda t: t)
+    fastlazy.enable()
+    return want, run(fastlazy.lazy)
+
+
+def bit_equal(got, want):
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_lazy_parameters_train_as_eager_ones_do(optimizer):
-    fastlazy.disable()
-    want_losses, want = train(lambda t: t, optimizer)
-    fastlazy.enable()
-    got_losses, got = train(fastlazy.lazy, optimizer)
+    (want_losses, want), (got_losses, got) = eager_then_lazy(lambda make: train(make, optimizer))
     assert got_losses == want_losses
     for w, g in zip(want, got):
         assert g.is_leaf and g.requires_grad and g.grad_fn is None
-        torch.testing.assert_close(eager_value(g).detach(), w.detach(), rtol=0, atol=0)
-        torch.testing.assert_close(eager_value(g.grad), w.grad, rtol=0, atol=0)
+        bit_equal(eager_value(g).detach(), w.detach())
+        bit_equal(eager_value(g.grad), w.grad)
         value = g.to_eager()
         assert value.is_leaf and value.requires_grad
 
@@ -129,15 +138,12 @@ def test_a_pending_update_keeps_the_gradient_and_hooks_of_its_leaf(write):
                 write(p)      # written again while its update is pending
         return eager_value(p).detach(), eager_value(p.grad), seen
 
-    fastlazy.disable()
-    want = run(lambda t: t)
-    fastlazy.enable()
-    got = run(fastlazy.lazy)
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    want, got = eager_then_lazy(run)
+    bit_equal(got[0], want[0])
+    bit_equal(got[1], want[1])
     assert len(got[2]) == len(want[2]) == 2
     for g, w in zip(got[2], want[2]):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        bit_equal(g, w)
 
 
 def test_detach_and_requires_grad_false_on_a_pending_update_are_eagers():
@@ -181,12 +187,9 @@ def test_a_gradient_recorded_before_a_write_reaches_the_written_leaf(write):
         (3 * w).sum().backward()        # and one recorded after the write
         return eager_value(w).detach(), eager_value(w.grad), w.is_leaf, w.requires_grad
 
-    fastlazy.disable()
-    want = run(lambda t: t)
-    fastlazy.enable()
-    got = run(fastlazy.lazy)
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    want, got = eager_then_lazy(run)
+    bit_equal(got[0], want[0])
+    bit_equal(got[1], want[1])
     assert got[2:] == want[2:]
 
 
@@ -216,6 +219,6 @@ def test_a_known_write_to_a_computed_value_or_parameter_is_recorded_by_the_core(
     step(state, p, g)
     monkeypatch.undo()
     assert p.is_leaf and p.requires_grad and not p.is_materialized
-    torch.testing.assert_close(state.to_eager(), want_state, rtol=0, atol=0)
-    torch.testing.assert_close(p.to_eager().detach(), want_p.detach(), rtol=0, atol=0)
+    bit_equal(state.to_eager(), want_state)
+    bit_equal(p.to_eager().detach(), want_p.detach())
     assert p.to_eager().is_leaf and p.to_eager().requires_grad
