@@ -288,7 +288,6 @@ def _addresses_storage(func) -> bool:
     return getattr(func, "__name__", "").partition(".")[0] == "as_strided"
 
 
-
 def _check_retyped_places(sig, tensors):
     """Raise Unsafe where a dtype view of a held argument would start
     within one of its elements (`x[1:5].view(torch.float64)` of int32
