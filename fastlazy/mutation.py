@@ -82,13 +82,9 @@ def record_inplace(func, args, kwargs, name, ruled=False, flag=None, prepared=No
     # a leaf that requires grad written under no_grad: recorded, its value
     # made the leaf's successor when it runs (_core.pend_leaf); one with
     # views runs eagerly, its views refreshed after (run_inplace)
-    leaf = None
-    if _leaf_under_no_grad(target):
-        if reshaping or target.family is not None:
-            raise Unsafe("writes a leaf under no_grad")
-        leaf = _core.leaf_of(target)
-        if leaf is None:
-            leaf = target.to_eager()
+    leaf = _written_leaf(target)
+    if leaf is not None and (reshaping or target.family is not None):
+        raise Unsafe("writes a leaf under no_grad")
     if reshaping and (_has_views(target) or method in _RELAYING and target.family is None):
         _leave_storage_to_views(target)
     if flag is None:
@@ -259,15 +255,15 @@ def _reshape_view(target, func, args, kwargs):
 _functionals: dict = {}
 
 
-def _leaf_under_no_grad(target):
-    """A materialized leaf that requires grad, written with grad mode off
-    (an optimizer's update, `with torch.no_grad(): p.add_(1)`): eager
-    writes the leaf, which stays a leaf that requires grad, so the write
-    runs eagerly on a copy that is made one (run_inplace).  A leaf with
-    views (the forward's `w.t()`) is one too: its views are refreshed after
-    the write, as after any write to their root."""
-    return not torch.is_grad_enabled() and type(target.family) is not Member \
-        and _grad_leaf(target)
+def _written_leaf(target):
+    """The leaf that requires grad a write to `target` with grad mode off
+    continues (an optimizer's update, `with torch.no_grad(): p.add_(1)`),
+    or None: eager writes the leaf, which stays a leaf that requires grad,
+    so the written value is made its successor (recorded: record_inplace,
+    _core.pend_leaf; or run eagerly on a copy: run_inplace).  Not a view:
+    a leaf with views (the forward's `w.t()`) is one, its views refreshed
+    after the write, as after any write to their root."""
+    return None if type(target.family) is Member else _core.leaf_written(target)
 
 
 def _functional(func):
@@ -357,10 +353,11 @@ def run_inplace(func, name, args, kwargs):
         clone = value.clone()
         if func(clone, *materialize(args[1:]), **materialize(kwargs)) is NotImplemented:
             return NotImplemented     # x += None: Python goes on to raise TypeError
-        if _leaf_under_no_grad(target):
+        leaf = _written_leaf(target)
+        if leaf is not None:
             # eager writes the leaf itself: it stays a leaf that requires
             # grad, with its gradient (an optimizer's step, then p.grad read)
-            leaves.succeed(clone, value)
+            leaves.succeed(clone, leaf)
         _core.rebind_value(target, clone)
         if target.family is not None:
             after_mutation(target)
@@ -494,7 +491,7 @@ def _substituted(value, own):
     if type(value) in (list, tuple):
         return type(value)(_substituted(v, own) for v in value)
     if type(value) is dict:
-        return {k: _substituted(v, own) for k, v in value.items() if k != "out"}
+        return {k: _substituted(v, own) for k, v in value.items()}
     return value
 
 
@@ -573,10 +570,8 @@ def _scattered(base, view, size, stride, offset):
 
 def _grad_leaf(t):
     """A leaf that requires grad (a parameter), materialized or its pending
-    update (_core.pend_leaf)."""
-    if _core.leaf_of(t) is not None:
-        return True
-    return t.requires_grad and t.is_materialized and t.to_eager().is_leaf
+    update (_core.pend_leaf; LazyTensor.is_leaf answers for both)."""
+    return t.requires_grad and t.is_leaf
 
 
 def _write_leaf(root, view, where):

@@ -44,12 +44,10 @@ def attribute(name):
         # (an optimizer's step) has its leaf's, which its value takes when
         # it runs: reading or clearing it (zero_grad) computes nothing.
         def get(self):
-            leaf = _core.leaf_of(self)
-            return (self.to_eager() if leaf is None else leaf).grad
+            return _grad_holder(self).grad
 
         def set_grad(self, value):
-            leaf = _core.leaf_of(self)
-            (self.to_eager() if leaf is None else leaf).grad = fallback.materialize(value)
+            _grad_holder(self).grad = fallback.materialize(value)
 
         get.__name__ = name
         return property(get, set_grad, doc="Tensor.grad.")
@@ -58,6 +56,13 @@ def attribute(name):
             return fallback.wrap_result(getattr(self.to_eager(), name))
     get.__name__ = name
     return property(get, doc=f"Tensor.{name}.")
+
+
+def _grad_holder(t):
+    """The eager tensor whose .grad is t's: its value, or the leaf whose
+    pending update t holds."""
+    leaf = _core.leaf_of(t)
+    return t.to_eager() if leaf is None else leaf
 
 
 def _set_data(self, value):

@@ -23,7 +23,7 @@ import torch
 
 # Family, Member, attach, geometry and held are the compiled core's
 # (csrc/families.pxi): a recorded view is attached there, without Python.
-from fastlazy._core import Family, LazyTensor, Member, attach, geometry, held, leaf_of  # noqa: F401
+from fastlazy._core import Family, LazyTensor, Member, attach, geometry, held  # noqa: F401
 
 
 def attach_result(t, base, where, flags):
@@ -331,12 +331,13 @@ def check_leaf(target, through_view=False):
                            "more details.")
     if not target.requires_grad or not torch.is_grad_enabled():
         return                  # a detached view of a leaf may be written, as in eager
-    if root.is_materialized or leaf_of(root) is not None:
-        if root.is_leaf and root.requires_grad:
-            what = ("a leaf Variable" if root is target and not through_view
-                    else "a view of a leaf Variable")
-            raise RuntimeError(f"{what} that requires grad is being used in an in-place "
-                               f"operation.")
+    # (a pending result that requires grad is no leaf; a leaf's pending
+    # update is one: LazyTensor.is_leaf)
+    if root.is_leaf and root.requires_grad:
+        what = ("a leaf Variable" if root is target and not through_view
+                else "a view of a leaf Variable")
+        raise RuntimeError(f"{what} that requires grad is being used in an in-place "
+                           f"operation.")
 
 
 # as_strided's entry points, by route's names for them

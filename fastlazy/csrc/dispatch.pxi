@@ -146,17 +146,15 @@ cdef object lazy_call(object entry, PyObject **args, Py_ssize_t nargs, object kw
             # only a materialized value, a leaf's pending update (or a view's
             # root) can be a leaf; an inference tensor may also be pending
             _hooks.check_leaf(self_t)
-            if (self_t.meta.requires_grad and not grad_enabled()
-                    and (self_t.leaf_of is not None or self_t.value is not None
-                         and self_t.value.is_leaf)):
+            if self_t.meta.requires_grad:
                 # a leaf that requires grad written under no_grad stays one:
                 # recorded, its value made that leaf when it runs
                 # (tensor.pxi pend_leaf); one with views (a tied `w.t()`)
                 # runs eagerly, its views refreshed (fastlazy.mutation)
-                if self_t.family is not None:
+                leaf = written_leaf(self_t)
+                if leaf is not None and self_t.family is not None:
                     return run_eager(entry, args, nargs, kwnames, form,
                                      "writes a leaf with views under no_grad")
-                leaf = self_t.leaf_of if self_t.leaf_of is not None else self_t.value
         if self_t.family is None and self_t.value is not None and self_t.value._is_view():
             # a view of another tensor (made by an eager fallback such as
             # x[0] or x.view(-1)): writing through it must reach its base

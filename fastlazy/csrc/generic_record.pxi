@@ -451,9 +451,7 @@ cdef object writes_own_value(LazyTensor target):
         return None
     if not target.meta.requires_grad:
         return True
-    if not grad_enabled() and value.is_leaf and value.requires_grad:
-        return value
-    return None
+    return written_leaf(target)
 
 
 cdef object record_inplace(object func, object name, PyObject **args, Py_ssize_t nargs,

@@ -105,6 +105,25 @@ def leaf_of(LazyTensor t):
     return t.leaf_of
 
 
+cdef object written_leaf(LazyTensor t):
+    """With grad mode off, the leaf that requires grad a write to t
+    continues: the one whose pending update t holds, or t's value if it is
+    such a leaf.  Else (or with grad mode on) None."""
+    if grad_enabled():
+        return None
+    if t.leaf_of is not None:
+        return t.leaf_of
+    value = t.value
+    if value is not None and value.requires_grad and value.is_leaf:
+        return value
+    return None
+
+
+def leaf_written(LazyTensor t):
+    """written_leaf, for the Python write paths (fastlazy.mutation)."""
+    return written_leaf(t)
+
+
 def pend_leaf(LazyTensor t, leaf):
     """t, just rebound to the node of an update of `leaf` (an eager leaf
     that requires grad) recorded under no_grad, becomes that leaf's
