@@ -92,8 +92,9 @@ class Signature:
     (interned by generic.py); `nested`: a cat-like call recorded as a tree
     of such calls; `sequence`: tuple, list or a torch.return_types
     structseq (torch.topk's) where `spec` is that sequence
-    of leaves (results rebuilt without pytree), else None; `retypes_held`:
-    a result is a dtype view of a held argument (views.held), placed at
+    of leaves (results rebuilt without pytree), else None; `split`: the
+    fastlazy.split_calls.Plan of a call of more than MAX_INPUTS tensors;
+    `retypes_held`: a result is a dtype view of a held argument (views.held), placed at
     each call (generic.record); `result_strides`: {index in `recorded`'s
     numbering: the strides eager gives that result} where a real kernel's
     run showed them, its tensor arguments laid out as `operand_layouts`
@@ -101,7 +102,7 @@ class Signature:
     fastlazy.layouts."""
     __slots__ = ("reason", "written", "lowering", "kinds", "recorded", "spec", "detach",
                  "nested", "constants", "draws", "sequence", "retypes_held",
-                 "operand_layouts", "result_strides", "transient", "views")
+                 "operand_layouts", "result_strides", "transient", "views", "split")
 
     def __init__(self, reason=None, written=()):
         self.retypes_held = False   # a result is a dtype view of a held argument
@@ -115,6 +116,7 @@ class Signature:
         self.operand_layouts = ()
         self.result_strides = {}
         self.transient = False      # a refusal not kept for the signature (generic.py)
+        self.split = None           # a call recorded in parts (split_calls.Plan)
 
 
 def substitute(x, it, floats=None):
@@ -180,6 +182,41 @@ def analyse(func, args, kwargs, tensors, ruled, nestable):
     arguments; `nestable`: a cat-like call, which may hold more than
     MAX_INPUTS tensors (the Signature is then only checked, and `nested`).
     Raises Unsafe with the reason it is not recorded."""
+    with _analysing():
+        return _analyse(func, args, kwargs, tensors, ruled, nestable)
+
+
+def aten_program(func, args, kwargs, tensors):
+    """(func's aten program as its fake run recorded it -- an FX Graph whose
+    placeholders are `tensors`, in signature_key's order, and whose output
+    is the tuple of its result tensors --, the result's pytree spec, and
+    per leaf whether it is None).  For a call recorded in parts
+    (fastlazy.split_calls).  Raises Unsafe where the fake run raises or its
+    calls are no such program."""
+    if getattr(func, "__wrapped__", func) in _NEVER_ON_FAKES:
+        raise Unsafe("calls Python back or reads the tensor's memory (never traced)")
+    if len({t.device for t in tensors if t.dim() > 0}) > 1:
+        raise Unsafe("tensors on several devices (eager judges)")
+    with _analysing():
+        _, out, _, recorder = _fake_run(func, args, kwargs, [example_of(t) for t in tensors])
+    leaves, spec = pytree.tree_flatten(out)
+    if not all(v is None or isinstance(v, torch.Tensor) for v in leaves):
+        raise Unsafe("returns something other than tensors")
+    results = [v for v in leaves if v is not None]
+    if any(v.is_nested or v.layout is not torch.strided for v in results):
+        raise Unsafe("a result LazyTensor cannot hold (layout)")
+    graph = recorder.program(results)
+    if graph is None:
+        raise Unsafe(f"more than {MAX_INPUTS} tensor arguments, and no plain aten program "
+                     f"({recorder.failed or 'a result not made by its calls'})")
+    return graph, spec, [v is None for v in leaves]
+
+
+@contextlib.contextmanager
+def _analysing():
+    """What a call's analysis runs in: the pending graph held (an
+    analysis records nothing), the random generators and the autocast
+    cache restored after it, fake_tensor's tracebacks unlogged."""
     held = _core.hold_pending()
     # Tracing a random op (attention with dropout) may draw from the global
     # generator; the call itself then runs eagerly, and must draw what eager
@@ -199,7 +236,7 @@ def analyse(func, args, kwargs, tensors, ruled, nestable):
         # trial run and in the trace (functionalized in-place calls): the
         # user gets eager's own exception from the eager run instead
         with _quiet(_FAKE_LOG):
-            return _analyse(func, args, kwargs, tensors, ruled, nestable)
+            yield
     finally:
         torch.set_autocast_cache_enabled(cache_casts)
         torch.random.set_rng_state(cpu_state)

@@ -27,7 +27,7 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from fastlazy import _core, capture, churn, lifted_floats, program_templates, views
+from fastlazy import _core, capture, churn, lifted_floats, program_templates, split_calls, views
 from fastlazy._core import LazyTensor
 from fastlazy.capture import MAX_INPUTS, Signature, Unsafe, WritesInputs
 
@@ -163,7 +163,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
             scalars = ()
             title = name or getattr(func, "__name__", "?")
             sig = _analyse(func, args, kwargs, tensors, title, ruled)
-            if churns and sig.reason is None and any(k[0] in _ALIASING for k in sig.kinds):
+            if (churns and sig.reason is None and sig.split is None
+                    and any(k[0] in _ALIASING for k in sig.kinds)):
                 churn.aliases(key)
             with _lock:
                 if len(_signatures) >= MAX_SIGNATURES:
@@ -172,7 +173,7 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
                     _core.forget_generic()
                 if not sig.transient:
                     _signatures[key] = sig
-            if loose is not None and sig.reason is None:
+            if loose is not None and sig.reason is None and sig.split is None:
                 lifted_floats.observe(loose[0], loose[1], func, args, kwargs, tensors, sig,
                                       lambda gm: _intern(gm, title))
     if sig.reason is not None:
@@ -189,6 +190,8 @@ def record(func, args, kwargs, name=None, track_views=True, ruled=False, prepare
         raise Unsafe(sig.reason)
     if sig.nested:
         return _record_nested(func, args, kwargs, name)
+    if sig.split is not None:
+        return split_calls.record(sig.split, tensors)
     exact = sig.views and _addresses_storage(func)
     if track_views and sig.views and _lays_out_as_eager(sig, tensors, exact):
         # a view of a root eager lays out otherwise, now a view of its
@@ -451,6 +454,10 @@ def _analyse(func, args, kwargs, tensors, name, ruled):
     """The Signature of a call signature's first call (capture.py), its
     program interned; a refused call's holds the reason."""
     try:
+        if len(tensors) > MAX_INPUTS and func not in _NESTED:
+            sig = Signature()
+            sig.split = split_calls.plan(func, args, kwargs, tensors)
+            return sig
         sig, program = capture.analyse(func, args, kwargs, tensors, ruled, func in _NESTED)
         if sig.nested:
             _sequence(args, kwargs)     # Unsafe unless a plain list of tensors

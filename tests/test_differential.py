@@ -23,6 +23,7 @@ their own items, marked xfail(strict=True) with the bug's description
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import zlib
@@ -1014,7 +1015,7 @@ KNOWN_BUGS = (
         "eager's vectorized gelu gives nan at +inf (its one-element path gives inf); "
         "inductor and torch.compile give inf",
         lambda case, backend: backend == "inductor" and case.row.name == "gelu"
-        and case.group == "special",
+        and case.group == "special" and _vectorized_gelu_nan_at_inf(),
         r"lazy: +tensor\(\[ +nan, +inf,(.|\n)*eager: +tensor\(\[ +nan, +nan,"),
     Bug("inductor-pow-zerodim-base",
         "a 0-dim float32 base of a float16 tensor: eager rounds it to float16 before pow; "
@@ -1023,6 +1024,14 @@ KNOWN_BUGS = (
         and case.group == "zerodim" and case.id.endswith("f16,T[]f32"),
         r"values differ(.|\n)*Greatest relative difference: 0\.00\d"),
 )
+
+
+@functools.cache
+def _vectorized_gelu_nan_at_inf() -> bool:
+    """Does this CPU's vectorized gelu give nan at +inf?  It did on the
+    machines where the bug was found; ATen's AVX2 kernel on an AMD EPYC
+    gives inf, as inductor does, and the item then passes."""
+    return bool(torch.nn.functional.gelu(torch.full((64,), float("inf"))).isnan().any())
 
 
 def _xfail(bug):
