@@ -16,11 +16,13 @@ other call, its results the LazyTensors the later parts read).
 A view is recomputed in each part that reads it rather than passed from
 one part to the next (a part's result that is a view of an eager argument
 is refused by the generic path, as eager's aliasing could not be kept).  A
-program the parts cannot hold -- a call that writes one of its arguments,
-or in a later part what an earlier part computed, that draws random
-numbers, makes a constant, or one of whose calls alone reads more than
-MAX_IN tensors (a `_foreach_` op over a long list) -- keeps running
-eagerly, its reason in `fastlazy.explain()`; so does any such call under
+random call's numbers are drawn as the part that holds it is recorded,
+in the program's order, as eager draws them (an RNN's dropout between
+layers in training), each one more input of its part.  A program the parts
+cannot hold -- a call that writes one of its arguments, or writes in place
+across more than MAX_IN inputs, that makes a constant, or one of whose
+calls alone reads more than MAX_IN tensors (a `_foreach_` op over a long
+list) -- keeps running eagerly, its reason in `fastlazy.explain()`; so does any such call under
 autocast.
 """
 from __future__ import annotations
@@ -98,8 +100,6 @@ def _check_call(node):
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         raise Unsafe(f"its aten program calls {target} (run eagerly)")
-    if torch.Tag.nondeterministic_seeded in target.tags:
-        raise Unsafe("its aten program draws random numbers (run eagerly)")
 
 
 _CAT = torch.ops.aten.cat.default
@@ -125,6 +125,15 @@ def _nest_long_joins(graph):
             joined = graph.call_function(_CAT, (parts, dim))
         node.replace_all_uses_with(joined)
         graph.erase_node(node)
+
+
+def _draws(node) -> int:
+    """The inputs a random call adds to its part: the generic path draws
+    its numbers at the call, in the program's order, as eager draws them,
+    and hands them to the program (capture.lift_draws)."""
+    target = node.target
+    return int(isinstance(target, torch._ops.OpOverload)
+               and torch.Tag.nondeterministic_seeded in target.tags)
 
 
 def _written(node):
@@ -169,6 +178,7 @@ class _Part:
         self.inputs = []        # external nodes, in the order they are read
         self.nodes = []         # the program's nodes computed here, in order
         self.done = set()
+        self.draws = 0          # random calls: each draw is one more input
 
 
 class _Cut:
@@ -210,7 +220,8 @@ class _Cut:
         while i < len(order):
             node = order[i]
             needed = self._needs(node, part)
-            if part.nodes and len(set(part.inputs) | needed) > MAX_INPUTS:
+            draws = part.draws + _draws(node)
+            if part.nodes and len(set(part.inputs) | needed) + draws > MAX_INPUTS:
                 cut = max((j for j in range(start + 1, i + 1) if not bound[j]), default=None)
                 if cut is None:
                     raise Unsafe("its aten program writes in place across more than "
@@ -222,7 +233,7 @@ class _Cut:
                 part = self._new_part()
                 start = i = cut
                 continue
-            if len(needed) > MAX_INPUTS:
+            if len(needed) + _draws(node) > MAX_INPUTS:
                 raise Unsafe(f"its aten call {node.target} alone reads more than {MAX_INPUTS} "
                              "tensors (run eagerly)")
             self._compute_with_items(node, part)
@@ -243,6 +254,7 @@ class _Cut:
 
     def _compute_with_items(self, node, part):
         self._compute(node, part)
+        part.draws += _draws(node)
         for user in node.users:
             if user.target is operator.getitem and user not in self.views:
                 self._compute(user, part)

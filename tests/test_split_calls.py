@@ -121,15 +121,27 @@ def test_one_call_reading_more_runs_eagerly_with_reason():
     assert "aten.block_diag.default alone reads more than" in fastlazy.explain()
 
 
-def test_random_program_runs_eagerly_with_eager_s_draws():
-    module = torch.nn.LSTM(6, 8, num_layers=2, bidirectional=True, dropout=0.5)
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_dropout_between_layers_draws_eager_s_numbers(kind):
+    """Training with dropout: each part draws its numbers as it is
+    recorded, in the program's order -- eager's masks, gradients and the
+    random stream after the call."""
+    torch.manual_seed(0)
+    module = RNNS[kind](num_layers=3, bidirectional=True, dropout=0.4)
+    twin = copy.deepcopy(module)
     x = torch.randn(5, 3, 6)
     torch.manual_seed(7)
-    expected = module(x)
+    out, _ = module(x)
+    (out * out).sum().backward()
+    after = torch.rand(3)
     torch.manual_seed(7)
-    got = module(fastlazy.lazy(x))
-    assert_same(got, expected)
-    assert "draws random numbers" in fastlazy.explain()
+    got, _ = twin(fastlazy.lazy(x))
+    (got * got).sum().backward()
+    assert torch.equal(torch.rand(3), after)
+    assert_same(got, out)
+    for (name, p), q in zip(module.named_parameters(), twin.parameters()):
+        assert_same(q.grad, p.grad, name)
+    assert _eager_calls() == {}
 
 
 def test_under_autocast_runs_eagerly():
