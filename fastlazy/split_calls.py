@@ -70,6 +70,12 @@ def plan(func, args, kwargs, tensors) -> Plan:
     _nest_long_joins(graph)
     outputs = list(graph.nodes)[-1].args[0]
     cut = _Cut(graph, placeholders)
+    bases = [cut.base(o) for o in dict.fromkeys(outputs)]
+    computed = [b for b in bases if b not in cut.arguments]
+    if len(set(computed)) < len(computed):
+        # (a part's results are tensors of their own: eager's aliasing
+        # between them would be lost)
+        raise Unsafe("its results view one another (run eagerly)")
     cut.place_all([n for n in graph.nodes if n.op == "call_function" and n not in cut.views
                    and n.target is not operator.getitem]
                   + [o for o in dict.fromkeys(outputs) if o in cut.views])
@@ -219,6 +225,9 @@ class _Cut:
         part = self._new_part()
         while i < len(order):
             node = order[i]
+            if node in part.done:       # (a result that is a view, computed already)
+                i += 1
+                continue
             needed = self._needs(node, part)
             draws = part.draws + _draws(node)
             if part.nodes and len(set(part.inputs) | needed) + draws > MAX_INPUTS:
@@ -258,6 +267,12 @@ class _Cut:
         for user in node.users:
             if user.target is operator.getitem and user not in self.views:
                 self._compute(user, part)
+
+    def base(self, node):
+        """The tensor whose view node is (node itself if none)."""
+        while node in self.views:
+            node = node.args[0]
+        return node
 
     def _root(self, node):
         """The call that made the tensor node is (a view's base's; a

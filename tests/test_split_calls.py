@@ -199,3 +199,17 @@ def test_lstm_in_a_model_gives_eager_s_values_over_calls():
             expected = F.log_softmax(rnn(emb(ids[:, :n]))[0], -1)
             assert_same(F.log_softmax(rnn(emb(fastlazy.lazy(ids[:, :n])))[0], -1), expected)
     assert _eager_calls() == {}
+
+
+def _views_of_one_sum(*ts):
+    total = torch.stack(ts).sum(0)
+    return total, total[0], total.t()
+
+
+def test_results_viewing_one_another_run_eagerly():
+    """Each part's results are tensors of their own, so a call whose results
+    view one another is not cut: a write through one reaches the other, as
+    in eager."""
+    ts = [fastlazy.lazy(torch.ones(2, 2)) for _ in range(_core.MAX_IN + 1)]
+    with pytest.raises(Unsafe, match="results view one another"):
+        split_calls.plan(_views_of_one_sum, tuple(ts), {}, ts)
