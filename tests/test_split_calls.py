@@ -213,3 +213,23 @@ def test_results_viewing_one_another_run_eagerly():
     ts = [fastlazy.lazy(torch.ones(2, 2)) for _ in range(_core.MAX_IN + 1)]
     with pytest.raises(Unsafe, match="results view one another"):
         split_calls.plan(_views_of_one_sum, tuple(ts), {}, ts)
+
+
+def test_signature_key_tells_eager_tensors_apart():
+    """The generic path's key of a call that misses the core's flat key (more
+    than MAX_IN tensors) reads each eager tensor's dtype, sizes, strides and
+    requires_grad: two tensors alike key alike, any difference keys apart."""
+    lazy = fastlazy.lazy(torch.ones(2))
+
+    def key(t):
+        return _core.signature_key(torch.add, (lazy, t), {}, [], False, None)
+
+    base = torch.zeros(3, 4)
+    assert key(base) == key(torch.ones(3, 4))
+    others = [torch.zeros(3, 4, dtype=torch.float64), torch.zeros(4, 3), torch.zeros(4, 3).t(),
+              torch.zeros(3, 4, requires_grad=True), torch.zeros(3, 4, 1), torch.zeros(12)]
+    keys = {key(t) for t in others + [base]}
+    assert len(keys) == len(others) + 1
+    sparse = torch.zeros(3, 4).to_sparse()
+    with pytest.raises(Unsafe):
+        key(sparse)

@@ -887,6 +887,32 @@ def adopt(LazyTensor target, LazyTensor source):
         detach_handle(target, value)
 
 
+cdef bint eager_words(object x, list parts) except -1:
+    """signature_key's entry for a plain eager tensor as the C++ reader
+    reads it: dtype code, sizes, strides, device code, requires_grad (a
+    quarter of the attribute reads' cost: the 19 tensors of a 2-layer
+    bidirectional LSTM's call keyed in 4.3 against 18 us); False where the
+    reader cannot answer (a sparse tensor: the attribute reads then
+    decide)."""
+    cdef Operand o
+    cdef int64_t strides[MAX_NDIM]
+    cdef int nd = eager_by_reader(&o, x, strides), i
+    cdef object v           # (an object: the tuples steal the references taken)
+    if nd < 0:
+        return False
+    shape = PyTuple_New(nd)
+    stride = PyTuple_New(nd)
+    for i in range(nd):
+        v = o.own.shape[i]
+        Py_INCREF(v)
+        PyTuple_SET_ITEM(shape, i, v)
+        v = strides[i]
+        Py_INCREF(v)
+        PyTuple_SET_ITEM(stride, i, v)
+    parts.append(("eager", o.own.dtype, shape, stride, o.own.device, o.own.requires_grad != 0))
+    return True
+
+
 cpdef tuple signature_key(object func, tuple args, dict kwargs, list tensors, bint ruled,
                           object autocast):
     """A call's signature (fastlazy.generic): the function; a tuple with
@@ -945,6 +971,8 @@ cdef int describe(object x, list tensors, list parts) except -1:
         describe(x.step, tensors, parts)
     elif t is _Size:
         parts.append((t, tuple(x)))
+    elif (t is TensorType or t is _Parameter) and read_tensor != NULL and eager_words(x, parts):
+        tensors.append(x)
     elif isinstance(x, TensorType):
         if x.layout is not _torch.strided or (t is not TensorType and
                                               t is not _torch.nn.Parameter):
