@@ -1,17 +1,19 @@
 """A call of more tensors than one node reads (MAX_IN), recorded as its aten
 program cut into parts that each read at most that many.
 
-A node reads at most MAX_IN tensors (`_core.Node.inputs`), so such a call
-ran eagerly at every call: a two-layer bidirectional `nn.LSTM` or `nn.GRU`
-(16 weights, its input and its state), whose fallback flushed the pending
-graph and ran the layer on values each time (0.72x and 0.87x eager's
-speed).  Its aten program is small calls, each of a few tensors (an LSTM's:
-one `mkldnn_rnn_layer` per layer and direction, with `select`, `cat` and
-`stack` around them), so the program is cut, in its own order, into parts
-of at most MAX_IN inputs -- the call's tensors and earlier parts' results
---, each part an FX GraphModule recorded by the generic path as a call of
-its own (analysed once, then recorded from its cached signature like any
-other call, its results the LazyTensors the later parts read).
+A node reads at most MAX_IN tensors (`_core.Node.inputs`), and a call run
+eagerly instead ends the pending graph at every call: a two-layer
+bidirectional `nn.LSTM` or `nn.GRU` (16 weights, its input and its state)
+would cut every model around it in two, and a GRU's cells, unrolled over
+its steps, would never reach a compiler that fuses them.  Its aten program
+is small calls, each of a few tensors (an LSTM's: one `mkldnn_rnn_layer`
+per layer and direction, with `select`, `cat` and `stack` around them), so
+the program is cut, in its own order, into parts of at most MAX_IN inputs
+-- the call's tensors and earlier parts' results --, each part an FX
+GraphModule called through an entry point of its own, as any call: its
+first call analysed by the generic path, its later ones recorded by the
+core from the published signature; its results are the LazyTensors the
+later parts read.
 
 A view is recomputed in each part that reads it rather than passed from
 one part to the next (a part's result that is a view of an eager argument
@@ -22,8 +24,9 @@ layers in training), each one more input of its part.  A program the parts
 cannot hold -- a call that writes one of its arguments, or writes in place
 across more than MAX_IN inputs, that makes a constant, or one of whose
 calls alone reads more than MAX_IN tensors (a `_foreach_` op over a long
-list) -- keeps running eagerly, its reason in `fastlazy.explain()`; so does any such call under
-autocast.
+list) -- keeps running eagerly, its reason in `fastlazy.explain()`; so
+does any such call under autocast, and one whose results view one
+another.
 """
 from __future__ import annotations
 
