@@ -200,16 +200,27 @@ def aten_program(func, args, kwargs, tensors):
     with _analysing():
         _, out, _, recorder = _fake_run(func, args, kwargs, [example_of(t) for t in tensors])
     leaves, spec = pytree.tree_flatten(out)
-    if not all(v is None or isinstance(v, torch.Tensor) for v in leaves):
-        raise Unsafe("returns something other than tensors")
-    results = [v for v in leaves if v is not None]
-    if any(v.is_nested or v.layout is not torch.strided for v in results):
-        raise Unsafe("a result LazyTensor cannot hold (layout)")
-    graph = recorder.program(results)
+    graph = recorder.program(_held_results(leaves))
     if graph is None:
         raise Unsafe(f"more than {MAX_INPUTS} tensor arguments, and no plain aten program "
                      f"({recorder.failed or 'a result not made by its calls'})")
     return graph, spec, [v is None for v in leaves]
+
+
+def _held_results(leaves):
+    """A call's result tensors (its result's leaves but None: attn_output,
+    None), where LazyTensors can hold them; else Unsafe."""
+    results = [v for v in leaves if v is not None]
+    if not results or not all(isinstance(v, torch.Tensor) for v in results):
+        raise Unsafe("returns something other than tensors")
+    for v in results:
+        if v.is_nested or v.layout is not torch.strided:
+            # (x.to_sparse(), a nested tensor: a LazyTensor's metadata is
+            # strided; checked before the program's sizes are traced, which
+            # a nested result has none of)
+            raise Unsafe(f"a result LazyTensor cannot hold (layout {v.layout}"
+                         f"{', nested' if v.is_nested else ''})")
+    return results
 
 
 @contextlib.contextmanager
@@ -305,16 +316,7 @@ def _analyse(func, args, kwargs, tensors, ruled, nestable, templates=True):
         fakes, out, mode, recorder = _fake_run(func, args, kwargs, examples)
         out = _undefined_as_none(func, args, kwargs, tensors, out)
     leaves, spec = pytree.tree_flatten(out)
-    results = [v for v in leaves if v is not None]     # (attn_output, None)
-    if not results or not all(isinstance(v, torch.Tensor) for v in results):
-        raise Unsafe("returns something other than tensors")
-    for v in results:
-        if v.is_nested or v.layout is not torch.strided:
-            # (x.to_sparse(), a nested tensor: a LazyTensor's metadata is
-            # strided; checked before the program's sizes are traced, which
-            # a nested result has none of)
-            raise Unsafe(f"a result LazyTensor cannot hold (layout {v.layout}"
-                         f"{', nested' if v.is_nested else ''})")
+    results = _held_results(leaves)
     if len(tensors) > MAX_INPUTS:
         # the whole call was checked on fake tensors just now, so a bad one
         # raised eager's own error for the whole sequence; generic.py
